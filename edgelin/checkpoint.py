@@ -1,0 +1,111 @@
+"""Checkpoints: a folder with ``config.json`` + ``model.safetensors``. Nothing is ever unpickled."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from edgelin.config import ModelConfig
+from edgelin.errors import CheckpointError, ConfigError
+from edgelin.model import LinearLM
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _checkpoint_dir(path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix in PICKLE_SUFFIXES:
+        raise CheckpointError(f"{path}: pickle checkpoints are refused (unpickling can run code); save the weights as {WEIGHTS_FILE}")
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist; pass a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is not a folder; pass a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    if not (path / WEIGHTS_FILE).is_file():
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise CheckpointError(
+                f"{path} holds {', '.join(pickles)} but no {WEIGHTS_FILE}; pickle checkpoints are refused (unpickling can run code)"
+            )
+        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
+    if not (path / CONFIG_FILE).is_file():
+        raise CheckpointError(f"{path} has no {CONFIG_FILE}")
+    return path
+
+
+def weights_sha256(path: str | Path) -> str:
+    """sha256 of the checkpoint's weights file (the manifest's ``source``)."""
+    digest = hashlib.sha256()
+    with open(_checkpoint_dir(path) / WEIGHTS_FILE, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    path = _checkpoint_dir(path)
+    try:
+        return ModelConfig.load(path / CONFIG_FILE)
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def load_checkpoint(path: str | Path) -> LinearLM:
+    """Load a LinearLM (eval mode, float32, CPU) from a checkpoint folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    cfg = load_config(path)
+    path = Path(path)
+    try:
+        tensors = load_file(path / WEIGHTS_FILE, device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path / WEIGHTS_FILE} is not a readable safetensors file ({exc})") from None
+    model = LinearLM(cfg)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    wrong = sorted(n for n in set(expected) & set(tensors) if tuple(expected[n].shape) != tuple(tensors[n].shape))
+    problems = []
+    if missing:
+        problems.append(f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    if unexpected:
+        problems.append(f"unexpected {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
+    if wrong:
+        n = wrong[0]
+        problems.append(f"shape of {n} is {tuple(tensors[n].shape)}, config expects {tuple(expected[n].shape)}" + (f" (+{len(wrong) - 1} more)" if len(wrong) > 1 else ""))
+    if problems:
+        raise CheckpointError(f"{path}: weights do not match {CONFIG_FILE}: {'; '.join(problems)}")
+    model.load_state_dict({n: t.to(torch.float32) for n, t in tensors.items()})
+    return model.eval()
+
+
+def save_checkpoint(model: LinearLM, path: str | Path) -> Path:
+    """Write config.json + model.safetensors into ``path`` (created if needed); each file is replaced atomically."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {n: t.detach().to(torch.float32).contiguous().cpu() for n, t in model.state_dict().items()}
+    _atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    _atomic_write(path / CONFIG_FILE, lambda tmp: Path(tmp).write_text(model.cfg.to_json(), encoding="utf-8"))
+    return path
+
+
+def _atomic_write(target: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "load_checkpoint", "load_config", "save_checkpoint", "weights_sha256"]

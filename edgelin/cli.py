@@ -1,0 +1,5 @@
+import click
+
+@click.group()
+def main():
+    """edgelin"""

@@ -1,0 +1,121 @@
+"""ModelConfig: a flat, frozen description of a LinearLM, with a JSON round trip.
+
+Torch-free, so the runtime and the CLI can read configs without importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgelin.errors import ConfigError
+
+FEATURE_MAPS = ("identity", "elu+1", "relu", "softplus", "performer", "cosformer")
+NORMALISATIONS = ("denominator", "none")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 256  # byte-level by default
+    d_model: int = 256  # residual stream width
+    n_layers: int = 4
+    n_heads: int = 4
+    head_dim: int = 64  # per-head width of q, k and v
+    feature_map: str = "elu+1"  # one of FEATURE_MAPS: phi in sim(q, k) = phi(q)^T phi(k)
+    mlp_ratio: float = 4.0  # SwiGLU hidden width = round(mlp_ratio * d_model * 2/3) to a multiple of 8
+    chunk_size: int = 64  # chunk length of the parallel (prefill) form
+    eps: float = 1e-6  # epsilon of the attention denominator phi(q)^T z
+    # "denominator": y = phi(q)^T S / (phi(q)^T z + eps), as in the original linear transformer.
+    # "none": y = RMSNorm_head(phi(q)^T S) -- no running normaliser z; the per-head output norm keeps the
+    # scale in check (TransNormer/RetNet style). Needed for signed feature maps such as identity.
+    normalisation: str = "denominator"
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    tie_embeddings: bool = True  # share the token embedding with the LM head
+    feature_seed: int = 0  # seed of random features (performer); layer i uses feature_seed + i
+    n_features: int = 0  # performer: number of random features (0 = head_dim)
+    cosformer_horizon: int = 16384  # cosformer: M in cos(pi/2 * (i - j) / M); distances above M are down-weighted to <= 0
+
+    def __post_init__(self) -> None:
+        positive_ints = ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
+        if isinstance(self.n_features, bool) or not isinstance(self.n_features, int) or self.n_features < 0:
+            raise ConfigError(f"config field 'n_features' must be an integer >= 0 (0 = head_dim), got {self.n_features!r}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise ConfigError(
+                f"config field 'feature_map' is {self.feature_map!r}; allowed values: {', '.join(FEATURE_MAPS)}"
+            )
+        if self.normalisation not in NORMALISATIONS:
+            raise ConfigError(
+                f"config field 'normalisation' is {self.normalisation!r}; allowed values: {', '.join(NORMALISATIONS)}"
+            )
+        for name in ("mlp_ratio", "eps", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"config field {name!r} must be a positive number, got {value!r}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(f"config field 'tie_embeddings' must be true or false, got {self.tie_embeddings!r}")
+        if isinstance(self.feature_seed, bool) or not isinstance(self.feature_seed, int):
+            raise ConfigError(f"config field 'feature_seed' must be an integer, got {self.feature_seed!r}")
+
+    # ---- derived sizes -------------------------------------------------------------------------
+    @property
+    def mlp_hidden(self) -> int:
+        return max(8, int(round(self.mlp_ratio * self.d_model * 2 / 3 / 8)) * 8)
+
+    @property
+    def feature_dim(self) -> int:
+        """Width F of phi(x): the state S is [B, H, F, head_dim]."""
+        if self.feature_map == "performer":
+            return self.n_features or self.head_dim
+        if self.feature_map == "cosformer":
+            return 2 * self.head_dim  # cos and sin halves
+        return self.head_dim
+
+    # ---- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"a model config must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+        try:
+            return cls.from_json(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+__all__ = ["ModelConfig", "FEATURE_MAPS", "NORMALISATIONS"]

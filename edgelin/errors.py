@@ -1,0 +1,33 @@
+"""Typed errors. Torch-free: the runtime raises these too.
+
+Every error raised at a public boundary is an ``EdgelinError``; its message is one line that says
+what is wrong and what to do. The CLI prints it and exits with status 2.
+"""
+
+
+class EdgelinError(Exception):
+    """Base class: bad input that the user can fix."""
+
+
+class ConfigError(EdgelinError, ValueError):
+    """A model configuration value is invalid."""
+
+
+class CheckpointError(EdgelinError):
+    """A checkpoint folder is missing, corrupt, or does not match its config."""
+
+
+class ExportError(EdgelinError):
+    """An export could not be produced or is not a valid edgelin export."""
+
+
+class ManifestError(EdgelinError):
+    """An export's manifest (edgelin.json) is missing, malformed, or disagrees with the graphs."""
+
+
+class RuntimeInputError(EdgelinError, ValueError):
+    """Bad input to the runtime: token ids, shapes, states, options."""
+
+
+class ProviderError(EdgelinError):
+    """An execution provider was requested but is not really active."""

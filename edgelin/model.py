@@ -1,0 +1,184 @@
+"""LinearLM: a decoder-only language model whose attention is linear (kernelised).
+
+    tokens -> embedding -> n_layers x [RMSNorm -> linear attention -> + -> RMSNorm -> SwiGLU -> +] -> RMSNorm -> LM head
+
+Two ways to run it, with the same weights and the same state:
+- ``forward(input_ids, state)``: the whole sequence at once (chunked parallel form): the prefill graph;
+- ``step(input_ids[B, 1], state)``: one token with a fixed-size state (recurrent form): the decode graph.
+
+The state is a flat ordered dict "{layer}.{name}" -> tensor (names: S, z, pos; see edgelin.ops.common),
+which the exporter turns into graph inputs ``state.{layer}.{name}`` and outputs ``present.{layer}.{name}``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgelin.config import ModelConfig
+from edgelin.feature_maps import make_feature_map
+from edgelin.ops import FORMS, State, init_state, recurrent_step, state_layout
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LinearAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        inner = cfg.n_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, inner, bias=False)
+        self.o_proj = nn.Linear(inner, cfg.d_model, bias=False)
+        self.phi = make_feature_map(
+            cfg.feature_map, cfg.head_dim, n_features=cfg.n_features,
+            seed=cfg.feature_seed + layer, horizon=cfg.cosformer_horizon,
+        )
+        self.normalize = cfg.normalisation == "denominator"
+        # without the denominator, a per-head RMSNorm keeps the output scale in check
+        self.out_norm = None if self.normalize else RMSNorm(cfg.head_dim, cfg.norm_eps)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)  # [B, H, T, Dh]
+
+    def _merge(self, o: torch.Tensor) -> torch.Tensor:
+        if self.out_norm is not None:
+            o = self.out_norm(o)
+        B, H, T, D = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))  # [B, T, d_model]
+
+    def _qkv(self, x):
+        return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+
+    def forward(self, x: torch.Tensor, state: State | None, form: str = "chunk") -> tuple[torch.Tensor, State]:
+        q, k, v = self._qkv(x)  # [B, H, T, Dh] each
+        o, state = FORMS[form](
+            q, k, v, feature_map=self.phi, initial_state=state,
+            chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize,
+        )
+        return self._merge(o), state
+
+    def step(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+        q, k, v = self._qkv(x)  # [B, H, 1, Dh] each
+        o, state = recurrent_step(q, k, v, feature_map=self.phi, initial_state=state, eps=self.cfg.eps, normalize=self.normalize)
+        return self._merge(o), state
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = LinearAttention(cfg, layer)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, state, form="chunk"):
+        h, state = self.attn(self.attn_norm(x), state, form)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), state
+
+    def step(self, x, state):
+        h, state = self.attn.step(self.attn_norm(x), state)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), state
+
+
+class LinearLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        for block in self.blocks:  # GPT-2 style: scale the residual projections by depth
+            for proj in (block.attn.o_proj, block.mlp.down):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+
+    # ---- state ---------------------------------------------------------------------------------
+    def state_layout(self) -> dict[str, tuple]:
+        """"{layer}.{name}" -> (shape with "batch", dtype name, init value), in graph order."""
+        layout = {}
+        for i, block in enumerate(self.blocks):
+            per_layer = state_layout(block.attn.phi, n_heads=self.cfg.n_heads, value_dim=self.cfg.head_dim, normalize=block.attn.normalize)
+            layout.update({f"{i}.{name}": spec for name, spec in per_layer.items()})
+        return layout
+
+    def init_state(self, batch: int) -> State:
+        p = self.embed.weight
+        state = {}
+        for i, block in enumerate(self.blocks):
+            layer = init_state(
+                block.attn.phi, batch=batch, n_heads=self.cfg.n_heads, value_dim=self.cfg.head_dim,
+                normalize=block.attn.normalize, dtype=p.dtype, device=p.device,
+            )
+            state.update({f"{i}.{name}": t for name, t in layer.items()})
+        return state
+
+    @staticmethod
+    def _layer_state(state: State, i: int) -> State:
+        prefix = f"{i}."
+        return {name[len(prefix):]: t for name, t in state.items() if name.startswith(prefix)}
+
+    # ---- running -------------------------------------------------------------------------------
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        if self.lm_head is None:
+            return x @ self.embed.weight.T  # [B, T, vocab]
+        return self.lm_head(x)  # [B, T, vocab]
+
+    def forward(self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk") -> tuple[torch.Tensor, State]:
+        """input_ids [B, T] -> logits [B, T, vocab], state after the last token."""
+        if state is None:
+            state = self.init_state(input_ids.shape[0])
+        x = self.embed(input_ids)  # [B, T, d_model]
+        new_state: State = {}
+        for i, block in enumerate(self.blocks):
+            x, layer = block(x, self._layer_state(state, i), form)
+            new_state.update({f"{i}.{name}": t for name, t in layer.items()})
+        return self._logits(x), new_state
+
+    def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """One token per sequence: input_ids [B, 1] -> logits [B, 1, vocab], the next state."""
+        x = self.embed(input_ids)  # [B, 1, d_model]
+        new_state: State = {}
+        for i, block in enumerate(self.blocks):
+            x, layer = block.step(x, self._layer_state(state, i))
+            new_state.update({f"{i}.{name}": t for name, t in layer.items()})
+        return self._logits(x), new_state
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+__all__ = ["LinearLM", "RMSNorm"]

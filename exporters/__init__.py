@@ -1,0 +1,1 @@
+"""edgelin.exporters: a LinearLM -> prefill.onnx + decode.onnx + edgelin.json."""

@@ -1,0 +1,1 @@
+"""edgelin.models: bundled checkpoints (config.json + model.safetensors + a model card)."""
