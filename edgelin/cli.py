@@ -57,5 +57,45 @@ def main() -> None:
     """
 
 
+def _default_checkpoint(checkpoint: str | None) -> str:
+    if checkpoint is not None:
+        return checkpoint
+    from edgelin.models import bundled_checkpoint
+
+    path = bundled_checkpoint()
+    if path is None:
+        fail("no CHECKPOINT given and this install has no bundled model; pass a checkpoint folder (config.json + model.safetensors)")
+    return str(path)
+
+
+@main.command("export")
+@click.argument("checkpoint", required=False, type=click.Path(file_okay=True, dir_okay=True))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write (must not exist unless --force).")
+@click.option("--opset", default=18, show_default=True, type=int, help="ONNX opset, 18..23. 18 runs on the most runtimes.")
+@click.option("--chunk-size", type=int, default=None, help="Chunk length of the prefill graph's parallel form [default: the model's].")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (only once the new export succeeded).")
+@click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch smoke comparison.")
+@user_errors
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check):
+    """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
+
+    CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
+    The export is written to a temporary folder and moved to OUT only when both graphs exported,
+    passed onnx.checker (full check) and the smoke comparison; a failure leaves nothing behind.
+
+    \b
+    Examples:
+      edgelin export models/pydoc-linear -o out/
+      edgelin export ckpt/ -o out/ --chunk-size 128 --force
+    """
+    from edgelin.exporters import export
+
+    result = export(
+        _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
+        force=force, check=not no_check, progress=progress,
+    )
+    click.echo(result.summary())
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

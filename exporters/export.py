@@ -1,0 +1,315 @@
+"""A LinearLM -> ``prefill.onnx`` + ``decode.onnx`` + ``edgelin.json``, written atomically.
+
+Everything is written into a temporary folder beside the destination and moved into place only after
+both graphs exported, passed ``onnx.checker`` (full check) and, unless ``check=False``, a smoke
+comparison of ONNX Runtime (CPU) against PyTorch. A failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import torch
+
+from edgelin import __version__
+from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, weights_sha256
+from edgelin.errors import EdgelinError, ExportError
+from edgelin.exporters.graphs import INPUT_IDS, LOGITS, DecodeGraph, PrefillGraph, io_names
+from edgelin.model import LinearLM
+from edgelin.runtime.manifest import BATCH, MANIFEST_FILE, METADATA_KEY, Manifest, StateSpec
+
+MIN_OPSET, MAX_OPSET = 18, 23  # the default exporter's lowest opset .. the newest ORT 1.2x runs
+DEFAULT_OPSET = 18  # the most portable: older edge runtimes read it
+MAX_CHUNK = 4096
+SMOKE_BUDGET = 1e-4  # max abs logits error, ORT CPU vs PyTorch, fp32
+GRAPH_FILES = {"prefill": "prefill.onnx", "decode": "decode.onnx"}
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    manifest: Manifest
+    files: dict[str, int]  # file name -> bytes
+    nodes: dict[str, int]  # graph -> node count
+    seconds: dict[str, float]  # graph -> export wall time
+    smoke: dict[str, float] | None = None  # check name -> max abs error (None with check=False)
+    op_types: dict[str, dict[str, int]] = field(default_factory=dict)  # graph -> op type -> count
+
+    def summary(self) -> str:
+        lines = [f"exported to {self.out_dir}"]
+        for name, size in self.files.items():
+            graph = next((g for g, f in GRAPH_FILES.items() if f == name), None)
+            detail = f"  {self.nodes[graph]:4d} nodes  exported in {self.seconds[graph]:.1f} s" if graph else ""
+            lines.append(f"  {name:14s} {size / 1e6:8.2f} MB{detail}")
+        lines.append(f"  state per sequence: {self.manifest.state_bytes(1):,} bytes (constant in sequence length)")
+        if self.smoke is None:
+            lines.append("  smoke check: skipped (--no-check)")
+        else:
+            worst = max(self.smoke.values())
+            parts = ", ".join(f"{k} {v:.1e}" for k, v in self.smoke.items())
+            lines.append(f"  smoke check (ORT CPU vs PyTorch, max abs logits error; budget {SMOKE_BUDGET:.0e}): {parts} -> {'ok' if worst <= SMOKE_BUDGET else 'FAIL'}")
+        return "\n".join(lines)
+
+
+def _check_options(opset: int, chunk_size: int | None) -> None:
+    if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ExportError(f"opset {opset!r} is not supported; choose {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK):
+        raise ExportError(f"chunk size {chunk_size!r} is out of range; choose 1..{MAX_CHUNK} (64 is a good default)")
+
+
+def _resolve_source(source: str | Path | LinearLM, chunk_size: int | None) -> tuple[LinearLM, str]:
+    """(model in eval mode with the requested chunk size, sha256 of its weights as safetensors)."""
+    if isinstance(source, LinearLM):
+        from safetensors.torch import save
+
+        tensors = {n: t.detach().to(torch.float32).contiguous().cpu() for n, t in source.state_dict().items()}
+        # the same bytes save_checkpoint writes, so the hash matches the checkpoint's file
+        digest = hashlib.sha256(save(tensors, metadata={"format": "pt"})).hexdigest()
+        model = source
+    else:
+        model = load_checkpoint(source)
+        digest = weights_sha256(source)
+    if chunk_size is not None and chunk_size != model.cfg.chunk_size:
+        rechunked = LinearLM(model.cfg.replace(chunk_size=chunk_size))
+        rechunked.load_state_dict(model.state_dict())
+        model = rechunked
+    return model.float().eval(), digest
+
+
+def build_manifest(model: LinearLM, *, opset: int, source: str, extra: dict | None = None) -> Manifest:
+    keys, inputs, outputs = io_names(model)
+    states = tuple(
+        StateSpec(input=i, output=o, shape=tuple(shape), dtype=dtype, init=init)
+        for (shape, dtype, init), i, o in zip(model.state_layout().values(), inputs[1:], outputs[1:])
+    )
+    return Manifest(
+        graphs=dict(GRAPH_FILES), input_ids=INPUT_IDS, logits=LOGITS, states=states,
+        vocab_size=model.cfg.vocab_size, tokenizer={"kind": "bytes"} if model.cfg.vocab_size == 256 else {"kind": "ids"},
+        model=model.cfg.to_dict(), opset=opset, precision="fp32", edgelin_version=__version__, source=source,
+        extra=dict(extra or {}),
+    )
+
+
+@contextlib.contextmanager
+def _quiet():
+    """torch.onnx prints its progress and warnings; keep the user's terminal for ours."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    sink = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _export_graph(module: torch.nn.Module, example: tuple, names: tuple[list[str], list[str]], dynamic, opset: int, path: Path) -> None:
+    inputs, outputs = names
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            module.eval(), example, input_names=inputs, output_names=outputs,
+            dynamic_shapes=dynamic, dynamo=True, opset_version=opset, optimize=True, verbose=False,
+        )
+        program.save(str(path))
+
+
+def _finalize(path: Path, manifest_json: str, graph: str) -> onnx.ModelProto:
+    """Embed the manifest in the graph's metadata, name the graph, save, full-check."""
+    proto = onnx.load(str(path))
+    _strip_debug_info(proto.graph)
+    for fn in proto.functions:
+        for node in fn.node:
+            del node.metadata_props[:]
+            node.doc_string = ""
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, {METADATA_KEY: manifest_json})
+    proto.graph.name = f"edgelin_{graph}"
+    proto.producer_name = "edgelin"
+    proto.producer_version = __version__
+    onnx.save(proto, str(path))
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"the exported {graph} graph failed onnx.checker: {str(exc).splitlines()[0]}") from None
+    return proto
+
+
+def _smoke_check(model: LinearLM, out: Path, manifest: Manifest) -> dict[str, float]:
+    """ORT CPU vs PyTorch on a short prompt (batch 2, T = chunk + 3) and 4 decode steps."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sessions = {g: ort.InferenceSession(str(out / f), opts, providers=["CPUExecutionProvider"]) for g, f in GRAPH_FILES.items()}
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, model.cfg.chunk_size + 3), generator=gen)
+    state = model.init_state(2)
+    keys = list(state)
+
+    def feeds(x, st):
+        return {INPUT_IDS: x.numpy(), **{s.input: st[k].numpy() for k, s in zip(keys, manifest.states)}}
+
+    errors = {}
+    with torch.no_grad():
+        ref, ref_state = model(ids, state)
+        got = sessions["prefill"].run(None, feeds(ids, state))
+        errors["prefill"] = float(np.abs(got[0] - ref.numpy()).max())
+        ort_state = {k: torch.from_numpy(v) for k, v in zip(keys, got[1:])}
+        worst = 0.0
+        for _ in range(4):
+            nxt = ref[:, -1:].argmax(-1)  # [2, 1]
+            ref, ref_state = model.step(nxt, ref_state)
+            got = sessions["decode"].run(None, feeds(nxt, ort_state))
+            ort_state = {k: torch.from_numpy(v) for k, v in zip(keys, got[1:])}
+            worst = max(worst, float(np.abs(got[0] - ref.numpy()).max()))
+        errors["decode"] = worst
+    return errors
+
+
+def _install(tmp: Path, out_dir: Path, force: bool) -> None:
+    if out_dir.exists():
+        if not force:
+            raise ExportError(f"{out_dir} already exists; pass --force to replace it")
+        trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+        os.replace(out_dir, trash / out_dir.name)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+
+
+def export(
+    source: str | Path | LinearLM,
+    out_dir: str | Path,
+    *,
+    opset: int = DEFAULT_OPSET,
+    chunk_size: int | None = None,
+    force: bool = False,
+    check: bool = True,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Export ``source`` (a checkpoint folder or a LinearLM) into ``out_dir``; see the module docstring."""
+    say = progress or (lambda _msg: None)
+    _check_options(opset, chunk_size)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise ExportError(f"{out_dir} already exists; pass --force to replace it")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"{out_dir} exists and is not a folder; choose another output path")
+    parent = out_dir.parent if str(out_dir.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp.", dir=parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
+    except OSError as exc:
+        raise ExportError(f"cannot write to {parent}: {exc.strerror or exc}; choose a writable output folder") from None
+
+    try:
+        say(f"loading {source if not isinstance(source, LinearLM) else 'model'}")
+        model, digest = _resolve_source(source, chunk_size)
+        cfg = model.cfg
+        keys, inputs, outputs = io_names(model)
+        batch = torch.export.Dim("batch", min=1, max=1 << 16)
+        sequence = torch.export.Dim("sequence", min=1, max=1 << 24)
+        example_batch = 2  # >= 2 and T > chunk: see NOTES.md (exporter traps)
+        state = model.init_state(example_batch)
+        examples = {
+            "prefill": (torch.zeros(example_batch, 2 * cfg.chunk_size + 3, dtype=torch.int64), *state.values()),
+            "decode": (torch.zeros(example_batch, 1, dtype=torch.int64), *state.values()),
+        }
+        dynamic = {
+            "prefill": ({0: batch, 1: sequence}, tuple({0: batch} for _ in keys)),
+            "decode": ({0: batch}, tuple({0: batch} for _ in keys)),
+        }
+        modules = {"prefill": PrefillGraph(model), "decode": DecodeGraph(model)}
+        seconds = {}
+        for graph, module in modules.items():
+            say(f"exporting the {graph} graph (opset {opset}) ...")
+            t0 = time.perf_counter()
+            _export_graph(module, examples[graph], (inputs, outputs), dynamic[graph], opset, tmp / GRAPH_FILES[graph])
+            seconds[graph] = time.perf_counter() - t0
+
+        protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
+        nodes = {g: len(p.graph.node) for g, p in protos.items()}
+        op_types = {g: _op_histogram(p) for g, p in protos.items()}
+        manifest = build_manifest(
+            model, opset=opset, source=digest,
+            extra={"chunk_size": cfg.chunk_size, "nodes": nodes, "state_bytes_per_sequence": 0, "weights_file": WEIGHTS_FILE},
+        )
+        manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
+        manifest_json = manifest.to_json()
+        say("checking the graphs (onnx.checker, full check) ...")
+        for graph in GRAPH_FILES:
+            _finalize(tmp / GRAPH_FILES[graph], manifest_json, graph)
+        (tmp / MANIFEST_FILE).write_text(manifest_json, encoding="utf-8")
+
+        smoke = None
+        if check:
+            say("smoke check: ONNX Runtime (CPU) vs PyTorch ...")
+            smoke = _smoke_check(model, tmp, manifest)
+            bad = {k: v for k, v in smoke.items() if not v <= SMOKE_BUDGET}
+            if bad:
+                raise ExportError(
+                    "smoke check failed: " + ", ".join(f"{k} max abs error {v:.2e}" for k, v in bad.items())
+                    + f" > {SMOKE_BUDGET:.0e}; run `edgelin validate` on an export made with --no-check to see where"
+                )
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        _install(tmp, out_dir, force)
+    except EdgelinError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); nothing was written") from exc
+    return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types)
+
+
+def _strip_debug_info(graph: onnx.GraphProto) -> None:
+    """Drop the exporter's per-node debug metadata: it holds memory addresses (so two exports of the same
+    model would differ byte for byte) and source paths, and nothing a runtime reads."""
+    for node in graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _strip_debug_info(attr.g)
+            for sub in attr.graphs:
+                _strip_debug_info(sub)
+    for group in (graph.input, graph.output, graph.value_info, graph.initializer):
+        for item in group:
+            del item.metadata_props[:]
+            item.doc_string = ""
+    del graph.metadata_props[:]
+
+
+def _op_histogram(proto: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in proto.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+__all__ = ["DEFAULT_OPSET", "ExportResult", "GRAPH_FILES", "SMOKE_BUDGET", "build_manifest", "export"]
