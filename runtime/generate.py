@@ -1,0 +1,343 @@
+"""Streaming generation: prompts in, tokens out as they are produced.
+
+    gen = Generator(session, "Once upon a time", max_new_tokens=64, temperature=0.8, seed=1)
+    for tok in gen:                      # Token(seq, id, text)
+        print(tok.text, end="", flush=True)
+    gen.stats, gen.results, gen.state    # timings, per-prompt text and ids, the state after it all
+
+Each prompt is prefilled alone (batch 1, in pieces of ``prefill_chunk`` tokens), then the per-sequence
+states are stacked along the batch dim and decoded together. A sequence that finishes (eos, a stop
+sequence, max_new_tokens) leaves the batch after its last token has gone through the model, so
+``gen.state`` continues every sequence exactly where its text ends.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from edgelin.errors import ManifestError, RuntimeInputError
+from edgelin.runtime.sampling import Sampler
+from edgelin.runtime.session import Session, load
+from edgelin.runtime.state import State
+from edgelin.runtime.tokenizer import StreamDecoder
+
+MAX_NEW_TOKENS = 1_000_000  # a sane cap: the state is constant-size, but a typo like 1e12 should not run for days
+DEFAULT_PREFILL_CHUNK = 1024
+
+
+@dataclass(frozen=True)
+class Token:
+    seq: int  # index of the prompt this token continues
+    id: int  # token id
+    text: str  # text released by this token ("" while a partial character or a possible stop sequence is held back)
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    first_token_s: float = math.nan  # from the start of the call to the first token: time to first token
+    new_tokens: int = 0  # tokens produced, all sequences together
+    decode_tokens: int = 0  # of those, produced by decode steps (the first of each sequence comes from prefill)
+    decode_s: float = 0.0  # from the first token to the last
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else math.nan
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else math.nan
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+            "time_to_first_token_s": self.first_token_s, "prefill_s": self.prefill_s,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s, "decode_tokens": self.decode_tokens,
+            "decode_s": self.decode_s, "decode_tokens_per_s": self.decode_tokens_per_s,
+        }
+
+
+@dataclass
+class Result:
+    """One prompt's continuation."""
+
+    text: str = ""
+    ids: list[int] = field(default_factory=list)  # every token produced (an eos is not included)
+    stop_reason: str | None = None  # "eos", "stop" (a stop sequence) or "length"
+
+
+class _Sequence:
+    """Per-prompt bookkeeping: decoded text, held-back text that may start a stop sequence, the reason to stop."""
+
+    def __init__(self, decoder: StreamDecoder | None, stop: Sequence[str]) -> None:
+        self.result = Result()
+        self.decoder, self.stop = decoder, stop
+        self.held = ""  # decoded text not yet released
+
+    def push(self, token_id: int, eos_id: int | None, max_new: int) -> str:
+        """Record one new token; returns the text it releases, and sets result.stop_reason when done."""
+        r = self.result
+        if token_id == eos_id:
+            r.stop_reason = "eos"
+            if self.decoder is not None:
+                self.held += self.decoder.flush()
+            return self._release(len(self.held))
+        r.ids.append(token_id)
+        if self.decoder is not None:
+            self.held += self.decoder.feed(token_id)
+        if len(r.ids) >= max_new:
+            r.stop_reason = "length"
+        for s in self.stop:
+            at = self.held.find(s)
+            if at >= 0:
+                r.stop_reason = "stop"
+                text = self.held[:at]
+                self.held = ""
+                r.text += text
+                return text
+        if r.stop_reason is not None:  # eos / length: everything goes out, partial characters too
+            if self.decoder is not None:
+                self.held += self.decoder.flush()
+            return self._release(len(self.held))
+        keep = max((k for s in self.stop for k in range(1, len(s)) if self.held.endswith(s[:k])), default=0)
+        return self._release(len(self.held) - keep)
+
+    def _release(self, n: int) -> str:
+        text, self.held = self.held[:n], self.held[n:]
+        self.result.text += text
+        return text
+
+
+class Generator:
+    """An iterator of ``Token`` for one prompt or a batch of prompts (text, or token ids).
+
+    prompts: a str, a list of str, a sequence of ids, or a list of id sequences.
+    state: continue from this state (batch = number of prompts) instead of a fresh one; it is
+        consumed -- ``fork()`` it first to keep it. The state after generation is ``gen.state``.
+    max_new_tokens: tokens to produce per prompt at most; stop: strings that end a sequence (not included
+    in its text); eos_id: token that ends a sequence (default: the tokenizer's);
+    temperature / top_k / top_p / seed: see ``Sampler``; prefill_chunk: the longest piece of prompt
+    run through the prefill graph at once.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        prompts: Any,
+        *,
+        state: State | None = None,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        eos_id: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
+            raise RuntimeInputError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, np.integer)) or prefill_chunk < 1:
+            raise RuntimeInputError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
+        if isinstance(stop, str):
+            stop = [stop]
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise RuntimeInputError(f"stop sequences must be non-empty strings, got {list(stop)!r}")
+        self.session = session
+        self.sampler = Sampler(temperature, top_k, top_p, seed)
+        self.max_new_tokens, self.prefill_chunk = int(max_new_tokens), int(prefill_chunk)
+        texts, self.prompt_ids = self._encode(prompts)
+        tokenizer = session.tokenizer if texts or stop else _optional_tokenizer(session)
+        if stop and tokenizer is None:
+            raise RuntimeInputError("stop sequences need a text tokenizer; this model has none")
+        self.eos_id = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
+        if state is not None and (not isinstance(state, State) or state.batch != len(self.prompt_ids)):
+            got = state.batch if isinstance(state, State) else type(state).__name__
+            raise RuntimeInputError(f"the state holds {got} sequence(s) but there are {len(self.prompt_ids)} prompt(s)")
+        self._in_state = state
+        self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, list(stop)) for _ in self.prompt_ids]
+        self.stats = Stats(prompt_tokens=sum(len(p) for p in self.prompt_ids))
+        self._iter = self._run()
+        self._done = False
+        self._final: dict[int, State] = {}  # sequence -> its state after its last token
+        self._running: tuple[State, list[int], np.ndarray | None] | None = None  # state, its sequences, their unfed tokens
+        self._after: State | None = None
+
+    def _encode(self, prompts: Any) -> tuple[bool, list[np.ndarray]]:
+        """(prompts were text, one int64 [T] array per prompt). Ids are range-checked by the session."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        elif isinstance(prompts, np.ndarray) and prompts.ndim == 1 or (
+            isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, (int, np.integer)) for p in prompts)
+        ):
+            prompts = [prompts]
+        if not isinstance(prompts, (list, tuple, np.ndarray)) or len(prompts) == 0:
+            raise RuntimeInputError("no prompt given: pass a string, a list of strings, or token ids")
+        texts = [isinstance(p, str) for p in prompts]
+        if any(texts) and not all(texts):
+            raise RuntimeInputError("mix of text and token-id prompts; pass one kind")
+        out = []
+        for i, p in enumerate(prompts):
+            ids = self.session.tokenizer.encode(p) if texts[0] else np.asarray(p)
+            if ids.ndim != 1 or ids.size == 0:
+                raise RuntimeInputError(f"prompt {i} is empty" if ids.size == 0 else f"prompt {i} must be a flat sequence of token ids")
+            if not np.issubdtype(ids.dtype, np.integer):
+                raise RuntimeInputError(f"prompt {i} must hold integer token ids, got {ids.dtype}")
+            out.append(ids.astype(np.int64))
+        return texts[0], out
+
+    # ---- iteration -----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Token]:
+        return self
+
+    def __next__(self) -> Token:
+        return next(self._iter)
+
+    @property
+    def results(self) -> list[Result]:
+        return [s.result for s in self._seqs]
+
+    @property
+    def text(self) -> str:
+        """The generated text of the first (or only) prompt."""
+        return self._seqs[0].result.text
+
+    def run(self) -> "Generator":
+        """Consume the whole stream (when you do not need tokens one by one)."""
+        for _ in self:
+            pass
+        return self
+
+    def _run(self) -> Iterator[Token]:
+        session, n = self.session, len(self.prompt_ids)
+        start = time.perf_counter()
+        if self._in_state is None:
+            states = [session.new_state(1) for _ in range(n)]
+        else:  # batch 1 continues in place; a batch is split and stacked again after prefill
+            states = [self._in_state] if n == 1 else self._in_state.split()
+        last = [session.prefill(ids[None], st, chunk=self.prefill_chunk, last_only=True) for ids, st in zip(self.prompt_ids, states)]  # n x [1, V]
+        self.stats.prefill_s = time.perf_counter() - start
+        state = states[0] if n == 1 else State.stack(states)  # [n, ...]
+        logits = np.concatenate(last)  # [n, V]
+        rows = list(range(n))  # sequence index of each batch row
+        rng = self.sampler.rng()
+        if self.max_new_tokens == 0:
+            self._finish(state, rows, None)
+            return
+        first = None
+        while True:
+            ids = self.sampler(logits, rng)  # [R]
+            now = time.perf_counter()
+            if first is None:
+                first = now
+                self.stats.first_token_s = now - start
+            self.stats.decode_s = now - first
+            self.stats.new_tokens += len(rows)
+            self.stats.decode_tokens = self.stats.new_tokens - n
+            for row, seq in enumerate(rows):
+                s = self._seqs[seq]
+                text = s.push(int(ids[row]), self.eos_id, self.max_new_tokens)
+                if s.result.stop_reason != "eos":
+                    yield Token(seq, int(ids[row]), text)
+            live = [row for row, seq in enumerate(rows) if self._seqs[seq].result.stop_reason is None]
+            if not live:
+                self._finish(state, rows, ids)
+                return
+            logits = session.decode(ids[:, None], state)[:, 0]  # [R, V]; finished rows take in their last token too
+            if len(live) < len(rows):
+                done = [row for row in range(len(rows)) if row not in live]
+                self._final.update(zip((rows[r] for r in done), state.rows(done).split()))
+                state, rows, logits = state.rows(live), [rows[r] for r in live], logits[live]
+
+    def _finish(self, state: State, rows: list[int], pending: np.ndarray | None) -> None:
+        self._running = (state, rows, pending)
+        self._done = True
+
+    # ---- the state after generation --------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        """The state after every prompt and its generated tokens (eos included), in prompt order.
+
+        The last token of each sequence has not been through the model yet when the stream ends; it is
+        fed here, once, on first access (one decode step).
+        """
+        if not self._done:
+            raise RuntimeInputError("the generation has not finished; iterate it to the end (or call .run()) first")
+        if self._after is None:
+            state, rows, pending = self._running
+            if pending is not None:
+                self.session.decode(pending[:, None], state)
+            if not self._final:  # nobody left early: the batch is still in prompt order
+                self._after = state
+            else:
+                self._final.update(zip(rows, state.split()))
+                self._after = State.stack([self._final[i] for i in range(len(self._seqs))])
+        return self._after
+
+
+def _optional_tokenizer(session: Session):
+    try:
+        return session.tokenizer
+    except ManifestError:  # an id-only model (tokenizer kind "ids" or unknown): tokens carry no text
+        return None
+
+
+# ---- the library function behind `edgelin generate` ----------------------------------------------
+def generate_text(
+    export: str | os.PathLike | Session,
+    prompt: str,
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    provider: str = "auto",
+    threads: int | None = None,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    state_in: str | os.PathLike | None = None,
+    state_out: str | os.PathLike | None = None,
+    on_text: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Generate a continuation of ``prompt`` and return it with timings.
+
+    ``export`` is an export folder (loaded here) or an open Session. ``on_text`` is called with each
+    piece of text as soon as it is released. ``state_in`` continues a conversation saved with
+    ``state_out`` (written atomically, after the generation finished).
+    Returns {"text", "new_tokens", "stop_reason", "provider", "prompt_tokens", "time_to_first_token_s",
+    "prefill_tokens_per_s", "decode_tokens_per_s", ..., "load_s", "state_out"}.
+    """
+    if not isinstance(prompt, str) or not prompt:
+        raise RuntimeInputError("the prompt is empty; give some text with --prompt")
+    t0 = time.perf_counter()
+    session = export if isinstance(export, Session) else load(export, provider=provider, threads=threads)
+    load_s = time.perf_counter() - t0
+    state = session.load_state(state_in, batch=1) if state_in is not None else None
+    if state_out is not None and not Path(state_out).parent.is_dir():
+        raise RuntimeInputError(f"cannot write the state to {state_out}: its folder does not exist")
+    gen = Generator(
+        session, prompt, state=state, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        top_p=top_p, seed=seed, stop=stop, prefill_chunk=prefill_chunk,
+    )
+    for tok in gen:
+        if on_text is not None and tok.text:
+            on_text(tok.text)
+    if state_out is not None:
+        gen.state.save(state_out)
+    result = gen.results[0]
+    return {
+        "text": result.text, "stop_reason": result.stop_reason, "provider": session.provider,
+        **gen.stats.to_dict(), "load_s": load_s, "state_out": str(state_out) if state_out is not None else None,
+    }
+
+
+__all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "Result", "Stats", "Token", "generate_text"]

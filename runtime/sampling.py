@@ -1,0 +1,91 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p; seeded with a numpy Generator.
+
+Everything works on a batch: logits [B, V] -> token ids [B].
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgelin.errors import RuntimeInputError
+
+
+def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
+    """True where a token is among the k largest logits of its row (k = 0: keep all). [B, V] -> bool [B, V]"""
+    if k <= 0 or k >= logits.shape[-1]:
+        return np.ones(logits.shape, dtype=bool)
+    kth = np.partition(logits, -k, axis=-1)[..., -k, None]  # [B, 1] the k-th largest value
+    return logits >= kth  # ties with the k-th value are kept
+
+
+def top_p_mask(logits: np.ndarray, p: float) -> np.ndarray:
+    """True for the smallest set of most likely tokens whose probability reaches p (nucleus). [B, V] -> bool [B, V]
+
+    The most likely token is always kept, so the mask is never empty.
+    """
+    if p >= 1.0:
+        return np.ones(logits.shape, dtype=bool)
+    probs = softmax(logits)
+    order = np.argsort(-probs, axis=-1, kind="stable")  # [B, V] most likely first
+    sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # probability mass of the tokens ranked above
+    keep_sorted = before < p  # the first token has before = 0, so it is always kept
+    mask = np.zeros(logits.shape, dtype=bool)
+    np.put_along_axis(mask, order, keep_sorted, axis=-1)
+    return mask
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """temperature 0 = greedy (argmax); top_k 0 = off; top_p 1 = off; seed None = fresh entropy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t, k, p, s = self.temperature, self.top_k, self.top_p, self.seed
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 or t > 100:
+            raise RuntimeInputError(f"temperature must be a number in [0, 100] (0 = greedy), got {t!r}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise RuntimeInputError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise RuntimeInputError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0):
+            raise RuntimeInputError(f"seed must be an integer >= 0, got {s!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed)
+
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution sampled from: logits [B, V] -> float64 probabilities [B, V] (zeros where masked)."""
+        x = logits.astype(np.float64) / self.temperature
+        x = np.where(top_k_mask(x, self.top_k) & top_p_mask(x, self.top_p), x, -np.inf)
+        return softmax(x)
+
+    def __call__(self, logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """logits [B, V] -> token ids int64 [B]."""
+        if self.greedy:
+            return logits.argmax(axis=-1).astype(np.int64)
+        cdf = np.cumsum(self.probs(logits), axis=-1)  # [B, V]
+        u = rng.random(cdf.shape[0]) * cdf[:, -1]  # [B]
+        ids = (cdf <= u[:, None]).sum(axis=-1)  # first index whose cdf exceeds u
+        return np.minimum(ids, cdf.shape[-1] - 1).astype(np.int64)
+
+
+__all__ = ["Sampler", "softmax", "top_k_mask", "top_p_mask"]

@@ -1,0 +1,295 @@
+"""Load an export and run its two graphs: ``Session`` with ``new_state``, ``prefill`` and ``decode``.
+
+    session = load("out/", provider="auto", threads=2)
+    state = session.new_state(batch=1)
+    logits = session.prefill(ids, state)        # ids int64 [B, T] -> logits [B, T, V]; state advanced
+    logits = session.decode(next_ids, state)    # next_ids int64 [B, 1] -> logits [B, 1, V]
+
+Every name, shape and dtype comes from the manifest. At load, each graph's inputs and outputs are
+checked against it, and the provider that ONNX Runtime really activated is checked against the one
+asked for: onnxruntime-gpu accepts a CUDA request on a machine without CUDA and quietly runs on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
+from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest
+from edgelin.runtime.state import CPU, Device, State, to_ortvalue
+from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
+
+PROVIDERS = ("auto", "cpu", "cuda")
+CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
+OPTIMIZATION = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
+LOGITS_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+ORT_DEFAULT_SEVERITY = 2  # warnings; onnxruntime's own default
+
+
+class ProviderWarning(UserWarning):
+    """provider="auto" asked for CUDA, which is not active: running on CPU."""
+
+
+def load(export_dir: str | os.PathLike, provider: str = "auto", threads: int | None = None, **options: Any) -> "Session":
+    """Read and check an export folder and open its two graphs. See ``Session`` for the options."""
+    return Session(export_dir, provider, threads, **options)
+
+
+class Session:
+    """The two graphs of one export, on one provider.
+
+    provider: "auto" (CUDA if really active, else CPU with a ProviderWarning), "cpu", or "cuda"
+        (ProviderError unless CUDA is really active).
+    threads: ONNX Runtime intra-op threads (None: its default, one per core).
+    optimization: graph optimisation level, one of "disable", "basic", "extended", "all".
+    save_optimized: a folder to write the optimised graphs to (``prefill.optimized.onnx``, ...).
+    session_options: extra ``onnxruntime.SessionOptions`` attributes, e.g. {"enable_profiling": True}.
+    io_binding: True runs through IO binding (state stays on the device, no copy per step on CPU);
+        False runs ``InferenceSession.run`` with numpy feeds. Can be changed between runs.
+    cuda_device: the CUDA device id.
+    log_severity: ONNX Runtime's log level for the sessions (0 verbose ... 4 fatal).
+    """
+
+    def __init__(
+        self,
+        export_dir: str | os.PathLike,
+        provider: str = "auto",
+        threads: int | None = None,
+        *,
+        optimization: str = "all",
+        save_optimized: str | os.PathLike | None = None,
+        session_options: dict[str, Any] | None = None,
+        io_binding: bool = True,
+        cuda_device: int = 0,
+        log_severity: int = 3,
+    ) -> None:
+        if provider not in PROVIDERS:
+            raise RuntimeInputError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
+            raise RuntimeInputError(f"threads must be an integer in [1, 1024] (or None for ONNX Runtime's default), got {threads!r}")
+        if optimization not in OPTIMIZATION:
+            raise RuntimeInputError(f"optimization must be one of {', '.join(OPTIMIZATION)}, got {optimization!r}")
+        self.export_dir = Path(export_dir)
+        self.manifest = Manifest.load(self.export_dir)
+        self.io_binding = io_binding
+        self._tokenizer: Tokenizer | None = None
+        paths = {g: self.manifest.graph_path(self.export_dir, g) for g in GRAPHS}
+        for graph, path in paths.items():
+            if not path.is_file():
+                raise ManifestError(f"{self.export_dir} lacks {path.name}, the {graph} graph named in edgelin.json; re-export the model")
+        if save_optimized is not None:
+            Path(save_optimized).mkdir(parents=True, exist_ok=True)
+
+        def options(graph: str) -> ort.SessionOptions:
+            so = ort.SessionOptions()
+            so.log_severity_level = log_severity
+            so.graph_optimization_level = OPTIMIZATION[optimization]
+            if threads is not None:
+                so.intra_op_num_threads = threads
+            if save_optimized is not None:
+                so.optimized_model_filepath = str(Path(save_optimized) / f"{graph}.optimized.onnx")
+            for key, value in (session_options or {}).items():
+                if key.startswith("_") or not hasattr(so, key):
+                    raise RuntimeInputError(f"session_options: onnxruntime.SessionOptions has no attribute {key!r}")
+                setattr(so, key, value)
+            return so
+
+        self.provider, self._sessions = _open(paths, provider, options, cuda_device, log_severity)
+        self.device: Device = ("cuda", cuda_device) if self.provider == "cuda" else CPU
+        problems = [p for g in GRAPHS for p in _check_graph(g, paths[g].name, self._sessions[g], self.manifest)]
+        if problems:
+            raise ManifestError(f"{self.export_dir}: the graphs do not match edgelin.json: {'; '.join(problems)}; re-export the model")
+        self._logits_dtype = LOGITS_DTYPES[_io(self._sessions["prefill"], outputs=True)[self.manifest.logits].type]
+
+    # ---- facts ---------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest.vocab_size
+
+    @property
+    def providers(self) -> dict[str, list[str]]:
+        """What ONNX Runtime reports as active, per graph."""
+        return {g: s.get_providers() for g, s in self._sessions.items()}
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the manifest names; ManifestError if the runtime does not know its kind."""
+        if self._tokenizer is None:
+            self._tokenizer = make_tokenizer(self.manifest.tokenizer)
+        return self._tokenizer
+
+    def __repr__(self) -> str:
+        return f"Session({str(self.export_dir)!r}, provider={self.provider!r}, io_binding={self.io_binding})"
+
+    # ---- state ---------------------------------------------------------------------------------
+    def new_state(self, batch: int = 1) -> State:
+        """The state of ``batch`` fresh sequences, on this session's device."""
+        return State.fresh(self.manifest, batch, self.device)
+
+    def load_state(self, path: str | os.PathLike, batch: int | None = None) -> State:
+        """A state saved with ``State.save``; refused if it comes from another model (or batch size)."""
+        return State.load(path, self.manifest, self.device, batch=batch)
+
+    # ---- running -------------------------------------------------------------------------------
+    def prefill(self, input_ids: Any, state: State, *, chunk: int | None = None, last_only: bool = False) -> np.ndarray:
+        """Feed ``input_ids`` [B, T] through the prefill graph, advancing ``state`` in place.
+
+        Returns logits [B, T, V], or only the last position's [B, V] with ``last_only``. With ``chunk``,
+        the prompt goes in pieces of at most ``chunk`` tokens, the state carried between them, so memory
+        stays bounded for any T (then ask for ``last_only``: all logits are T * V floats).
+        """
+        ids = self._check_ids(input_ids, state)
+        T = ids.shape[1]
+        if chunk is None:
+            chunk = T
+        elif isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+            raise RuntimeInputError(f"prefill chunk must be a positive integer, got {chunk!r}")
+        pieces = []
+        for start in range(0, T, chunk):
+            logits = self._run("prefill", ids[:, start:start + chunk], state)  # [B, t, V]
+            pieces.append(logits[:, -1] if last_only else logits)
+        return pieces[-1] if last_only else np.concatenate(pieces, axis=1)  # [B, V] or [B, T, V]
+
+    def decode(self, input_ids: Any, state: State) -> np.ndarray:
+        """One token per sequence through the decode graph: ids [B, 1] (or [B]) -> logits [B, 1, V]."""
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[:, None]  # [B, 1]
+        ids = self._check_ids(ids, state)
+        if ids.shape[1] != 1:
+            raise RuntimeInputError(f"decode takes one token per sequence, got input_ids of shape {list(ids.shape)}; use prefill for more")
+        return self._run("decode", ids, state)
+
+    def _check_ids(self, input_ids: Any, state: State) -> np.ndarray:
+        """Token ids as int64 [B, T], every id inside the vocabulary: ORT's Gather does not check."""
+        if not isinstance(state, State):
+            raise RuntimeInputError(f"state must be a State (from Session.new_state), got {type(state).__name__}")
+        if state.manifest.source != self.manifest.source or state.manifest.states != self.manifest.states:
+            raise RuntimeInputError("this state belongs to another model; create it with this session's new_state()")
+        if state.device != self.device:
+            raise RuntimeInputError(f"this state lives on {state.device[0]}, the session runs on {self.device[0]}")
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None]  # [1, T]
+        if ids.ndim != 2 or ids.shape[0] != state.batch:
+            raise RuntimeInputError(f"input_ids must be [batch={state.batch}, tokens], got shape {list(ids.shape)}")
+        if ids.shape[1] == 0:
+            raise RuntimeInputError("input_ids is empty: give at least one token")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise RuntimeInputError(f"input_ids must be integers, got {ids.dtype}")
+        bad = (ids < 0) | (ids >= self.vocab_size)
+        if bad.any():
+            b, t = map(int, np.argwhere(bad)[0])
+            raise RuntimeInputError(
+                f"token id {int(ids[b, t])} at position {t} (sequence {b}) is outside the vocabulary [0, {self.vocab_size})"
+            )
+        return np.ascontiguousarray(ids, dtype=np.int64)
+
+    def _run(self, graph: str, ids: np.ndarray, state: State) -> np.ndarray:
+        """One graph run: ids int64 [B, t] -> logits [B, t, V]; the state moves on."""
+        m, sess = self.manifest, self._sessions[graph]
+        if not self.io_binding:
+            feeds = {m.input_ids: ids, **{s.input: v.numpy() for s, v in zip(m.states, state.values)}}
+            logits, *states = sess.run([m.logits] + [s.output for s in m.states], feeds)
+            state._advance([to_ortvalue(a, self.device) for a in states])
+            return logits
+        logits = np.empty((ids.shape[0], ids.shape[1], m.vocab_size), dtype=self._logits_dtype)  # [B, t, V]
+        io = sess.io_binding()
+        io.bind_cpu_input(m.input_ids, ids)
+        io.bind_ortvalue_output(m.logits, to_ortvalue(logits, CPU))  # ORT writes straight into `logits`
+        for spec, current, out in zip(m.states, state.values, state._outputs()):
+            io.bind_ortvalue_input(spec.input, current)
+            io.bind_ortvalue_output(spec.output, out)  # never the buffer it reads
+        sess.run_with_iobinding(io)
+        if self.device != CPU:
+            io.synchronize_outputs()
+        state._advance()
+        return logits
+
+
+# ---- opening and checking the graphs -------------------------------------------------------------
+def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dict[str, ort.InferenceSession]]:
+    """Create both sessions; returns ("cuda" | "cpu", sessions). CUDA counts only if ORT reports it active."""
+    if provider == "cpu":
+        return "cpu", {g: _session(p, options(g), [CPU_EP]) for g, p in paths.items()}
+    if CUDA_EP not in ort.get_available_providers():
+        why = "this onnxruntime build has no CUDA provider (install onnxruntime-gpu)"
+        if provider == "cuda":
+            raise ProviderError(f"CUDA was requested but {why}; use --provider cpu")
+        return "cpu", {g: _session(p, options(g), [CPU_EP]) for g, p in paths.items()}
+    # ORT logs a multi-line C++ error when the CUDA libraries are missing; we check and say it in one line instead
+    if log_severity >= 3:
+        ort.set_default_logger_severity(4)
+    try:
+        sessions = {g: _session(p, options(g), [(CUDA_EP, {"device_id": cuda_device}), CPU_EP]) for g, p in paths.items()}
+    finally:
+        if log_severity >= 3:
+            ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
+    if all(s.get_providers()[0] == CUDA_EP for s in sessions.values()):
+        return "cuda", sessions
+    why = "ONNX Runtime could not activate CUDAExecutionProvider (no usable GPU, or CUDA/cuDNN libraries missing)"
+    if provider == "cuda":
+        raise ProviderError(f"CUDA was requested but {why}; use --provider cpu")
+    warnings.warn(f"CUDA is not active: {why}; running on CPU", ProviderWarning, stacklevel=3)
+    return "cpu", {g: _session(p, options(g), [CPU_EP]) for g, p in paths.items()}
+
+
+def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
+    try:
+        return ort.InferenceSession(str(path), so, providers=providers)
+    except Exception as exc:  # ORT raises several exception types (Fail, InvalidGraph, InvalidProtobuf, ...)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise ManifestError(f"ONNX Runtime cannot load {path}: {first[:300]}; re-export the model") from None
+
+
+def _io(sess: ort.InferenceSession, outputs: bool) -> dict[str, Any]:
+    return {a.name: a for a in (sess.get_outputs() if outputs else sess.get_inputs())}
+
+
+def _check_graph(graph: str, file: str, sess: ort.InferenceSession, m: Manifest) -> list[str]:
+    """Every problem between one graph and the manifest (names, then dtypes and ranks, then fixed dims)."""
+    want_in = {m.input_ids: ("int64", ["batch", "sequence"])} | {s.input: (s.dtype, list(s.shape)) for s in m.states}
+    want_out = {m.logits: ("float", ["batch", "sequence", m.vocab_size])} | {s.output: (s.dtype, list(s.shape)) for s in m.states}
+    problems = []
+    for kind, want, have in (("input", want_in, _io(sess, False)), ("output", want_out, _io(sess, True))):
+        for name, (dtype, shape) in want.items():
+            arg = have.get(name)
+            if arg is None:
+                problems.append(f"{file} has no {kind} {name!r}")
+                continue
+            ok_types = set(LOGITS_DTYPES) if dtype == "float" else {ORT_TYPES[dtype]}
+            if arg.type not in ok_types:
+                problems.append(f"{file} {kind} {name!r} is {arg.type}, the manifest says {dtype}")
+            elif len(arg.shape) != len(shape):
+                problems.append(f"{file} {kind} {name!r} has rank {len(arg.shape)}, the manifest says {len(shape)}")
+            else:
+                fixed = [(h, w) for h, w in zip(arg.shape, shape) if isinstance(h, int) and isinstance(w, int) and h != w]
+                if fixed:
+                    problems.append(f"{file} {kind} {name!r} has shape {arg.shape}, the manifest says {shape}")
+        if kind == "input":
+            problems += [f"{file} has input {n!r} that the manifest does not name" for n in have if n not in want]
+    meta = sess.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    if meta is not None:
+        try:
+            source = Manifest.from_json(meta, f"{file} metadata").source
+        except ManifestError as exc:
+            problems.append(str(exc))
+        else:
+            if source != m.source:
+                problems.append(f"{file} holds weights {source[:12]}, edgelin.json says {m.source[:12]} (files from two exports?)")
+    return problems
+
+
+__all__ = ["OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "load"]

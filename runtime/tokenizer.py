@@ -1,0 +1,91 @@
+"""Tokenizers the runtime knows, chosen by the manifest's ``tokenizer`` entry (``{"kind": "bytes"}``).
+
+The byte tokenizer maps text to its UTF-8 bytes (ids 0..255). A streamed byte may end in the middle of
+a multi-byte character, so decoding goes through an incremental decoder that holds the partial
+character back until it is complete, and replaces invalid bytes with U+FFFD.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Any, Iterable, Protocol
+
+import numpy as np
+
+from edgelin.errors import ManifestError, RuntimeInputError
+
+REPLACEMENT = "\ufffd"
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_id: int | None
+
+    def encode(self, text: str) -> np.ndarray: ...  # int64 [T]
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def decoder(self) -> "StreamDecoder": ...
+
+
+class StreamDecoder(Protocol):
+    def feed(self, token_id: int) -> str: ...  # the text completed by this token ("" if held back)
+
+    def flush(self) -> str: ...  # whatever is still held back, replaced where incomplete
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: vocabulary of 256, no special tokens unless the manifest names an eos."""
+
+    vocab_size = 256
+
+    def __init__(self, eos_id: int | None = None) -> None:
+        self.eos_id = eos_id
+
+    def encode(self, text: str) -> np.ndarray:
+        if not isinstance(text, str):
+            raise RuntimeInputError(f"the prompt must be text (str), got {type(text).__name__}")
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)  # [T]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        dec = self.decoder()
+        return "".join(dec.feed(i) for i in ids) + dec.flush()
+
+    def decoder(self) -> "ByteStreamDecoder":
+        return ByteStreamDecoder()
+
+
+class ByteStreamDecoder:
+    """Feeds one byte id at a time; returns only complete characters. Ids >= 256 decode as U+FFFD."""
+
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        token_id = int(token_id)
+        if not 0 <= token_id < 256:
+            return self._utf8.decode(b"", final=True) + REPLACEMENT  # end any partial char, then mark the bad id
+        return self._utf8.decode(bytes((token_id,)))
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+TOKENIZERS = {"bytes": ByteTokenizer}
+
+
+def make_tokenizer(spec: dict[str, Any]) -> Tokenizer:
+    """The tokenizer a manifest's ``tokenizer`` entry names; an unknown kind raises ManifestError."""
+    kind = spec.get("kind")
+    if kind not in TOKENIZERS:
+        raise ManifestError(
+            f"this export uses tokenizer kind {kind!r}, which edgelin.runtime does not know "
+            f"(known: {', '.join(TOKENIZERS)}); pass token ids instead of text"
+        )
+    eos = spec.get("eos_id")
+    if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or eos < 0):
+        raise ManifestError(f"tokenizer 'eos_id' must be a non-negative integer, got {eos!r}")
+    return TOKENIZERS[kind](eos_id=eos)
+
+
+__all__ = ["ByteTokenizer", "ByteStreamDecoder", "TOKENIZERS", "Tokenizer", "make_tokenizer"]
