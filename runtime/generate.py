@@ -116,6 +116,17 @@ class _Sequence:
         return text
 
 
+def _check_options(max_new_tokens: Any, prefill_chunk: Any, stop: Any) -> list[str]:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise RuntimeInputError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, np.integer)) or prefill_chunk < 1:
+        raise RuntimeInputError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
+        raise RuntimeInputError(f"stop sequences must be non-empty strings, got {stop!r}")
+    return list(stop)
+
+
 class Generator:
     """An iterator of ``Token`` for one prompt or a batch of prompts (text, or token ids).
 
@@ -143,14 +154,7 @@ class Generator:
         eos_id: int | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
-            raise RuntimeInputError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, np.integer)) or prefill_chunk < 1:
-            raise RuntimeInputError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
-        if isinstance(stop, str):
-            stop = [stop]
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise RuntimeInputError(f"stop sequences must be non-empty strings, got {list(stop)!r}")
+        stop = _check_options(max_new_tokens, prefill_chunk, stop)
         self.session = session
         self.sampler = Sampler(temperature, top_k, top_p, seed)
         self.max_new_tokens, self.prefill_chunk = int(max_new_tokens), int(prefill_chunk)
@@ -318,6 +322,8 @@ def generate_text(
     """
     if not isinstance(prompt, str) or not prompt:
         raise RuntimeInputError("the prompt is empty; give some text with --prompt")
+    Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load
+    _check_options(max_new_tokens, prefill_chunk, stop)
     t0 = time.perf_counter()
     session = export if isinstance(export, Session) else load(export, provider=provider, threads=threads)
     load_s = time.perf_counter() - t0

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.random  # noqa: F401  -- numpy imports it lazily; pay that here, not in time-to-first-token
 
 from edgelin.errors import RuntimeInputError
 

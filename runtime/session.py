@@ -176,7 +176,7 @@ class Session:
         """Token ids as int64 [B, T], every id inside the vocabulary: ORT's Gather does not check."""
         if not isinstance(state, State):
             raise RuntimeInputError(f"state must be a State (from Session.new_state), got {type(state).__name__}")
-        if state.manifest.source != self.manifest.source or state.manifest.states != self.manifest.states:
+        if not state.same_model(self.manifest):
             raise RuntimeInputError("this state belongs to another model; create it with this session's new_state()")
         if state.device != self.device:
             raise RuntimeInputError(f"this state lives on {state.device[0]}, the session runs on {self.device[0]}")
@@ -283,12 +283,12 @@ def _check_graph(graph: str, file: str, sess: ort.InferenceSession, m: Manifest)
     meta = sess.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
     if meta is not None:
         try:
-            source = Manifest.from_json(meta, f"{file} metadata").source
+            own = Manifest.from_json(meta, f"{file} metadata")
         except ManifestError as exc:
             problems.append(str(exc))
         else:
-            if source != m.source:
-                problems.append(f"{file} holds weights {source[:12]}, edgelin.json says {m.source[:12]} (files from two exports?)")
+            if own.source != m.source or own.model != m.model:
+                problems.append(f"{file} was exported from another model than edgelin.json describes (files from two exports?)")
     return problems
 
 

@@ -123,8 +123,13 @@ class State:
         arrays = [s.numpy() for s in states]
         return State.from_arrays(first.manifest, {k: np.concatenate([a[k] for a in arrays]) for k in arrays[0]}, first.device, copy=False)
 
+    def same_model(self, manifest: Manifest) -> bool:
+        """True if this state belongs to the model ``manifest`` describes (same weights, config and state layout)."""
+        m = self.manifest
+        return m is manifest or (m.source, m.model, m.states) == (manifest.source, manifest.model, manifest.states)
+
     def _check_same_model(self, other: "State") -> None:
-        if other.manifest.source != self.manifest.source or other.manifest.states != self.manifest.states:
+        if not self.same_model(other.manifest):
             raise RuntimeInputError("these states belong to different models; only states of one export can be combined")
 
     # ---- used by Session -----------------------------------------------------------------------
@@ -149,7 +154,7 @@ class State:
         """Write the state to ``path`` (.npz) atomically: a temporary file in the same folder, then rename."""
         path = Path(path)
         header = {
-            "format": SNAPSHOT_FORMAT, "source": self.manifest.source, "batch": self.batch,
+            "format": SNAPSHOT_FORMAT, "source": self.manifest.source, "model": self.manifest.model, "batch": self.batch,
             "states": [{"input": s.input, "shape": list(s.concrete_shape(self.batch)), "dtype": s.dtype} for s in self.manifest.states],
         }
         arrays = {HEADER_KEY: np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8), **self.numpy()}
@@ -185,10 +190,10 @@ class State:
             raise RuntimeInputError(f"{path} is not an edgelin state file (no header); pass a file written by --state-out / State.save") from None
         if header.get("format") != SNAPSHOT_FORMAT:
             raise RuntimeInputError(f"{path} has state format {header.get('format')!r}; this edgelin reads {SNAPSHOT_FORMAT!r}")
-        if header.get("source") != manifest.source:
+        if header.get("source") != manifest.source or header.get("model") != manifest.model:
+            what = "weights" if header.get("source") != manifest.source else "config"
             raise RuntimeInputError(
-                f"{path} was saved from another model (weights {str(header.get('source'))[:12]}, this export "
-                f"{manifest.source[:12]}); a state only continues the model that made it"
+                f"{path} was saved from another model (its {what} differ from this export's); a state only continues the model that made it"
             )
         if batch is not None and header.get("batch") != batch:
             raise RuntimeInputError(f"{path} holds {header.get('batch')} sequence(s) but {batch} are needed here")

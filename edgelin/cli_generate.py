@@ -1,0 +1,74 @@
+"""``edgelin generate``: stream a continuation from an export with ONNX Runtime (torch-free)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import warnings
+
+import click
+
+from edgelin.cli import user_errors
+
+
+def _summary(r: dict) -> str:
+    def rate(x: float) -> str:
+        return "n/a" if x is None or math.isnan(x) else f"{x:,.0f} tok/s"
+
+    return (
+        f"[{r['provider']}] {r['new_tokens']} new tokens ({r['stop_reason']}), prompt {r['prompt_tokens']} tokens; "
+        f"time to first token {r['time_to_first_token_s'] * 1e3:.1f} ms, prefill {rate(r['prefill_tokens_per_s'])}, "
+        f"decode {rate(r['decode_tokens_per_s'])}"
+    )
+
+
+@click.command("generate", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("export_dir", type=click.Path(path_type=str))
+@click.option("--prompt", "-p", required=True, help="Text to continue (the model's tokenizer encodes it).")
+@click.option("--max-new-tokens", "-n", type=int, default=128, show_default=True, help="Tokens to generate at most.")
+@click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy; higher = more random.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Sample only from the K most likely tokens (0 = off).")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling: smallest set of tokens with probability >= P (1 = off).")
+@click.option("--seed", type=int, default=None, help="Seed for sampling: the same seed gives the same text.")
+@click.option("--stop", multiple=True, help="Stop when this text appears (not printed). Repeatable.")
+@click.option("--provider", default="auto", show_default=True, help="auto (CUDA if really active, else CPU), cpu or cuda.")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime threads (default: one per core).")
+@click.option("--state-in", type=click.Path(path_type=str), default=None, help="Continue from a state saved with --state-out.")
+@click.option("--state-out", type=click.Path(path_type=str), default=None, help="Save the state after the generated text (.npz, written atomically).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + timings) instead of streaming.")
+@user_errors
+def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, provider, threads, state_in, state_out, as_json):
+    """Generate text from an export folder (prefill.onnx + decode.onnx + edgelin.json).
+
+    Text streams to stdout as it is produced; a summary line with the provider actually used and the
+    timings goes to stderr. Runs on ONNX Runtime alone: torch is not imported.
+
+    \b
+    Examples:
+      edgelin generate out/ --prompt "Once upon a time"
+      edgelin generate out/ -p "The " -n 200 --temperature 0.8 --top-p 0.9 --seed 1
+      edgelin generate out/ -p "Q: hi" --stop "Q:" --json
+      edgelin generate out/ -p "Hello, " --state-out chat.npz     # keep the conversation ...
+      edgelin generate out/ -p " and then" --state-in chat.npz    # ... and continue it later
+    """
+    from edgelin.runtime import ProviderWarning, generate_text
+
+    def stream(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    with warnings.catch_warnings():  # a warning (e.g. CUDA not active) is one line on stderr, printed when it happens
+        warnings.simplefilter("always", ProviderWarning)
+        warnings.showwarning = lambda message, *_, **__: click.echo(f"edgelin: warning: {message}", err=True)
+        result = generate_text(
+            export_dir, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, stop=stop, provider=provider, threads=threads, state_in=state_in, state_out=state_out,
+            on_text=None if as_json else stream,
+        )
+    if as_json:
+        clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
+        click.echo(json.dumps(clean))
+    else:
+        click.echo("")
+        click.echo(_summary(result), err=True)
