@@ -1,0 +1,141 @@
+"""The export as files: a manifest-only driver, determinism, atomicity, refusal to overwrite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from edgelin.errors import CheckpointError, ExportError
+import edgelin.exporters.exporter as export_impl
+from edgelin.exporters import export
+
+# A driver that knows only the contract: json + numpy + onnxruntime, with torch and edgelin unimportable.
+MANIFEST_ONLY_DRIVER = textwrap.dedent(
+    """
+    import sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "edgelin"):
+                raise ImportError(f"{name} is blocked in this test")
+    sys.meta_path.insert(0, Block())
+    import json, pathlib
+    import numpy as np
+    import onnxruntime as ort
+
+    out = pathlib.Path(sys.argv[1])
+    prompt = json.loads(sys.argv[2])
+    m = json.loads((out / "edgelin.json").read_text())
+    assert m["format"] == "edgelin/1"
+    sess = {g: ort.InferenceSession(str(out / f), providers=["CPUExecutionProvider"]) for g, f in m["graphs"].items()}
+    dtypes = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
+    state = {s["input"]: np.full([1 if d == "batch" else d for d in s["shape"]], s["init"], dtypes[s["dtype"]]) for s in m["states"]}
+
+    def run(graph, ids, state):
+        outs = sess[graph].run([m["logits"]] + [s["output"] for s in m["states"]],
+                               {m["input_ids"]: np.array([ids], np.int64), **state})
+        return outs[0], {s["input"]: v for s, v in zip(m["states"], outs[1:])}
+
+    logits, state = run("prefill", prompt, state)
+    tokens = []
+    for _ in range(8):
+        tok = int(logits[0, -1].argmax())
+        tokens.append(tok)
+        logits, state = run("decode", [tok], state)
+    print(json.dumps(tokens))
+    """
+)
+
+
+def test_manifest_alone_drives_both_graphs(exported):
+    model, out = exported("cosformer")
+    prompt = [int(x) for x in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(5))]
+    proc = subprocess.run([sys.executable, "-c", MANIFEST_ONLY_DRIVER, str(out), json.dumps(prompt)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    # greedy continuation in PyTorch
+    ids = torch.tensor([prompt])
+    want = []
+    with torch.no_grad():
+        logits, state = model(ids)
+        for _ in range(8):
+            tok = int(logits[0, -1].argmax())
+            want.append(tok)
+            logits, state = model.step(torch.tensor([[tok]]), state)
+    assert got == want
+
+
+def test_reexport_is_byte_identical(exported, tmp_path):
+    from edgelin.checkpoint import save_checkpoint, weights_sha256
+
+    model, _ = exported("performer")
+    ckpt = save_checkpoint(model, tmp_path / "ckpt")
+    a = export(ckpt, tmp_path / "a", chunk_size=8, check=False)
+    b = export(ckpt, tmp_path / "b", chunk_size=8, check=False)
+    for name in ("prefill.onnx", "decode.onnx", "edgelin.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert a.manifest.source == b.manifest.source == weights_sha256(ckpt)
+    assert a.manifest.extra["chunk_size"] == 8 and a.manifest.model["chunk_size"] == 8
+    # an in-memory model hashes to the same source as its saved checkpoint
+    assert export(model, tmp_path / "c", check=False).manifest.source == weights_sha256(ckpt)
+
+
+def test_refuses_to_overwrite_without_force(exported, tmp_path):
+    model, _ = exported("elu+1")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="already exists; pass --force"):
+        export(model, out, check=False)
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_failed_export_leaves_nothing(exported, tmp_path, monkeypatch):
+    model, _ = exported("elu+1")
+    monkeypatch.setattr(export_impl, "_smoke_check", lambda *a: {"prefill": 1.0, "decode": 0.0})
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match="smoke check failed: prefill max abs error 1.00e\\+00"):
+        export(model, out)
+    assert list(tmp_path.iterdir()) == []  # no OUT_DIR, no temporary folder
+
+
+def test_failed_forced_export_keeps_the_old_one(exported, tmp_path, monkeypatch):
+    model, _ = exported("elu+1")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("exporter exploded\nwith a long story")
+
+    monkeypatch.setattr(export_impl, "_export_graph", boom)
+    with pytest.raises(ExportError, match=r"export failed \(RuntimeError: exporter exploded\); nothing was written"):
+        export(model, out, force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out / "old.txt").read_text() == "old"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        pytest.param({"opset": 9}, "opset 9 is not supported", id="opset-low"),
+        pytest.param({"opset": 99}, "opset 99 is not supported", id="opset-high"),
+        pytest.param({"chunk_size": 0}, "chunk size 0 is out of range", id="chunk-zero"),
+        pytest.param({"chunk_size": 10**6}, "chunk size 1000000 is out of range", id="chunk-huge"),
+    ],
+)
+def test_bad_options(exported, tmp_path, kwargs, message):
+    model, _ = exported("elu+1")
+    with pytest.raises(ExportError, match=message):
+        export(model, tmp_path / "out", **kwargs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        export(tmp_path / "nope", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,143 @@
+"""Exported graphs in ONNX Runtime (CPU) against the PyTorch model, for every feature map.
+
+fp32 budget (the same for every check here, do not loosen it to make a test pass):
+    logits: max abs error <= 1e-4 and relative L2 error <= 1e-5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from edgelin.feature_maps import available
+from edgelin.runtime.manifest import Manifest
+
+FEATURE_MAPS = list(available())
+CHUNK = 16  # the chunk of the tiny models exported by tests/exporters/conftest.py
+
+MAX_ABS = 1e-4
+REL_L2 = 1e-5
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, what: str) -> None:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    max_abs = np.abs(got - ref).max()
+    rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
+    assert max_abs <= MAX_ABS and rel <= REL_L2, f"{what}: max abs {max_abs:.2e} (<= {MAX_ABS}), rel L2 {rel:.2e} (<= {REL_L2})"
+
+
+class Graphs:
+    """The two ORT sessions of an export, fed by manifest names."""
+
+    def __init__(self, out):
+        self.manifest = Manifest.load(out)
+        self.sessions = {g: ort.InferenceSession(str(out / f), providers=["CPUExecutionProvider"]) for g, f in self.manifest.graphs.items()}
+
+    def run(self, graph, ids, state):
+        feeds = {self.manifest.input_ids: np.asarray(ids, np.int64)}
+        feeds.update({s.input: state[s.input] for s in self.manifest.states})
+        out = self.sessions[graph].run(None, feeds)
+        return out[0], {s.input: v for s, v in zip(self.manifest.states, out[1:])}
+
+    def fresh(self, batch):
+        return {s.input: np.full(s.concrete_shape(batch), s.init, s.np_dtype) for s in self.manifest.states}
+
+
+def torch_state_as_feeds(state, manifest):
+    return {s.input: state[s.input[len("state."):]].numpy() for s in manifest.states}
+
+
+@pytest.fixture(params=FEATURE_MAPS)
+def case(request, exported):
+    model, out = exported(request.param)
+    assert model.cfg.chunk_size == CHUNK
+    return model, Graphs(out)
+
+
+@pytest.mark.parametrize("T", [pytest.param(t, id=f"T{t}") for t in (1, CHUNK - 1, CHUNK, CHUNK + 1, 1000)])
+@pytest.mark.parametrize("batch", [1, 3], ids=["b1", "b3"])
+def test_prefill_matches_torch(case, T, batch):
+    model, g = case
+    ids = torch.randint(0, 256, (batch, T), generator=torch.Generator().manual_seed(T * 7 + batch))
+    with torch.no_grad():
+        ref, ref_state = model(ids)
+    logits, state = g.run("prefill", ids.numpy(), g.fresh(batch))
+    assert_close(logits, ref.numpy(), "logits")
+    for s in g.manifest.states:
+        r = ref_state[s.input[len("state."):]].numpy()
+        if s.dtype == "int64":
+            np.testing.assert_array_equal(state[s.input], r)
+        else:  # states are running sums: hold them to the same relative budget
+            rel = np.linalg.norm(state[s.input] - r) / max(np.linalg.norm(r), 1e-30)
+            assert rel <= REL_L2, f"{s.output}: relative L2 {rel:.2e}"
+
+
+def test_decode_200_steps_matches_torch(case):
+    model, g = case
+    batch = 2
+    ids = torch.randint(0, 256, (batch, 200), generator=torch.Generator().manual_seed(1))
+    state_t = model.init_state(batch)
+    state_o = g.fresh(batch)
+    for t in range(200):
+        with torch.no_grad():
+            ref, state_t = model.step(ids[:, t : t + 1], state_t)
+        logits, state_o = g.run("decode", ids[:, t : t + 1].numpy(), state_o)
+        assert_close(logits, ref.numpy(), f"decode step {t}")
+
+
+def test_prefill_continues_from_state(case):
+    model, g = case
+    ids = torch.randint(0, 256, (3, 2 * CHUNK + 5), generator=torch.Generator().manual_seed(2)).numpy()
+    whole, whole_state = g.run("prefill", ids, g.fresh(3))
+    a, state = g.run("prefill", ids[:, :CHUNK + 3], g.fresh(3))
+    b, state = g.run("prefill", ids[:, CHUNK + 3 :], state)
+    assert_close(np.concatenate([a, b], axis=1), whole, "prefill(a) + prefill(b, state) vs prefill(a+b)")
+    for name in state:
+        assert_close(state[name] / max(np.abs(whole_state[name]).max(), 1), whole_state[name] / max(np.abs(whole_state[name]).max(), 1), name)
+
+
+def test_prefill_then_decode_matches_longer_prefill(case):
+    model, g = case
+    T, N = 2 * CHUNK + 1, 20
+    ids = torch.randint(0, 256, (2, T + N), generator=torch.Generator().manual_seed(3)).numpy()
+    whole, _ = g.run("prefill", ids, g.fresh(2))
+    _, state = g.run("prefill", ids[:, :T], g.fresh(2))
+    for t in range(T, T + N):
+        logits, state = g.run("decode", ids[:, t : t + 1], state)
+        assert_close(logits[:, 0], whole[:, t], f"decode at position {t}")
+
+
+def test_decode_graph_has_no_chunk_machinery(exported):
+    import onnx
+
+    _, out = exported("elu+1")
+    ops = {n.op_type for n in onnx.load(str(out / "decode.onnx")).graph.node}
+    assert "CumSum" not in ops and "Pad" not in ops, sorted(ops)
+    prefill_ops = {n.op_type for n in onnx.load(str(out / "prefill.onnx")).graph.node}
+    assert "CumSum" in prefill_ops  # the chunked form really is in the prefill graph
+
+
+def test_graph_io_follows_the_contract(exported):
+    import onnx
+
+    _, out = exported("cosformer")
+    manifest = Manifest.load(out)
+    for graph, fname in manifest.graphs.items():
+        proto = onnx.load(str(out / fname))
+        inputs = {i.name: i for i in proto.graph.input}
+        outputs = {o.name: o for o in proto.graph.output}
+        assert list(inputs) == [manifest.input_ids] + [s.input for s in manifest.states]
+        assert list(outputs) == [manifest.logits] + [s.output for s in manifest.states]
+        dims = [d.dim_param or d.dim_value for d in inputs[manifest.input_ids].type.tensor_type.shape.dim]
+        assert dims == (["batch", "sequence"] if graph == "prefill" else ["batch", 1])
+        logits_dims = [d.dim_param or d.dim_value for d in outputs[manifest.logits].type.tensor_type.shape.dim]
+        assert logits_dims[0] == "batch" and logits_dims[-1] == manifest.vocab_size
+        for s in manifest.states:
+            shape = [d.dim_param or d.dim_value for d in inputs[s.input].type.tensor_type.shape.dim]
+            assert shape == list(s.shape), (graph, s.input, shape)
+        meta = {p.key: p.value for p in proto.metadata_props}
+        assert meta["edgelin"] == (out / "edgelin.json").read_text()
+    assert [s.input for s in manifest.states] == ["state.0.S", "state.0.z", "state.0.pos", "state.1.S", "state.1.z", "state.1.pos"]
