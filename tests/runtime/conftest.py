@@ -15,12 +15,13 @@ FEATURE_MAPS = ["identity", "elu+1", "relu", "softplus", "performer", "cosformer
 WEIGHT_SCALE = 15.0  # at init scale greedy decoding repeats one token; sharper weights give varied streams
 
 
-def tiny_model(feature_map: str = "elu+1", seed: int = 0) -> LinearLM:
+def tiny_model(feature_map: str = "elu+1", seed: int = 0, **overrides) -> LinearLM:
     torch.manual_seed(seed)
-    cfg = ModelConfig(
+    cfg = dict(
         vocab_size=256, d_model=32, n_layers=2, n_heads=2, head_dim=16, chunk_size=16, feature_map=feature_map,
-        normalisation="none" if feature_map == "identity" else "denominator", cosformer_horizon=2048,
+        normalisation="none" if feature_map == "identity" else "denominator",
     )
+    cfg = ModelConfig(**(cfg | overrides))
     model = LinearLM(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -31,18 +32,19 @@ def tiny_model(feature_map: str = "elu+1", seed: int = 0) -> LinearLM:
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
-    """feature map -> (model, export dir); each exported once per session."""
+    """(feature map, config overrides) -> (model, export dir); each exported once per session."""
     from edgelin.exporters import export
 
-    cache: dict[str, tuple] = {}
+    cache: dict[tuple, tuple] = {}
 
-    def get(feature_map: str = "elu+1"):
-        if feature_map not in cache:
-            model = tiny_model(feature_map)
+    def get(feature_map: str = "elu+1", **overrides):
+        key = (feature_map, tuple(sorted(overrides.items())))
+        if key not in cache:
+            model = tiny_model(feature_map, **overrides)
             out = tmp_path_factory.mktemp("runtime-export") / feature_map.replace("+", "p")
             export(model, out, check=False)
-            cache[feature_map] = (model, out)
-        return cache[feature_map]
+            cache[key] = (model, out)
+        return cache[key]
 
     return get
 
