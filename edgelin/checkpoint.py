@@ -15,6 +15,7 @@ from edgelin.model import LinearLM
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+SAFETENSORS_METADATA = {"format": "pt"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
@@ -45,6 +46,18 @@ def weights_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _tensors(model: LinearLM) -> dict[str, torch.Tensor]:
+    return {n: t.detach().to(torch.float32).contiguous().cpu() for n, t in model.state_dict().items()}
+
+
+def model_sha256(model: LinearLM) -> str:
+    """sha256 of the bytes ``save_checkpoint`` would write for ``model``'s weights: equal to
+    ``weights_sha256`` of its saved checkpoint, so an in-memory model and its file have one identity."""
+    from safetensors.torch import save
+
+    return hashlib.sha256(save(_tensors(model), metadata=SAFETENSORS_METADATA)).hexdigest()
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -91,8 +104,8 @@ def save_checkpoint(model: LinearLM, path: str | Path) -> Path:
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {n: t.detach().to(torch.float32).contiguous().cpu() for n, t in model.state_dict().items()}
-    _atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    tensors = _tensors(model)
+    _atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata=SAFETENSORS_METADATA))
     _atomic_write(path / CONFIG_FILE, lambda tmp: Path(tmp).write_text(model.cfg.to_json(), encoding="utf-8"))
     return path
 
@@ -108,4 +121,4 @@ def _atomic_write(target: Path, write) -> None:
         raise
 
 
-__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "load_checkpoint", "load_config", "save_checkpoint", "weights_sha256"]
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "load_checkpoint", "load_config", "model_sha256", "save_checkpoint", "weights_sha256"]

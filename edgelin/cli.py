@@ -97,5 +97,40 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check):
     click.echo(result.summary())
 
 
+@main.command("validate")
+@click.argument("export_dir", type=click.Path(file_okay=False))
+@click.option("--checkpoint", type=click.Path(), default=None, help="The checkpoint the export came from [default: the bundled model, if the export is of it].")
+@click.option("--providers", default="cpu", show_default=True, help="Comma list of cpu, cuda; or 'auto' (CUDA only if really active, never a failure).")
+@click.option("--steps", default=64, show_default=True, type=int, help="Decode steps compared one by one, state fed back.")
+@click.option("--long", "long_steps", default=0, show_default=True, type=int, help="Also decode this many steps against a float64 PyTorch run (drift curve); e.g. 10000.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report (every number, the drift curve) here.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random token ids.")
+@user_errors
+def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed):
+    """Check that EXPORT_DIR computes what its PyTorch checkpoint computes.
+
+    \b
+    Checks: structure (manifest <-> graphs, metadata, weights hash), prefill vs PyTorch, decode vs
+    PyTorch step by step, prefill vs decode, each provider vs CPU, a long decode stream vs float64
+    PyTorch, greedy generation. Every failure is reported with where it diverged first.
+
+    \b
+    Exit status: 0 all checks passed, 1 a check failed (or a provider named in --providers is not
+    really active), 2 bad input.
+
+    \b
+    Examples:
+      edgelin validate out/ --checkpoint ckpt/
+      edgelin validate out/ --checkpoint ckpt/ --providers cpu,cuda --long 10000 --json report.json
+    """
+    from edgelin.validate import validate
+
+    report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress)
+    if json_path:
+        report.write_json(json_path)
+    click.echo(report.table())
+    sys.exit(0 if report.passed else 1)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

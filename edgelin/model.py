@@ -177,6 +177,14 @@ class LinearLM(nn.Module):
             new_state.update({f"{i}.{name}": t for name, t in layer.items()})
         return self._logits(x), new_state
 
+    def with_chunk_size(self, chunk_size: int) -> "LinearLM":
+        """The same weights with another prefill chunk length (the chunk changes no result, only speed)."""
+        if chunk_size == self.cfg.chunk_size:
+            return self
+        model = LinearLM(self.cfg.replace(chunk_size=chunk_size)).to(self.embed.weight.dtype)
+        model.load_state_dict(self.state_dict())
+        return model.train(self.training)
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 

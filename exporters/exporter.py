@@ -8,7 +8,6 @@ comparison of ONNX Runtime (CPU) against PyTorch. A failure leaves nothing behin
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
@@ -25,7 +24,7 @@ import onnx
 import torch
 
 from edgelin import __version__
-from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, weights_sha256
+from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, DecodeGraph, PrefillGraph, io_names
 from edgelin.model import LinearLM
@@ -76,19 +75,12 @@ def _check_options(opset: int, chunk_size: int | None) -> None:
 def _resolve_source(source: str | Path | LinearLM, chunk_size: int | None) -> tuple[LinearLM, str]:
     """(model in eval mode with the requested chunk size, sha256 of its weights as safetensors)."""
     if isinstance(source, LinearLM):
-        from safetensors.torch import save
-
-        tensors = {n: t.detach().to(torch.float32).contiguous().cpu() for n, t in source.state_dict().items()}
-        # the same bytes save_checkpoint writes, so the hash matches the checkpoint's file
-        digest = hashlib.sha256(save(tensors, metadata={"format": "pt"})).hexdigest()
-        model = source
+        model, digest = source, model_sha256(source)
     else:
         model = load_checkpoint(source)
         digest = weights_sha256(source)
-    if chunk_size is not None and chunk_size != model.cfg.chunk_size:
-        rechunked = LinearLM(model.cfg.replace(chunk_size=chunk_size))
-        rechunked.load_state_dict(model.state_dict())
-        model = rechunked
+    if chunk_size is not None:
+        model = model.with_chunk_size(chunk_size)
     return model.float().eval(), digest
 
 

@@ -1,0 +1,515 @@
+"""Parity: is an export the model it claims to be? PyTorch vs ONNX Runtime, prefill vs decode, across providers.
+
+``validate(export_dir, checkpoint)`` runs every check, collects every failure (not just the first) and
+returns a ``Report``: one ``Check`` per comparison with its numbers, the budget it was held to, a verdict,
+and on failure where it diverged first (step, layer, state). ``edgelin validate`` prints it as a table.
+
+Checks, in order:
+ 1. structure   manifest <-> graphs (names, dtypes, ranks, symbolic dims); metadata == sidecar; weights hash
+ 2. prefill     prefill graph vs PyTorch forward: logits and every final state, several T, batch > 1
+ 3. decode      decode graph vs PyTorch step, N steps, each side feeding back its own state
+ 4. graphs      prefill over T tokens == T decode steps; prefill continued from a state == one prefill
+ 5. providers   every requested provider vs CPU, prefill + multi-step decode; an inactive one is "n/a"
+ 6. long        N decode steps vs a float64 PyTorch run: drift curve, non-finite values
+ 7. behaviour   greedy continuation ORT vs PyTorch; top-1 agreement under teacher forcing
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
+from edgelin.errors import EdgelinError, ManifestError, ProviderError
+from edgelin.model import LinearLM
+from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
+from edgelin.runtime.session import Session
+from edgelin.runtime.state import State
+
+# Budgets per precision. logits: max abs error and relative L2 error (both must hold);
+# state: relative L2 (states are running sums whose scale grows with T); int64 states must be equal.
+# "provider" compares two ONNX Runtime providers (kernels differ: e.g. CUDA's reduction order);
+# "long" compares fp32 ONNX Runtime with a float64 PyTorch run over many steps (rounding accumulates).
+BUDGETS: dict[str, dict[str, dict[str, float]]] = {
+    "fp32": {
+        "logits": {"max_abs": 1e-4, "rel_l2": 1e-5},
+        "state": {"rel_l2": 1e-5},
+        "provider": {"max_abs": 1e-3, "rel_l2": 1e-4},
+        "long": {"max_abs": 1e-3, "rel_l2": 1e-4},
+    },
+}
+
+PASS, FAIL, NA = "pass", "fail", "n/a"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Check:
+    group: str  # structure | prefill | decode | graphs | providers | long | behaviour
+    name: str
+    status: str  # pass | fail | n/a
+    max_abs: float | None = None
+    rel_l2: float | None = None
+    budget: dict[str, float] = field(default_factory=dict)
+    where: str = ""  # on failure: first diverging step / layer / state, or what is wrong
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+@dataclass
+class Report:
+    export_dir: str
+    checkpoint: str
+    precision: str
+    providers: dict[str, str]  # requested -> "active" | "not available: why"
+    checks: list[Check] = field(default_factory=list)
+    drift: list[dict[str, float]] = field(default_factory=list)  # long stream: step -> errors
+    seconds: float = 0.0
+    strict_providers: bool = True  # an unavailable provider that was asked for by name fails the run
+
+    @property
+    def passed(self) -> bool:
+        if any(c.failed for c in self.checks):
+            return False
+        if self.strict_providers and any(v != "active" for v in self.providers.values()):
+            return False
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        d["budgets"] = BUDGETS[self.precision]
+        return d
+
+    def table(self) -> str:
+        rows = [("group", "check", "max abs", "rel L2", "budget", "result")]
+        for c in self.checks:
+            budget = " ".join(f"{k[4:]}>={v:g}" if k.startswith("min_") else f"{k}<={v:g}" for k, v in c.budget.items())
+            rows.append((c.group, c.name, _num(c.max_abs), _num(c.rel_l2), budget, c.status.upper() if c.failed else c.status))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        for c in self.checks:
+            if c.where and c.status != PASS:
+                lines.append(f"  {c.group}/{c.name}: {c.where}")
+        if self.drift:
+            last = self.drift[-1]
+            lines.append(
+                f"long stream: {int(last['step'])} steps, max abs logits error {last['max_abs']:.2e}, "
+                f"rel L2 {last['rel_l2']:.2e} at the end (drift curve in --json)"
+            )
+        counts = {s: sum(c.status == s for c in self.checks) for s in (PASS, FAIL, NA)}
+        verdict = "PASS" if self.passed else "FAIL"
+        tail = ""
+        if self.strict_providers and counts[NA]:
+            tail = " -- a provider named in --providers is not available"
+        lines.append(f"{verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[NA]} not available ({self.seconds:.1f} s){tail}")
+        return "\n".join(lines)
+
+    def write_json(self, path: str | Path) -> None:
+        import os
+        import tempfile
+
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2)
+        os.replace(tmp, path)
+
+
+def _num(x: float | None) -> str:
+    return "" if x is None else f"{x:.1e}"
+
+
+def _errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if got.shape != ref.shape:
+        return math.inf, math.inf
+    diff = got - ref
+    if not np.isfinite(diff).all():
+        return math.inf, math.inf
+    return float(np.abs(diff).max(initial=0.0)), float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30))
+
+
+def _within(max_abs: float, rel: float, budget: dict[str, float]) -> bool:
+    return max_abs <= budget.get("max_abs", math.inf) and rel <= budget.get("rel_l2", math.inf)
+
+
+class _Validator:
+    def __init__(self, export_dir: Path, model: LinearLM, manifest: Manifest, budgets: dict, seed: int, say: Progress) -> None:
+        self.export_dir, self.model, self.manifest, self.budgets, self.seed, self.say = export_dir, model, manifest, budgets, seed, say
+        self.checks: list[Check] = []
+        self.rng = np.random.default_rng(seed)
+        self.keys = list(model.state_layout())  # "{layer}.{name}", manifest order
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def add(self, check: Check) -> Check:
+        self.checks.append(check)
+        mark = {PASS: "ok", FAIL: "FAIL", NA: "n/a"}[check.status]
+        self.say(f"  {check.group:10s} {check.name:40s} {mark}")
+        return check
+
+    def ids(self, batch: int, length: int) -> np.ndarray:
+        return self.rng.integers(0, self.manifest.vocab_size, (batch, length), dtype=np.int64)
+
+    def torch_state(self, state: State) -> dict[str, torch.Tensor]:
+        arrays = state.numpy()
+        return {k: torch.from_numpy(arrays[s.input]) for k, s in zip(self.keys, self.manifest.states)}
+
+    def compare_states(self, got: dict[str, np.ndarray], ref: dict[str, torch.Tensor], budget: dict) -> tuple[float, str]:
+        """Worst relative L2 over the states, and the first (layer order) state out of budget."""
+        worst, first_bad = 0.0, ""
+        for key, spec in zip(self.keys, self.manifest.states):
+            g, r = got[spec.input], ref[key].detach().numpy()
+            if spec.dtype == "int64":
+                rel = 0.0 if np.array_equal(g, r) else math.inf
+            else:
+                rel = _errors(g, r)[1]
+            worst = max(worst, rel)
+            if rel > budget["rel_l2"] and not first_bad:
+                layer, name = key.split(".", 1)
+                first_bad = f"layer {layer}, state {name} ({spec.output}): rel L2 {rel:.2e}"
+        return worst, first_bad
+
+    # ---- 2. prefill vs PyTorch -----------------------------------------------------------------
+    def prefill_vs_torch(self, session: Session) -> None:
+        C = int(self.manifest.extra.get("chunk_size", self.model.cfg.chunk_size))
+        lb, sb = self.budgets["logits"], self.budgets["state"]
+        for batch, T in ((1, 1), (3, max(C - 1, 1)), (2, C + 1), (3, 3 * C + 5)):
+            ids = self.ids(batch, T)
+            state = session.new_state(batch)
+            logits = session.prefill(ids, state)
+            with torch.no_grad():
+                ref, ref_state = self.model(torch.from_numpy(ids))
+            max_abs, rel = _errors(logits, ref.numpy())
+            state_rel, bad_state = self.compare_states(state.numpy(), ref_state, sb)
+            ok = _within(max_abs, rel, lb) and not bad_state
+            where = ""
+            if not ok:
+                where = bad_state or "logits out of budget"
+                if bad_state and _within(max_abs, rel, lb):
+                    where += " (logits within budget)"
+            self.add(Check("prefill", f"T={T} batch={batch}", PASS if ok else FAIL, max_abs, rel, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
+
+    # ---- 3. decode vs PyTorch, state fed back --------------------------------------------------
+    def decode_vs_torch(self, session: Session, steps: int) -> None:
+        lb, sb = self.budgets["logits"], self.budgets["state"]
+        batch = 2
+        ids = self.ids(batch, steps)
+        state = session.new_state(batch)
+        ref_state = self.model.init_state(batch)
+        worst_abs = worst_rel = 0.0
+        where = ""
+        for t in range(steps):
+            logits = session.decode(ids[:, t : t + 1], state)
+            with torch.no_grad():
+                ref, ref_state = self.model.step(torch.from_numpy(ids[:, t : t + 1]), ref_state)
+            max_abs, rel = _errors(logits, ref.numpy())
+            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+            if not where:
+                _, bad_state = self.compare_states(state.numpy(), ref_state, sb)
+                if bad_state or not _within(max_abs, rel, lb):
+                    where = f"first diverging step {t}: " + (bad_state or f"logits max abs {max_abs:.2e}, rel L2 {rel:.2e}")
+        self.add(Check("decode", f"{steps} steps, state fed back", FAIL if where else PASS, worst_abs, worst_rel, lb, where))
+
+    # ---- 4. the two graphs agree ---------------------------------------------------------------
+    def graphs_agree(self, session: Session) -> None:
+        lb, sb = self.budgets["logits"], self.budgets["state"]
+        C = int(self.manifest.extra.get("chunk_size", self.model.cfg.chunk_size))
+        T = 2 * C + 3
+        ids = self.ids(2, T)
+        p_state = session.new_state(2)
+        p_logits = session.prefill(ids, p_state)
+        d_state = session.new_state(2)
+        worst_abs = worst_rel = 0.0
+        where = ""
+        for t in range(T):
+            d_logits = session.decode(ids[:, t : t + 1], d_state)
+            max_abs, rel = _errors(d_logits[:, 0], p_logits[:, t])
+            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+            if not where and not _within(max_abs, rel, lb):
+                where = f"first diverging position {t}: logits max abs {max_abs:.2e}"
+        state_rel, bad = self.compare_states(d_state.numpy(), {k: torch.from_numpy(v) for k, v in zip(self.keys, p_state.numpy().values())}, sb)
+        where = where or bad
+        self.add(Check("graphs", f"prefill({T}) == {T} decode steps", FAIL if where else PASS, worst_abs, worst_rel, lb, where))
+
+        whole_state = session.new_state(2)
+        whole = session.prefill(ids, whole_state)
+        split_state = session.new_state(2)
+        a = session.prefill(ids[:, : C + 2], split_state)
+        b = session.prefill(ids[:, C + 2 :], split_state)
+        max_abs, rel = _errors(np.concatenate([a, b], axis=1), whole)
+        _, bad = self.compare_states(split_state.numpy(), {k: torch.from_numpy(v) for k, v in zip(self.keys, whole_state.numpy().values())}, sb)
+        ok = _within(max_abs, rel, lb) and not bad
+        self.add(Check("graphs", "prefill(a); prefill(b, state) == prefill(a+b)", PASS if ok else FAIL, max_abs, rel, lb, "" if ok else (bad or "logits out of budget")))
+
+    # ---- 5. providers --------------------------------------------------------------------------
+    def provider_vs_cpu(self, cpu: Session, other: Session, name: str, steps: int) -> None:
+        pb = self.budgets["provider"]
+        ids = self.ids(2, 2 * int(self.manifest.extra.get("chunk_size", 16)) + 7)
+        s_cpu, s_other = cpu.new_state(2), other.new_state(2)
+        max_abs, rel = _errors(other.prefill(ids, s_other), cpu.prefill(ids, s_cpu))
+        where = "" if _within(max_abs, rel, pb) else f"prefill logits max abs {max_abs:.2e}"
+        worst_abs, worst_rel = max_abs, rel
+        nxt = self.ids(2, steps)
+        for t in range(steps):
+            max_abs, rel = _errors(other.decode(nxt[:, t : t + 1], s_other), cpu.decode(nxt[:, t : t + 1], s_cpu))
+            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+            if not where and not _within(max_abs, rel, pb):
+                where = f"first diverging decode step {t}: logits max abs {max_abs:.2e}"
+        self.add(Check("providers", f"{name} vs cpu ({steps} steps)", FAIL if where else PASS, worst_abs, worst_rel, pb, where))
+
+    # ---- 6. long stream vs float64 -------------------------------------------------------------
+    def long_stream(self, session: Session, steps: int) -> list[dict[str, float]]:
+        lb = self.budgets["long"]
+        model64 = LinearLM(self.model.cfg).double().eval()
+        model64.load_state_dict(self.model.state_dict())
+        ids = self.ids(1, steps)
+        state = session.new_state(1)
+        ref_state = model64.init_state(1)
+        marks = sorted({min(steps, int(round(x))) for x in np.geomspace(1, steps, 25)} | {steps})
+        curve, worst_abs, worst_rel, nonfinite, where = [], 0.0, 0.0, "", ""
+        t0 = time.perf_counter()
+        for t in range(steps):
+            logits = session.decode(ids[:, t : t + 1], state)
+            with torch.no_grad():
+                ref, ref_state = model64.step(torch.from_numpy(ids[:, t : t + 1]), ref_state)
+            if not nonfinite and not np.isfinite(logits).all():
+                nonfinite = f"non-finite logits at step {t}"
+            max_abs, rel = _errors(logits, ref.numpy())
+            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+            if not where and not _within(max_abs, rel, lb):
+                where = f"first step out of budget: {t} (max abs {max_abs:.2e}, rel L2 {rel:.2e})"
+            if t + 1 in marks:
+                finite_states = all(np.isfinite(v).all() for v in state.numpy().values())
+                if not finite_states and not nonfinite:
+                    nonfinite = f"non-finite state by step {t}"
+                curve.append({"step": t + 1, "max_abs": worst_abs, "rel_l2": worst_rel, "step_max_abs": max_abs})
+            if (t + 1) % 2000 == 0:
+                self.say(f"  long stream: {t + 1}/{steps} steps ({time.perf_counter() - t0:.0f} s), max abs so far {worst_abs:.2e}")
+        where = nonfinite or where
+        self.add(Check("long", f"{steps} steps vs float64", FAIL if where else PASS, worst_abs, worst_rel, lb, where))
+        return curve
+
+    # ---- 7. behaviour --------------------------------------------------------------------------
+    def behaviour(self, session: Session, k: int) -> None:
+        prompt = self.ids(1, 24)
+        state = session.new_state(1)
+        logits = session.prefill(prompt, state)[:, -1]  # [1, V]
+        ort_tokens = []
+        for _ in range(k):
+            tok = int(logits[0].argmax())
+            ort_tokens.append(tok)
+            logits = session.decode(np.array([[tok]]), state)[:, -1]
+        with torch.no_grad():
+            ref, ref_state = self.model(torch.from_numpy(prompt))
+            ref = ref[:, -1]
+            torch_tokens = []
+            for _ in range(k):
+                tok = int(ref[0].argmax())
+                torch_tokens.append(tok)
+                ref, ref_state = self.model.step(torch.tensor([[tok]]), ref_state)
+                ref = ref[:, -1]
+        first = next((i for i, (a, b) in enumerate(zip(ort_tokens, torch_tokens)) if a != b), None)
+        self.add(Check("behaviour", f"greedy {k} tokens ORT == PyTorch", PASS if first is None else FAIL,
+                       where="" if first is None else f"first different token at {first}: ORT {ort_tokens[first]} vs PyTorch {torch_tokens[first]}"))
+        # teacher-forced top-1 agreement over a sequence (informational: near-ties may flip)
+        ids = self.ids(2, 200)
+        got = session.prefill(ids, session.new_state(2))
+        with torch.no_grad():
+            want = self.model(torch.from_numpy(ids))[0].numpy()
+        agree = float((got.argmax(-1) == want.argmax(-1)).mean())
+        self.add(Check("behaviour", f"top-1 agreement {agree * 100:.2f}% (400 positions)", PASS if agree >= 0.99 else FAIL,
+                       budget={"min_agreement": 0.99}, where="" if agree >= 0.99 else f"agreement {agree:.4f} < 0.99"))
+
+
+# ---- 1. structure ------------------------------------------------------------------------------
+def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | None, model: LinearLM | None) -> list[Check]:
+    """Manifest <-> graphs, metadata <-> sidecar, source hash <-> checkpoint. Every problem is listed."""
+    import onnx
+
+    checks = []
+    sidecar = (export_dir / MANIFEST_FILE).read_text(encoding="utf-8")
+    elem = {1: "float32", 7: "int64", 10: "float16"}
+    expected_dims = {"prefill": ["batch", "sequence"], "decode": ["batch", 1]}
+    for graph, fname in manifest.graphs.items():
+        problems = []
+        path = export_dir / fname
+        try:
+            proto = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the finding
+            checks.append(Check("structure", f"{graph} graph", FAIL, where=f"{fname} cannot be read as ONNX ({type(exc).__name__})"))
+            continue
+        inputs = {v.name: v for v in proto.graph.input}
+        outputs = {v.name: v for v in proto.graph.output}
+
+        def dims(v):
+            return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+
+        def want(io, name, dtype, shape):
+            if name not in io:
+                problems.append(f"no {'input' if io is inputs else 'output'} {name!r}")
+                return
+            v = io[name]
+            got_dtype = elem.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
+            if got_dtype != dtype:
+                problems.append(f"{name} is {got_dtype}, manifest says {dtype}")
+            if shape is not None and dims(v) != list(shape):
+                problems.append(f"{name} has shape {dims(v)}, manifest says {list(shape)}")
+
+        want(inputs, manifest.input_ids, "int64", expected_dims[graph])
+        logits_out = outputs.get(manifest.logits)
+        want(outputs, manifest.logits, "float32", None)
+        if logits_out is not None:
+            d = dims(logits_out)
+            if len(d) != 3 or d[0] != "batch" or d[-1] != manifest.vocab_size:
+                problems.append(f"logits has shape {d}, expected [batch, {expected_dims[graph][1]}, {manifest.vocab_size}]")
+        for s in manifest.states:
+            want(inputs, s.input, s.dtype, s.shape)
+            want(outputs, s.output, s.dtype, s.shape)
+        extra_in = sorted(set(inputs) - {manifest.input_ids, *(s.input for s in manifest.states)})
+        if extra_in:
+            problems.append(f"inputs not in the manifest: {', '.join(extra_in)}")
+        meta = {p.key: p.value for p in proto.metadata_props}
+        if METADATA_KEY not in meta:
+            problems.append(f"no '{METADATA_KEY}' metadata")
+        elif meta[METADATA_KEY] != sidecar:
+            problems.append(f"its '{METADATA_KEY}' metadata differs from {MANIFEST_FILE} (graph and manifest come from different exports)")
+        checks.append(Check("structure", f"{graph} graph <-> manifest", FAIL if problems else PASS, where="; ".join(problems)))
+
+    if checkpoint is not None and model is not None:
+        problems = []
+        digest = weights_sha256(checkpoint)
+        if digest != manifest.source:
+            problems.append(f"weights sha256 {digest[:12]}... != manifest source {manifest.source[:12]}...")
+        cfg = model.cfg.to_dict()
+        diff = sorted(k for k in cfg if k != "chunk_size" and manifest.model.get(k) != cfg[k])
+        if diff:
+            problems.append(f"config differs in {', '.join(diff)}")
+        checks.append(Check("structure", "source weights + config", FAIL if problems else PASS, where="; ".join(problems)))
+    return checks
+
+
+def _resolve_checkpoint(manifest: Manifest, checkpoint: str | Path | None) -> Path:
+    if checkpoint is not None:
+        return Path(checkpoint)
+    from edgelin.models import bundled_checkpoint
+
+    bundled = bundled_checkpoint()
+    if bundled is not None and weights_sha256(bundled) == manifest.source:
+        return bundled
+    raise EdgelinError("this export is not of the bundled model: pass --checkpoint with the checkpoint it was exported from")
+
+
+def validate(
+    export_dir: str | Path,
+    checkpoint: str | Path | LinearLM | None = None,
+    *,
+    providers: str | list[str] = "cpu",
+    steps: int = 64,
+    long: int = 0,
+    seed: int = 0,
+    threads: int = 1,
+    progress: Progress | None = None,
+) -> Report:
+    """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a LinearLM, or None = bundled).
+
+    The comparisons run token by token on small tensors, where one thread is fastest (and extra threads
+    only contend): torch and the ONNX Runtime sessions use ``threads`` (default 1) while this runs.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress) -> Report:
+    say = progress or (lambda _m: None)
+    t_start = time.perf_counter()
+    requested = _parse_providers(providers)
+    for name, value, low, high in (("steps", steps, 1, 100_000), ("long", long, 0, 1_000_000), ("threads", threads, 1, 256)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise EdgelinError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    export_dir = Path(export_dir)
+    manifest = Manifest.load(export_dir)
+    if manifest.precision not in BUDGETS:
+        raise EdgelinError(f"no parity budget for precision {manifest.precision!r}; known: {', '.join(BUDGETS)}")
+    budgets = BUDGETS[manifest.precision]
+    if isinstance(checkpoint, LinearLM):
+        model, ckpt_path = checkpoint.float().eval(), None
+    else:
+        ckpt_path = _resolve_checkpoint(manifest, checkpoint)
+        model = load_checkpoint(ckpt_path)
+    chunk = manifest.extra.get("chunk_size")
+    if isinstance(chunk, int):  # exported with --chunk-size
+        model = model.with_chunk_size(chunk).eval()
+
+    report = Report(str(export_dir), str(ckpt_path or "<in-memory model>"), manifest.precision, {},
+                    strict_providers=providers != "auto")
+    say("structure ...")
+    for c in check_structure(export_dir, manifest, ckpt_path, model):
+        report.checks.append(c)
+        say(f"  structure  {c.name:40s} {'ok' if c.status == PASS else c.status.upper()}")
+    if isinstance(checkpoint, LinearLM):
+        ok = model_sha256(checkpoint) == manifest.source
+        report.checks.append(Check("structure", "source weights", PASS if ok else FAIL, where="" if ok else "model weights hash != manifest source"))
+
+    try:
+        cpu = Session(export_dir, provider="cpu", threads=threads)
+    except ManifestError as exc:
+        report.checks.append(Check("structure", "runtime can load the export", FAIL, where=str(exc)))
+        report.seconds = time.perf_counter() - t_start
+        return report
+    report.providers["cpu"] = "active"
+    v = _Validator(export_dir, model, manifest, budgets, seed, say)
+    say("prefill vs PyTorch ...")
+    v.prefill_vs_torch(cpu)
+    say("decode vs PyTorch ...")
+    v.decode_vs_torch(cpu, steps)
+    say("prefill vs decode ...")
+    v.graphs_agree(cpu)
+    for name in requested:
+        if name == "cpu":
+            continue
+        say(f"provider {name} ...")
+        try:
+            other = Session(export_dir, provider=name, threads=threads)
+        except ProviderError as exc:
+            report.providers[name] = f"not available: {exc}"
+            v.add(Check("providers", f"{name} vs cpu", NA, where=f"not available: {exc}"))
+            continue
+        report.providers[name] = "active"
+        v.provider_vs_cpu(cpu, other, name, steps)
+    if long:
+        say(f"long stream: {long} decode steps vs float64 PyTorch ...")
+        report.drift = v.long_stream(cpu, long)
+    say("behaviour ...")
+    v.behaviour(cpu, k=32)
+    report.checks.extend(v.checks)
+    report.seconds = time.perf_counter() - t_start
+    return report
+
+
+def _parse_providers(providers: str | list[str]) -> list[str]:
+    names = providers.split(",") if isinstance(providers, str) else list(providers)
+    names = [n.strip().lower() for n in names if n.strip()]
+    if names == ["auto"]:
+        return ["cpu", "cuda"]
+    bad = [n for n in names if n not in ("cpu", "cuda")]
+    if bad or not names:
+        raise EdgelinError(f"providers must be a comma list of cpu, cuda (or 'auto'), got {providers!r}")
+    return ["cpu"] + [n for n in names if n != "cpu"]
+
+
+__all__ = ["BUDGETS", "Check", "Report", "check_structure", "validate"]

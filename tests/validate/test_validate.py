@@ -1,0 +1,166 @@
+"""`edgelin validate`: a correct export passes everything; tampered exports are caught and located."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+from edgelin.checkpoint import save_checkpoint
+from edgelin.cli import main
+from edgelin.config import ModelConfig
+from edgelin.exporters import export
+from edgelin.feature_maps import available
+from edgelin.model import LinearLM
+from edgelin.validate import BUDGETS, validate
+
+
+def tiny(feature_map: str, seed: int = 0) -> LinearLM:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=256, d_model=32, n_layers=2, n_heads=2, head_dim=16, chunk_size=16, feature_map=feature_map,
+        normalisation="none" if feature_map == "identity" else "denominator",
+    )
+    return LinearLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """(checkpoint folder, export folder) of an elu+1 model; tests copy the export before breaking it."""
+    root = tmp_path_factory.mktemp("validate")
+    ckpt = save_checkpoint(tiny("elu+1"), root / "ckpt")
+    export(ckpt, root / "export", check=False)
+    return ckpt, root / "export"
+
+
+@pytest.fixture
+def broken(base, tmp_path):
+    dst = tmp_path / "export"
+    shutil.copytree(base[1], dst)
+    return dst
+
+
+def failed(report):
+    return {f"{c.group}/{c.name}": c.where for c in report.checks if c.status == "fail"}
+
+
+@pytest.mark.parametrize("feature_map", list(available()))
+def test_correct_export_passes_every_check(feature_map, tmp_path):
+    model = tiny(feature_map, seed=1)
+    ckpt = save_checkpoint(model, tmp_path / "ckpt")
+    export(ckpt, tmp_path / "out", check=False)
+    report = validate(tmp_path / "out", ckpt, steps=24, long=300)
+    assert report.passed, report.table()
+    groups = {c.group for c in report.checks}
+    assert groups == {"structure", "prefill", "decode", "graphs", "long", "behaviour"}
+    assert all(c.status == "pass" for c in report.checks)
+    assert report.drift and report.drift[-1]["step"] == 300
+
+
+def test_decode_weight_changed_by_1e_3(base, broken):
+    ckpt, _ = base
+    model = tiny("elu+1")
+    target = model.blocks[1].attn.v_proj.weight.detach().numpy().T  # the exporter stores x @ W^T as W^T
+    proto = onnx.load(str(broken / "decode.onnx"))
+    hits = [t for t in proto.graph.initializer if tuple(t.dims) == target.shape and np.array_equal(onnx.numpy_helper.to_array(t), target)]
+    assert len(hits) == 1
+    arr = onnx.numpy_helper.to_array(hits[0]).copy()
+    arr[3, 5] += 1e-3
+    hits[0].CopyFrom(onnx.numpy_helper.from_array(arr, hits[0].name))
+    onnx.save(proto, str(broken / "decode.onnx"))
+
+    report = validate(broken, ckpt, steps=8)
+    fails = failed(report)
+    assert not report.passed
+    assert "decode/8 steps, state fed back" in fails
+    assert "first diverging step 0: layer 1, state S (present.1.S)" in fails["decode/8 steps, state fed back"]
+    assert not any(k.startswith("prefill/") for k in fails)  # the prefill graph is intact
+    assert any(k.startswith("graphs/") for k in fails)  # prefill and decode now disagree
+
+
+def test_state_output_wired_to_the_wrong_layer(base, broken):
+    ckpt, _ = base
+    # what a buggy exporter would write: layer 1's new S leaves the graph as present.0.S and vice versa
+    proto = onnx.load(str(broken / "decode.onnx"))
+    internal = {"present.0.S": "s0_internal", "present.1.S": "s1_internal"}
+    for node in proto.graph.node:
+        for names in (node.input, node.output):
+            for i, name in enumerate(names):
+                names[i] = internal.get(name, name)
+    proto.graph.node.extend([
+        onnx.helper.make_node("Identity", ["s1_internal"], ["present.0.S"]),
+        onnx.helper.make_node("Identity", ["s0_internal"], ["present.1.S"]),
+    ])
+    onnx.save(proto, str(broken / "decode.onnx"))
+
+    report = validate(broken, ckpt, steps=8)
+    fails = failed(report)
+    assert "layer 0, state S (present.0.S)" in fails["decode/8 steps, state fed back"]
+    assert "first diverging step 0" in fails["decode/8 steps, state fed back"]
+
+
+def test_graphs_from_different_checkpoints(base, broken, tmp_path):
+    ckpt, _ = base
+    export(tiny("elu+1", seed=7), tmp_path / "other", check=False)
+    shutil.copy(tmp_path / "other" / "decode.onnx", broken / "decode.onnx")
+
+    report = validate(broken, ckpt, steps=8)
+    fails = failed(report)
+    assert "metadata differs from edgelin.json" in fails["structure/decode graph <-> manifest"]
+    assert "structure/prefill graph <-> manifest" not in fails
+    # the runtime itself refuses such a pair, so no numbers are compared
+    assert "decode.onnx was exported from another model" in fails["structure/runtime can load the export"]
+
+
+def test_manifest_with_an_edited_state_shape(base, broken):
+    ckpt, _ = base
+    manifest = json.loads((broken / "edgelin.json").read_text())
+    manifest["states"][0]["shape"][-1] = 8
+    (broken / "edgelin.json").write_text(json.dumps(manifest))
+
+    report = validate(broken, ckpt, steps=8)
+    fails = failed(report)
+    assert not report.passed
+    for graph in ("prefill", "decode"):
+        assert "state.0.S has shape ['batch', 2, 16, 16], manifest says ['batch', 2, 16, 8]" in fails[f"structure/{graph} graph <-> manifest"]
+    assert "structure/runtime can load the export" in fails
+
+
+def test_wrong_checkpoint_is_named(base, tmp_path):
+    _, out = base
+    other = save_checkpoint(tiny("elu+1", seed=3), tmp_path / "other")
+    report = validate(out, other, steps=4)
+    assert "weights sha256" in failed(report)["structure/source weights + config"]
+
+
+def test_cli_exit_codes_and_json(base, tmp_path):
+    ckpt, out = base
+    runner = CliRunner()
+    ok = runner.invoke(main, ["validate", str(out), "--checkpoint", str(ckpt), "--steps", "4", "--json", str(tmp_path / "r.json")])
+    assert ok.exit_code == 0, ok.output
+    assert "PASS: " in ok.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["passed"] is True and report["budgets"] == BUDGETS["fp32"]
+
+    cuda = runner.invoke(main, ["validate", str(out), "--checkpoint", str(ckpt), "--steps", "4", "--providers", "cpu,cuda"])
+    if cuda.exit_code == 0:  # a machine with a working GPU
+        assert "cuda vs cpu" in cuda.stdout and "pass" in cuda.stdout
+    else:
+        assert cuda.exit_code == 1 and "not available" in cuda.stdout
+        auto = runner.invoke(main, ["validate", str(out), "--checkpoint", str(ckpt), "--steps", "4", "--providers", "auto"])
+        assert auto.exit_code == 0 and "n/a" in auto.stdout
+
+    for args, message in (
+        ([str(tmp_path / "nothing")], "not a folder"),
+        ([str(out), "--checkpoint", str(ckpt), "--steps", "0"], "steps must be an integer"),
+        ([str(out), "--checkpoint", str(ckpt), "--providers", "tpu"], "providers must be"),
+        ([str(out)], "pass --checkpoint"),
+    ):
+        bad = runner.invoke(main, ["validate", *args])
+        assert bad.exit_code == 2, (args, bad.output)
+        assert bad.stderr.strip().splitlines()[-1].startswith("edgelin: error:") and message in bad.stderr
