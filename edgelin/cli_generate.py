@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -9,7 +10,18 @@ import warnings
 
 import click
 
-from edgelin.cli import user_errors
+
+def user_errors(fn):
+    """edgelin.cli.user_errors, looked up at call time: edgelin.cli imports this module to register the
+    command, so importing edgelin.cli here at module level would make the import order matter."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from edgelin.cli import user_errors as wrap
+
+        return wrap(fn)(*args, **kwargs)
+
+    return wrapper
 
 
 def _summary(r: dict) -> str:
