@@ -12,6 +12,7 @@ asked for: onnxruntime-gpu accepts a CUDA request on a machine without CUDA and 
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from pathlib import Path
@@ -36,6 +37,9 @@ OPTIMIZATION = {
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
 LOGITS_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 ORT_DEFAULT_SEVERITY = 2  # warnings; onnxruntime's own default
+
+
+_SERIALS = itertools.count()
 
 
 class ProviderWarning(UserWarning):
@@ -85,6 +89,7 @@ class Session:
         self.manifest = Manifest.load(self.export_dir)
         self.io_binding = io_binding
         self._tokenizer: Tokenizer | None = None
+        self._serial = next(_SERIALS)  # tells apart the IO bindings that states cache for each session
         paths = {g: self.manifest.graph_path(self.export_dir, g) for g in GRAPHS}
         for graph, path in paths.items():
             if not path.is_file():
@@ -205,18 +210,34 @@ class Session:
             logits, *states = sess.run([m.logits] + [s.output for s in m.states], feeds)
             state._advance([to_ortvalue(a, self.device) for a in states])
             return logits
-        logits = np.empty((ids.shape[0], ids.shape[1], m.vocab_size), dtype=self._logits_dtype)  # [B, t, V]
-        io = sess.io_binding()
-        io.bind_cpu_input(m.input_ids, ids)
-        io.bind_ortvalue_output(m.logits, to_ortvalue(logits, CPU))  # ORT writes straight into `logits`
-        for spec, current, out in zip(m.states, state.values, state._outputs()):
-            io.bind_ortvalue_input(spec.input, current)
-            io.bind_ortvalue_output(spec.output, out)  # never the buffer it reads
+        key = (self._serial, graph, ids.shape, state._parity)
+        bound = state._bindings.get(key)
+        if bound is None:
+            bound = self._bind(sess, ids.shape, state)
+            # decode has the same shapes every step: bind once per buffer set, then only run. Only on CPU:
+            # ORT copies an input that lives on another device at bind time, so a kept binding would go stale.
+            if graph == "decode" and self.device == CPU:
+                state._bindings[key] = bound
+        io, ids_buffer, logits = bound
+        ids_buffer[...] = ids
         sess.run_with_iobinding(io)
         if self.device != CPU:
             io.synchronize_outputs()
         state._advance()
-        return logits
+        return logits.copy() if graph == "decode" else logits  # the decode buffer is reused next step
+
+    def _bind(self, sess: ort.InferenceSession, shape: tuple[int, int], state: State) -> tuple[Any, np.ndarray, np.ndarray]:
+        """An IO binding reading the state's current buffers and writing the other set, never the same one."""
+        m = self.manifest
+        ids_buffer = np.empty(shape, dtype=np.int64)  # [B, t]
+        logits = np.empty((*shape, m.vocab_size), dtype=self._logits_dtype)  # [B, t, V]
+        io = sess.io_binding()
+        io.bind_ortvalue_input(m.input_ids, to_ortvalue(ids_buffer, CPU))  # shares memory with ids_buffer
+        io.bind_ortvalue_output(m.logits, to_ortvalue(logits, CPU))  # ORT writes straight into `logits`
+        for spec, current, out in zip(m.states, state.values, state._outputs()):
+            io.bind_ortvalue_input(spec.input, current)
+            io.bind_ortvalue_output(spec.output, out)
+        return io, ids_buffer, logits
 
 
 # ---- opening and checking the graphs -------------------------------------------------------------

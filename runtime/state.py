@@ -45,6 +45,8 @@ class State:
         self.device = device
         self._values = list(values)  # one OrtValue per manifest.states entry
         self._spare: list[ort.OrtValue] | None = None  # output buffers of the next IO-bound run
+        self._parity = 0  # which of the two buffer sets is current
+        self._bindings: dict = {}  # IO bindings a session made for these buffers, reused step after step
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -146,8 +148,9 @@ class State:
         """Make the outputs of the run that just finished the current state (swap the two buffer sets)."""
         if new_values is None:  # IO binding wrote into the spare buffers
             self._values, self._spare = self._spare, self._values
-        else:  # plain run: fresh arrays; the old buffers are dropped
-            self._values, self._spare = list(new_values), None
+            self._parity ^= 1
+        else:  # plain run: fresh arrays; the old buffers (and bindings to them) are dropped
+            self._values, self._spare, self._parity, self._bindings = list(new_values), None, 0, {}
 
     # ---- snapshots -----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
