@@ -159,9 +159,7 @@ class Generator:
         self.sampler = Sampler(temperature, top_k, top_p, seed)
         self.max_new_tokens, self.prefill_chunk = int(max_new_tokens), int(prefill_chunk)
         texts, self.prompt_ids = self._encode(prompts)
-        tokenizer = session.tokenizer if texts or stop else _optional_tokenizer(session)
-        if stop and tokenizer is None:
-            raise RuntimeInputError("stop sequences need a text tokenizer; this model has none")
+        tokenizer = session.tokenizer if texts or stop else _optional_tokenizer(session)  # text needs a tokenizer
         self.eos_id = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
         if state is not None and (not isinstance(state, State) or state.batch != len(self.prompt_ids)):
             got = state.batch if isinstance(state, State) else type(state).__name__
@@ -176,7 +174,7 @@ class Generator:
         self._after: State | None = None
 
     def _encode(self, prompts: Any) -> tuple[bool, list[np.ndarray]]:
-        """(prompts were text, one int64 [T] array per prompt). Ids are range-checked by the session."""
+        """(prompts were text, one int64 [T] array per prompt), every id inside the vocabulary."""
         if isinstance(prompts, str):
             prompts = [prompts]
         elif isinstance(prompts, np.ndarray) and prompts.ndim == 1 or (
@@ -195,6 +193,11 @@ class Generator:
                 raise RuntimeInputError(f"prompt {i} is empty" if ids.size == 0 else f"prompt {i} must be a flat sequence of token ids")
             if not np.issubdtype(ids.dtype, np.integer):
                 raise RuntimeInputError(f"prompt {i} must hold integer token ids, got {ids.dtype}")
+            bad = np.flatnonzero((ids < 0) | (ids >= self.session.vocab_size))
+            if bad.size:
+                raise RuntimeInputError(
+                    f"token id {int(ids[bad[0]])} at position {int(bad[0])} of prompt {i} is outside the vocabulary [0, {self.session.vocab_size})"
+                )
             out.append(ids.astype(np.int64))
         return texts[0], out
 

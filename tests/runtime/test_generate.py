@@ -189,13 +189,40 @@ def test_bad_options_are_refused(session, kwargs, match):
      ([1, 300], "token id 300"), ([[1, 2], [-5]], "token id -5")],
     ids=["empty-text", "empty-list", "empty-in-batch", "mixed", "id-too-large", "id-negative"],
 )
-def test_bad_prompts_are_refused(session, prompt, match):
-    gen_or_error = None
+def test_bad_prompts_are_refused_before_anything_runs(session, prompt, match):
     with pytest.raises(RuntimeInputError, match=match):
-        gen_or_error = Generator(session, prompt, max_new_tokens=3)
-        list(gen_or_error)
+        Generator(session, prompt, max_new_tokens=3)
 
 
 def test_a_state_for_another_batch_size_is_refused(session):
     with pytest.raises(RuntimeInputError, match="holds 2 sequence\\(s\\) but there are 1 prompt"):
         Generator(session, PROMPT, state=session.new_state(2))
+
+
+def test_generate_text_streams_and_reports_timings(tiny, tmp_path):
+    from edgelin.runtime import generate_text
+
+    pieces = []
+    out = generate_text(tiny[1], PROMPT, max_new_tokens=20, provider="cpu", on_text=pieces.append, state_out=tmp_path / "s.npz")
+    assert "".join(pieces) == out["text"] and all(pieces)
+    assert out["provider"] == "cpu" and out["new_tokens"] == 20 and out["decode_tokens"] == 19
+    assert out["prompt_tokens"] == len(PROMPT.encode())
+    for key in ("time_to_first_token_s", "prefill_tokens_per_s", "decode_tokens_per_s", "load_s"):
+        assert out[key] > 0
+    assert (tmp_path / "s.npz").is_file() and out["state_out"] == str(tmp_path / "s.npz")
+
+
+def test_a_model_without_a_text_tokenizer_takes_ids(export_copy):
+    import json
+
+    from edgelin.errors import ManifestError
+
+    path = export_copy / "edgelin.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"tokenizer": {"kind": "ids"}}))
+    session = load(export_copy, provider="cpu")
+    with pytest.raises(ManifestError, match="tokenizer kind 'ids'.*pass token ids"):
+        Generator(session, "text", max_new_tokens=3)
+    with pytest.raises(ManifestError, match="tokenizer kind 'ids'"):
+        Generator(session, [1, 2, 3], max_new_tokens=3, stop=["x"])
+    tokens = list(Generator(session, [1, 2, 3], max_new_tokens=3))
+    assert len(tokens) == 3 and all(t.text == "" for t in tokens)
