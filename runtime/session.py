@@ -108,7 +108,10 @@ class Session:
             for key, value in (session_options or {}).items():
                 if key.startswith("_") or not hasattr(so, key):
                     raise RuntimeInputError(f"session_options: onnxruntime.SessionOptions has no attribute {key!r}")
-                setattr(so, key, value)
+                try:
+                    setattr(so, key, value)
+                except TypeError:
+                    raise RuntimeInputError(f"session_options: {key}={value!r} has the wrong type for onnxruntime.SessionOptions") from None
             return so
 
         self.provider, self._sessions = _open(paths, provider, options, cuda_device, log_severity)
@@ -116,7 +119,7 @@ class Session:
         problems = [p for g in GRAPHS for p in _check_graph(g, paths[g].name, self._sessions[g], self.manifest)]
         if problems:
             raise ManifestError(f"{self.export_dir}: the graphs do not match edgelin.json: {'; '.join(problems)}; re-export the model")
-        self._logits_dtype = LOGITS_DTYPES[_io(self._sessions["prefill"], outputs=True)[self.manifest.logits].type]
+        self._logits_dtype = {g: LOGITS_DTYPES[_io(s, outputs=True)[self.manifest.logits].type] for g, s in self._sessions.items()}
 
     # ---- facts ---------------------------------------------------------------------------------
     @property
@@ -213,7 +216,7 @@ class Session:
         key = (self._serial, graph, ids.shape, state._parity)
         bound = state._bindings.get(key)
         if bound is None:
-            bound = self._bind(sess, ids.shape, state)
+            bound = self._bind(graph, ids.shape, state)
             # decode has the same shapes every step: bind once per buffer set, then only run. Only on CPU:
             # ORT copies an input that lives on another device at bind time, so a kept binding would go stale.
             if graph == "decode" and self.device == CPU:
@@ -226,11 +229,11 @@ class Session:
         state._advance()
         return logits.copy() if graph == "decode" else logits  # the decode buffer is reused next step
 
-    def _bind(self, sess: ort.InferenceSession, shape: tuple[int, int], state: State) -> tuple[Any, np.ndarray, np.ndarray]:
+    def _bind(self, graph: str, shape: tuple[int, int], state: State) -> tuple[Any, np.ndarray, np.ndarray]:
         """An IO binding reading the state's current buffers and writing the other set, never the same one."""
-        m = self.manifest
+        m, sess = self.manifest, self._sessions[graph]
         ids_buffer = np.empty(shape, dtype=np.int64)  # [B, t]
-        logits = np.empty((*shape, m.vocab_size), dtype=self._logits_dtype)  # [B, t, V]
+        logits = np.empty((*shape, m.vocab_size), dtype=self._logits_dtype[graph])  # [B, t, V]
         io = sess.io_binding()
         io.bind_ortvalue_input(m.input_ids, to_ortvalue(ids_buffer, CPU))  # shares memory with ids_buffer
         io.bind_ortvalue_output(m.logits, to_ortvalue(logits, CPU))  # ORT writes straight into `logits`

@@ -158,8 +158,9 @@ def test_ort_does_not_print_its_cuda_error(tiny, capfd):
     [
         (dict(threads=0), "threads"), (dict(threads=2.0), "threads"), (dict(optimization="max"), "optimization"),
         (dict(session_options={"no_such_option": 1}), "no attribute 'no_such_option'"),
+        (dict(session_options={"enable_profiling": "yes please"}), "wrong type"),
     ],
-    ids=["threads0", "threads-float", "optimization", "session-option"],
+    ids=["threads0", "threads-float", "optimization", "session-option", "session-option-type"],
 )
 def test_bad_session_options(tiny, kwargs, match):
     with pytest.raises(RuntimeInputError, match=match):
