@@ -156,7 +156,12 @@ def demo_cmd(prompt, out_dir, max_new_tokens, temperature, seed, provider):
 
     from edgelin.demo import run_demo
 
+    started = []
+
     def stream(text: str) -> None:
+        if not started:  # the continuation reads best after its prompt
+            started.append(True)
+            click.echo(click.style(prompt, bold=True), nl=False)
         click.echo(text, nl=False)
         sys.stdout.flush()
 
