@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,12 +57,18 @@ class ModelConfig:
             )
         for name in ("mlp_ratio", "eps", "norm_eps"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"config field {name!r} must be a positive number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"config field {name!r} must be a positive finite number, got {value!r}")
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"config field 'tie_embeddings' must be true or false, got {self.tie_embeddings!r}")
-        if isinstance(self.feature_seed, bool) or not isinstance(self.feature_seed, int):
-            raise ConfigError(f"config field 'feature_seed' must be an integer, got {self.feature_seed!r}")
+        # layer i seeds its generator with feature_seed + i; torch takes seeds in [-2**63, 2**64 - 1]
+        if (
+            isinstance(self.feature_seed, bool) or not isinstance(self.feature_seed, int)
+            or not -(2**63) <= self.feature_seed <= 2**64 - self.n_layers
+        ):
+            raise ConfigError(
+                f"config field 'feature_seed' must be an integer in [-2**63, 2**64 - n_layers], got {self.feature_seed!r}"
+            )
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -109,6 +116,8 @@ class ModelConfig:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config {path} is not UTF-8 text") from None
         try:
             return cls.from_json(text)
         except ConfigError as exc:

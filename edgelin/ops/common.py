@@ -68,7 +68,7 @@ def stable_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Ten
     maps (identity) den can approach zero from either side; pushing it *away* from zero keeps
     |den| >= eps, so the output is bounded by |num| / eps instead of exploding through a sign change.
     """
-    den = den + torch.where(den >= 0, eps, -eps)
+    den = torch.where(den >= 0, den + eps, den - eps)  # not where(den >= 0, eps, -eps): that rounds eps to float32
     return num / den[..., None]
 
 
