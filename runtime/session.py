@@ -167,7 +167,7 @@ class Session:
         pieces = []
         for start in range(0, T, chunk):
             logits = self._run("prefill", ids[:, start:start + chunk], state)  # [B, t, V]
-            pieces.append(logits[:, -1] if last_only else logits)
+            pieces.append(logits[:, -1].copy() if last_only else logits)  # keep [B, V], not the whole piece
         return pieces[-1] if last_only else np.concatenate(pieces, axis=1)  # [B, V] or [B, T, V]
 
     def decode(self, input_ids: Any, state: State) -> np.ndarray:
@@ -246,28 +246,36 @@ class Session:
 # ---- opening and checking the graphs -------------------------------------------------------------
 def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dict[str, ort.InferenceSession]]:
     """Create both sessions; returns ("cuda" | "cpu", sessions). CUDA counts only if ORT reports it active."""
+
+    def on_cpu() -> dict[str, ort.InferenceSession]:
+        return {g: _session(p, options(g), [CPU_EP]) for g, p in paths.items()}
+
     if provider == "cpu":
-        return "cpu", {g: _session(p, options(g), [CPU_EP]) for g, p in paths.items()}
-    if CUDA_EP not in ort.get_available_providers():
+        return "cpu", on_cpu()
+    if CUDA_EP in ort.get_available_providers():
+        cuda = [(CUDA_EP, {"device_id": cuda_device}), CPU_EP]
+        sessions = {}
+        for graph, path in paths.items():
+            # ORT logs a multi-line C++ error when the CUDA libraries are missing; we check and say it in one line
+            if log_severity >= 3:
+                ort.set_default_logger_severity(4)
+            try:
+                sessions[graph] = _session(path, options(graph), cuda)
+            finally:
+                if log_severity >= 3:
+                    ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
+            if sessions[graph].get_providers()[0] != CUDA_EP:
+                break
+        else:
+            return "cuda", sessions
+        why = "ONNX Runtime could not activate CUDAExecutionProvider (no usable GPU, or CUDA/cuDNN libraries missing)"
+    else:
         why = "this onnxruntime build has no CUDA provider (install onnxruntime-gpu)"
-        if provider == "cuda":
-            raise ProviderError(f"CUDA was requested but {why}; use --provider cpu")
-        return "cpu", {g: _session(p, options(g), [CPU_EP]) for g, p in paths.items()}
-    # ORT logs a multi-line C++ error when the CUDA libraries are missing; we check and say it in one line instead
-    if log_severity >= 3:
-        ort.set_default_logger_severity(4)
-    try:
-        sessions = {g: _session(p, options(g), [(CUDA_EP, {"device_id": cuda_device}), CPU_EP]) for g, p in paths.items()}
-    finally:
-        if log_severity >= 3:
-            ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
-    if all(s.get_providers()[0] == CUDA_EP for s in sessions.values()):
-        return "cuda", sessions
-    why = "ONNX Runtime could not activate CUDAExecutionProvider (no usable GPU, or CUDA/cuDNN libraries missing)"
     if provider == "cuda":
         raise ProviderError(f"CUDA was requested but {why}; use --provider cpu")
-    warnings.warn(f"CUDA is not active: {why}; running on CPU", ProviderWarning, stacklevel=3)
-    return "cpu", {g: _session(p, options(g), [CPU_EP]) for g, p in paths.items()}
+    if CUDA_EP in ort.get_available_providers():  # a GPU build that cannot use the GPU: say so
+        warnings.warn(f"CUDA is not active: {why}; running on CPU", ProviderWarning, stacklevel=4)
+    return "cpu", on_cpu()
 
 
 def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:

@@ -30,6 +30,15 @@ def tiny_model(feature_map: str = "elu+1", seed: int = 0, **overrides) -> Linear
     return model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _torch_one_thread():
+    """Exports and PyTorch references of tiny models: torch's thread pool only costs time on 2 shared cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """(feature map, config overrides) -> (model, export dir); each exported once per session."""
