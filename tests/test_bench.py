@@ -1,0 +1,229 @@
+"""`edgelin bench --quick`: every section is in the JSON with finite, positive numbers; bad options are one line.
+
+No timing assertions: the suite runs on busy machines. One quick run (a tiny checkpoint, so the graph
+exports stay short) feeds every structural test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgelin.bench import SECTIONS, _finite, interleaved, stats, write_json_atomic, write_plots
+from edgelin.cli_bench import bench
+
+STAT_KEYS = ("median", "p10", "p90", "min", "max")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import torch
+
+    from edgelin.checkpoint import save_checkpoint
+    from edgelin.config import ModelConfig
+    from edgelin.model import LinearLM
+
+    torch.manual_seed(0)
+    model = LinearLM(ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, head_dim=16, chunk_size=16))
+    return save_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def quick(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results"
+    result = CliRunner().invoke(bench, [str(checkpoint), "--quick", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return json.loads((out / "bench.json").read_text()), result, out
+
+
+def positive(x, where):
+    assert isinstance(x, (int, float)) and not isinstance(x, bool), f"{where}: {x!r} is not a number"
+    assert math.isfinite(x) and x > 0, f"{where}: {x!r} is not finite and positive"
+
+
+def positive_stats(s, where):
+    for key in STAT_KEYS:
+        positive(s[key], f"{where}.{key}")
+    assert s["p10"] <= s["median"] <= s["p90"], where
+    assert s["n"] >= 2, where
+
+
+def all_numbers_finite(x, where="json"):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            all_numbers_finite(v, f"{where}.{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            all_numbers_finite(v, f"{where}[{i}]")
+    elif isinstance(x, float):
+        assert math.isfinite(x) and x >= 0, f"{where}: {x!r}"
+
+
+def test_quick_json_has_every_section(quick):
+    data, result, _ = quick
+    assert data["format"] == "edgelin-bench/1" and data["quick"] is True
+    for section in SECTIONS:
+        assert section in data, section
+    all_numbers_finite({k: data[k] for k in SECTIONS})
+    s = data["settings"]
+    assert s["threads"] == s["torch_threads"] == s["ort_intra_op_threads"] == 1
+    assert s["provider_requested"] == "cpu" and s["provider_active"] == "cpu"
+    m = data["machine"]
+    assert m["cores"] >= 1 and m["cpu_model"] and m["versions"]["onnxruntime"] and m["versions"]["torch"] and m["versions"]["numpy"]
+    assert data["model"]["random_weights"] is False and data["model"]["parameters"] > 0
+    assert all(v <= 1e-4 for v in data["method"]["verification"]["max_abs_error"].values())
+    assert "peak" in data["method"]["memory"] and "tracemalloc" in data["method"]["memory"]
+
+
+def test_quick_decode(quick):
+    decode = quick[0]["decode"]
+    assert set(decode["batches"]) == {"1", "8"}
+    for B, row in decode["batches"].items():
+        for name in ("torch_eager", "ort_run", "ort_iobinding"):
+            positive_stats(row[name], f"decode[{B}].{name}")
+            positive(row[name]["tokens_per_s"], f"decode[{B}].{name}.tokens_per_s")
+        for key, value in row["ratios"].items():
+            positive(value, f"decode[{B}].ratios.{key}")
+
+
+def test_quick_position(quick):
+    rows = quick[0]["position"]["rows"]
+    assert [r["position"] for r in rows] == [32, 128]
+    for r in rows:
+        positive_stats(r["linear_ms"], "linear_ms")
+        positive_stats(r["softmax_kv_ms"], "softmax_kv_ms")
+        positive(r["softmax_over_linear"], "softmax_over_linear")
+        # 1 layer, 2 heads x 16: KV = 2 * 1 * 2 * P * 16 * 4 bytes; state = (2*16*16 + 2*16) * 4 bytes
+        assert r["kv_cache_bytes"] == 256 * r["position"]
+        assert r["linear_state_bytes"] == 2176
+    assert rows[1]["kv_over_state"] > rows[0]["kv_over_state"]
+
+
+def test_quick_prefill(quick):
+    prefill = quick[0]["prefill"]
+    ok = [r for r in prefill["rows"] if r["status"] == "ok"]
+    assert {r["form"] for r in ok} == {"chunk", "parallel", "softmax", "chunk_pieces"}, prefill["skipped"]
+    for r in ok:
+        where = f"prefill {r['form']} T={r['T']}"
+        positive_stats(r["seconds"], where)
+        for key in ("tokens_per_s", "first_run_s", "peak_rss_bytes", "rss_before_bytes"):
+            positive(r[key], f"{where}.{key}")
+        assert r["peak_increment_bytes"] >= 0 and r["peak_rss_bytes"] >= r["rss_before_bytes"]
+        assert r["memory_method"]
+    assert prefill["memory_cap_bytes"] > 0 and prefill["ratios"]
+    for entry in prefill["ratios"]:
+        for key, value in entry.items():
+            positive(value, f"ratios.{key}")
+
+
+def test_quick_sweep_and_floor(quick):
+    data = quick[0]
+    sweep = data["sweep"]
+    assert [r["chunk"] for r in sweep["rows"]] == [16, 32] and sweep["best_chunk"] in (16, 32)
+    for r in sweep["rows"]:
+        assert r["status"] == "ok", r
+        positive(r["tokens_per_s"], "sweep.tokens_per_s")
+        positive(r["over_best"], "sweep.over_best")
+    floor = data["floor"]
+    positive(floor["bandwidth_GBps"]["median"], "bandwidth")
+    positive(floor["weight_bytes"], "weight_bytes")
+    for B, row in floor["batches"].items():
+        for key in ("floor_ms_per_token", "weights_only_floor_ms_per_token", "measured_ms_per_token", "measured_over_floor"):
+            positive(row[key], f"floor[{B}].{key}")
+        positive_stats(row["measured_ms_per_call"], f"floor[{B}].measured")
+
+
+def test_quick_output_table_plots_and_progress(quick):
+    data, result, out = quick
+    assert "1. decode latency" in result.stdout and "4. floor" in result.stdout
+    assert "threads 1" in result.stdout and "onnxruntime" in result.stdout
+    assert "exporting" in result.stderr and "exporting" not in result.stdout  # progress on stderr
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert data["plots"]["files"] == [] and "matplotlib" in data["plots"]["skipped"]
+    else:
+        assert data["plots"]["files"] and all((out / f).stat().st_size > 0 for f in data["plots"]["files"])
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no temporary files left
+
+
+def test_plots_are_skipped_without_matplotlib(quick, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    files, info = write_plots(quick[0], tmp_path)
+    assert files == [] and "matplotlib is not installed" in info["skipped"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param(["--provider", "tpu"], "unknown provider 'tpu'", id="provider"),
+        pytest.param(["--threads", "0"], "threads must be an integer", id="threads"),
+        pytest.param(["{missing}"], "does not exist", id="missing-path"),
+        pytest.param(["{empty}"], "is neither a checkpoint folder", id="not-a-model"),
+        pytest.param(["--section", "everything"], "unknown section(s) 'everything'", id="section"),
+        pytest.param(["--memory-cap", "-1"], "memory cap must be a positive number", id="memory-cap"),
+    ],
+)
+def test_bad_options_are_one_line(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    args = [a.format(missing=tmp_path / "nope", empty=tmp_path / "empty") for a in args]
+    result = CliRunner().invoke(bench, args + ["--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("edgelin: error:") and message in lines[0], result.stderr
+
+
+def test_cuda_request_without_cuda_fails_before_any_export(tmp_path):
+    from edgelin.bench import _cuda_is_active
+
+    if _cuda_is_active():
+        pytest.skip("CUDA is active here")
+    result = CliRunner().invoke(bench, ["--provider", "cuda", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "CUDA was requested" in result.stderr and "exporting" not in result.stderr
+
+
+def test_stats_and_interleaving():
+    s = stats([0.001, 0.002, 0.003, 0.004, 0.005])
+    assert s["unit"] == "ms" and s["median"] == pytest.approx(3.0) and s["n"] == 5 and s["p10"] < s["median"] < s["p90"]
+    order = []
+    samples = interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, rounds=2, per_round=2)
+    assert [len(v) for v in samples.values()] == [4, 4]
+    assert order == ["a", "b", "a", "a", "b", "b", "b", "b", "a", "a"]  # warm-up, then rounds in rotating order
+
+
+def test_json_is_written_atomically(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text("old")
+    write_json_atomic({"x": np.float32(1.5), "bad": float("nan"), "n": np.int64(3)}, path)
+    assert json.loads(path.read_text()) == {"x": 1.5, "bad": None, "n": 3}
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
+    assert _finite([float("inf"), 2.0]) == [None, 2.0]
+
+
+def test_prefill_worker_is_torch_free(tmp_path):
+    """The peak-memory worker imports only numpy + onnxruntime, so its RSS is the graph's, not torch's."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence"])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(tmp_path / "g.onnx"))
+    spec = {"graph": str(tmp_path / "g.onnx"), "provider": "cpu", "threads": 1, "batch": 1, "T": 1000, "piece": 300,
+            "vocab": 256, "seed": 0, "budget_s": 0.01, "min_repeats": 2, "max_repeats": 3}
+    code = ("import sys, runpy; sys.modules['torch'] = None; "
+            f"sys.argv = ['bench', '--worker', {json.dumps(json.dumps(spec))}]; runpy.run_module('edgelin.bench', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(result["times_s"]) >= 2 and result["peak_rss_bytes"] >= result["rss_before_bytes"] > 0
+    assert result["providers"] == ["CPUExecutionProvider"]
