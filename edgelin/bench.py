@@ -1190,7 +1190,8 @@ def format_table(d: dict) -> str:
         f"model: {d['model']['label']}; {d['model']['parameters']:,} parameters; state {d['model']['state_bytes_per_sequence']:,} bytes per sequence",
         f"load average at start {d['busy']['load_1min_start']:.2f} on {d['busy']['cores']} core(s)"
         + (": BUSY machine, numbers are not representative" if d["busy"]["busy"] else ""),
-        "figures: median [p10-p90] over repeated calls after warm-up; compared contenders interleaved in one process run",
+        "figures: median [p10-p90] over repeated calls after warm-up; decode contenders interleaved in one process, "
+        "prefill forms run back to back per length, all in this one bench run",
     ]
     if "decode" in d:
         lines += ["", "1. decode latency per call (ms), median [p10-p90]"]
