@@ -183,6 +183,10 @@ from edgelin.cli_generate import generate  # noqa: E402
 
 main.add_command(generate)
 
+from edgelin.cli_bench import bench  # noqa: E402
+
+main.add_command(bench)
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -15,7 +15,6 @@ from edgelin.config import FEATURE_MAPS, NORMALISATIONS, ModelConfig
 from edgelin.feature_maps import make_feature_map
 from edgelin.model import LinearLM
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 TOL = 1e-10  # relative error in float64: max|a - b| / max|b|
 B, T_TOTAL = 3, 30

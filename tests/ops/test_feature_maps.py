@@ -13,7 +13,6 @@ from edgelin.errors import ConfigError
 from edgelin.feature_maps import available, make_feature_map
 from edgelin.ops import FORMS, stable_divide
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 F64_TOL = 1e-10  # relative error, float64
 F32_TOL = 1e-5  # relative error, float32 (see tests/ops/test_forms.py)

@@ -18,7 +18,6 @@ import torch
 from edgelin.feature_maps import available, make_feature_map
 from edgelin.ops import FORMS, recurrent_step
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 # relative error = max|fast - reference| / max(|reference|, TINY), per tensor
 TOLERANCE = {
