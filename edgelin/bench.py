@@ -293,11 +293,6 @@ def _describe(cfg) -> str:
     return f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x {cfg.head_dim}, vocab {cfg.vocab_size}, {cfg.feature_map}, chunk {cfg.chunk_size}"
 
 
-def kv_cache_bytes(cfg, tokens: int, batch: int = 1, bytes_per_value: int = 4) -> int:
-    """fp32 K and V of every layer for ``tokens`` positions: 2 * layers * heads * tokens * head_dim * 4."""
-    return 2 * cfg.n_layers * cfg.n_heads * tokens * cfg.head_dim * bytes_per_value * batch
-
-
 # ---- exporting the graphs -------------------------------------------------------------------------
 def _graph_modules():
     """Torch wrappers for the graphs exported here (defined lazily: this module must import without torch)."""
@@ -351,7 +346,7 @@ def _export_job(job: dict) -> dict:
     import torch
 
     from edgelin.config import ModelConfig
-    from edgelin.exporters.exporter import _export_graph, export
+    from edgelin.exporters.exporter import export_graph, export
     from edgelin.exporters.graphs import INPUT_IDS, LOGITS, PrefillGraph, io_names
     from edgelin.model import LinearLM
     from edgelin.softmax import SoftmaxLM
@@ -379,12 +374,12 @@ def _export_job(job: dict) -> dict:
         example = (torch.zeros(2, 2 * model.cfg.chunk_size + 3, dtype=torch.int64), *state.values())
         dynamic = ({0: batch, 1: sequence}, tuple({0: batch} for _ in keys))
         module = ParallelPrefill(model) if kind == "parallel" else PrefillGraph(model)
-        _export_graph(module, example, (inputs, outputs), dynamic, opset, path)
+        export_graph(module, example, (inputs, outputs), dynamic, opset, path)
     elif kind == "softmax_prefill":
         keys = _kv_keys(cfg.n_layers)
         names = ([INPUT_IDS], [LOGITS] + [f"present.{k}" for k in keys])
         example = (torch.zeros(2, 37, dtype=torch.int64),)
-        _export_graph(SoftmaxPrefill(model), example, names, ({0: batch, 1: sequence},), opset, path)
+        export_graph(SoftmaxPrefill(model), example, names, ({0: batch, 1: sequence},), opset, path)
     elif kind == "softmax_decode":
         keys = _kv_keys(cfg.n_layers)
         past_len = torch.export.Dim("past", min=1, max=1 << 24)
@@ -392,7 +387,7 @@ def _export_job(job: dict) -> dict:
         past = [torch.zeros(2, cfg.n_heads, 11, cfg.head_dim) for _ in keys]
         example = (torch.zeros(2, 1, dtype=torch.int64), *past)
         dynamic = ({0: batch}, tuple({0: batch, 2: past_len} for _ in keys))
-        _export_graph(SoftmaxDecode(model), example, names, dynamic, opset, path)
+        export_graph(SoftmaxDecode(model), example, names, dynamic, opset, path)
     else:  # pragma: no cover -- internal
         raise ValueError(f"unknown export job {kind!r}")
     nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
@@ -705,7 +700,7 @@ class _Bench:
             samples = interleaved({"linear": linear, "softmax": softmax}, warmup=p.position_warmup,
                                   rounds=p.position_rounds, per_round=p.position_per_round)
             lin, sm = stats(samples["linear"]), stats(samples["softmax"])
-            kv_bytes = kv_cache_bytes(cfg, P)
+            kv_bytes = cfg.kv_cache_bytes(P)
             rows.append({
                 "position": P, "linear_ms": lin, "softmax_kv_ms": sm, "softmax_over_linear": _ratio(sm, lin),
                 "linear_state_bytes": state_bytes, "kv_cache_bytes": kv_bytes, "kv_over_state": kv_bytes / state_bytes,
@@ -1307,4 +1302,4 @@ if __name__ == "__main__":  # internal workers: python -m edgelin.bench --worker
 
 
 __all__ = ["BenchError", "BenchReport", "FULL", "QUICK", "Plan", "SECTIONS", "format_table", "interleaved",
-           "kv_cache_bytes", "machine_facts", "run_bench", "stats"]
+           "machine_facts", "run_bench", "stats"]

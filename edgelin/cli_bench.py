@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgelin.cli import progress, user_errors
+from edgelin.cli_common import progress, user_errors
 
 SECTION_NAMES = "decode, position, prefill, sweep, floor"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import sys
@@ -10,18 +9,7 @@ import warnings
 
 import click
 
-
-def user_errors(fn):
-    """edgelin.cli.user_errors, looked up at call time: edgelin.cli imports this module to register the
-    command, so importing edgelin.cli here at module level would make the import order matter."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from edgelin.cli import user_errors as wrap
-
-        return wrap(fn)(*args, **kwargs)
-
-    return wrapper
+from edgelin.cli_common import user_errors
 
 
 def _summary(r: dict) -> str:

@@ -84,6 +84,11 @@ class ModelConfig:
             return 2 * self.head_dim  # cos and sin halves
         return self.head_dim
 
+    def kv_cache_bytes(self, tokens: int, batch: int = 1, bytes_per_value: int = 4) -> int:
+        """What a softmax-attention model of this size keeps for ``tokens`` positions: K and V of every
+        layer and head (2 * layers * heads * tokens * head_dim values per sequence)."""
+        return 2 * self.n_layers * self.n_heads * tokens * self.head_dim * bytes_per_value * batch
+
     # ---- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

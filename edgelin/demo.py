@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from edgelin.config import ModelConfig
 from edgelin.errors import EdgelinError
 
 DEFAULT_PROMPT = "The for statement"
@@ -42,11 +43,6 @@ class DemoSummary:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} KB"
-
-
-def kv_cache_bytes(model_cfg: dict, tokens: int, bytes_per_value: int = 4) -> int:
-    """Keys + values of every layer and head for ``tokens`` positions (what softmax attention keeps)."""
-    return 2 * model_cfg["n_layers"] * model_cfg["n_heads"] * model_cfg["head_dim"] * tokens * bytes_per_value
 
 
 def run_demo(
@@ -87,7 +83,7 @@ def run_demo(
         say(f"[3/3] generating from ONNX Runtime: {prompt!r}")
         result = generate_text(out, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, provider=provider, on_text=on_text)
         manifest = Manifest.load(out)
-        cfg = manifest.model
+        cfg = ModelConfig.from_dict(manifest.model)
         total = result["prompt_tokens"] + result["new_tokens"]
         return DemoSummary(
             export_dir=str(out) if tmp is None else "(temporary; pass --out DIR to keep it)",
@@ -99,8 +95,8 @@ def run_demo(
             time_to_first_token_s=result["time_to_first_token_s"],
             decode_tokens_per_s=result["decode_tokens_per_s"],
             state_bytes=manifest.state_bytes(1),
-            kv_bytes_now=kv_cache_bytes(cfg, total),
-            kv_bytes_100k=kv_cache_bytes(cfg, LONG_CONTEXT),
+            kv_bytes_now=cfg.kv_cache_bytes(total),
+            kv_bytes_100k=cfg.kv_cache_bytes(LONG_CONTEXT),
         )
     finally:
         if tmp is not None:

@@ -113,7 +113,11 @@ def _quiet():
         logger.setLevel(level)
 
 
-def _export_graph(module: torch.nn.Module, example: tuple, names: tuple[list[str], list[str]], dynamic, opset: int, path: Path) -> None:
+def export_graph(module: torch.nn.Module, example: tuple, names: tuple[list[str], list[str]], dynamic, opset: int, path: Path) -> None:
+    """One torch module -> one ONNX file with edgelin's exporter settings (dynamo, optimised, quiet).
+
+    names: (input names, output names); dynamic: torch.export dynamic_shapes for ``example``.
+    """
     inputs, outputs = names
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
@@ -238,7 +242,7 @@ def export(
         for graph, module in modules.items():
             say(f"exporting the {graph} graph (opset {opset}) ...")
             t0 = time.perf_counter()
-            _export_graph(module, examples[graph], (inputs, outputs), dynamic[graph], opset, tmp / GRAPH_FILES[graph])
+            export_graph(module, examples[graph], (inputs, outputs), dynamic[graph], opset, tmp / GRAPH_FILES[graph])
             seconds[graph] = time.perf_counter() - t0
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
@@ -304,4 +308,4 @@ def _op_histogram(proto: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-__all__ = ["DEFAULT_OPSET", "ExportResult", "GRAPH_FILES", "SMOKE_BUDGET", "build_manifest", "export"]
+__all__ = ["DEFAULT_OPSET", "ExportResult", "GRAPH_FILES", "SMOKE_BUDGET", "build_manifest", "export", "export_graph"]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, positions, resolve_state, stable_divide
+from edgelin.ops.common import State, advance, featurize, stable_divide
 
 
 def _exclusive_cumsum(x: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,12 +33,9 @@ def chunk_linear_attention(
     eps: float = 1e-6,
     normalize: bool = True,
 ) -> tuple[torch.Tensor, State]:
-    state = resolve_state(q, v, feature_map, initial_state, normalize)
+    state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
     B, H, T, _ = q.shape
     C = chunk_size
-    pos = positions(state, feature_map, T, q.device)
-    fq = feature_map(q, is_query=True, positions=pos)  # [B, H, T, F]
-    fk = feature_map(k, is_query=False, positions=pos)  # [B, H, T, F]
     n = (T + C - 1) // C
     pad = n * C - T
     fq = F.pad(fq, (0, 0, 0, pad)).reshape(B, H, n, C, fq.shape[-1])  # [B, H, n, C, F]

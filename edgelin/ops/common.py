@@ -61,6 +61,15 @@ def positions(state: State, feature_map: FeatureMap, length: int, device: torch.
     return state["pos"][:, None] + torch.arange(length, device=device)[None, :]  # [B, T]
 
 
+def featurize(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, feature_map: FeatureMap, initial_state: State | None, normalize: bool
+) -> tuple[State, torch.Tensor, torch.Tensor]:
+    """The prologue of every form: (state to start from, phi(q) [B, H, T, F], phi(k) [B, H, T, F])."""
+    state = resolve_state(q, v, feature_map, initial_state, normalize)
+    pos = positions(state, feature_map, q.shape[2], q.device)
+    return state, feature_map(q, is_query=True, positions=pos), feature_map(k, is_query=False, positions=pos)
+
+
 def stable_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
     """num / (den + eps), with eps taking the sign of den.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, positions, resolve_state, stable_divide
+from edgelin.ops.common import State, advance, featurize, stable_divide
 
 
 def naive_linear_attention(
@@ -25,11 +25,8 @@ def naive_linear_attention(
     eps: float = 1e-6,
     normalize: bool = True,
 ) -> tuple[torch.Tensor, State]:
-    state = resolve_state(q, v, feature_map, initial_state, normalize)
+    state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
     T = q.shape[2]
-    pos = positions(state, feature_map, T, q.device)
-    fq = feature_map(q, is_query=True, positions=pos)  # [B, H, T, F]
-    fk = feature_map(k, is_query=False, positions=pos)  # [B, H, T, F]
     outs = []
     for t in range(T):
         qt = fq[:, :, t]  # [B, H, F]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, positions, resolve_state, stable_divide
+from edgelin.ops.common import State, advance, featurize, stable_divide
 
 
 def parallel_linear_attention(
@@ -22,11 +22,8 @@ def parallel_linear_attention(
     eps: float = 1e-6,
     normalize: bool = True,
 ) -> tuple[torch.Tensor, State]:
-    state = resolve_state(q, v, feature_map, initial_state, normalize)
+    state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
     T = q.shape[2]
-    pos = positions(state, feature_map, T, q.device)
-    fq = feature_map(q, is_query=True, positions=pos)  # [B, H, T, F]
-    fk = feature_map(k, is_query=False, positions=pos)  # [B, H, T, F]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # [T, T]
     A = torch.einsum("bhtf,bhsf->bhts", fq, fk) * causal  # [B, H, T, T]
     o = torch.einsum("bhtf,bhfd->bhtd", fq, state["S"]) + A @ v  # [B, H, T, Dv]

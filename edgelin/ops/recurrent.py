@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, positions, resolve_state, stable_divide
+from edgelin.ops.common import State, advance, featurize, stable_divide
 
 
 def recurrent_step(
@@ -25,10 +25,8 @@ def recurrent_step(
     """Exactly one token. The decode graph is this function and nothing else."""
     if q.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one token, got a sequence of {q.shape[2]}")
-    state = resolve_state(q, v, feature_map, initial_state, normalize)
-    pos = positions(state, feature_map, 1, q.device)
-    fq = feature_map(q, is_query=True, positions=pos)[:, :, 0]  # [B, H, F]
-    fk = feature_map(k, is_query=False, positions=pos)[:, :, 0]  # [B, H, F]
+    state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)
+    fq, fk = fq[:, :, 0], fk[:, :, 0]  # [B, H, F]
     S = state["S"] + fk[..., None] * v[:, :, 0, None, :]  # [B, H, F, Dv]
     o = torch.einsum("bhf,bhfd->bhd", fq, S)  # [B, H, Dv]
     updates = {"S": S}

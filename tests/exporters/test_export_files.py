@@ -112,7 +112,7 @@ def test_failed_forced_export_keeps_the_old_one(exported, tmp_path, monkeypatch)
     def boom(*args, **kwargs):
         raise RuntimeError("exporter exploded\nwith a long story")
 
-    monkeypatch.setattr(export_impl, "_export_graph", boom)
+    monkeypatch.setattr(export_impl, "export_graph", boom)
     with pytest.raises(ExportError, match=r"export failed \(RuntimeError: exporter exploded\); nothing was written"):
         export(model, out, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
