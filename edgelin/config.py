@@ -37,6 +37,10 @@ class ModelConfig:
     tie_embeddings: bool = True  # share the token embedding with the LM head
     feature_seed: int = 0  # seed of random features (performer); layer i uses feature_seed + i
     n_features: int = 0  # performer: number of random features (0 = head_dim)
+    # A causal depthwise convolution over the last conv_size tokens of each attention input (0 = off).
+    # Linear attention alone has no notion of order (the past is a sum); this short conv gives each
+    # layer local token order, as in GLA, Mamba and RWKV. Its window is part of the recurrent state.
+    conv_size: int = 0
     cosformer_horizon: int = 16384  # cosformer: M in cos(pi/2 * (i - j) / M); distances above M are down-weighted to <= 0
 
     def __post_init__(self) -> None:
@@ -47,6 +51,8 @@ class ModelConfig:
                 raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
         if isinstance(self.n_features, bool) or not isinstance(self.n_features, int) or self.n_features < 0:
             raise ConfigError(f"config field 'n_features' must be an integer >= 0 (0 = head_dim), got {self.n_features!r}")
+        if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 0 or self.conv_size == 1:
+            raise ConfigError(f"config field 'conv_size' must be 0 (off) or an integer >= 2, got {self.conv_size!r}")
         if self.feature_map not in FEATURE_MAPS:
             raise ConfigError(
                 f"config field 'feature_map' is {self.feature_map!r}; allowed values: {', '.join(FEATURE_MAPS)}"

@@ -20,7 +20,7 @@ from torch import nn
 
 from edgelin.config import ModelConfig
 from edgelin.feature_maps import make_feature_map
-from edgelin.ops import FORMS, State, init_state, recurrent_step, state_layout
+from edgelin.ops import FORMS, State, recurrent_step, state_layout
 
 
 class RMSNorm(nn.Module):
@@ -31,6 +31,26 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over the last ``size`` tokens: y_t = sum_i w_i * x_{t - size + 1 + i}.
+
+    Its window (the previous size - 1 inputs) is carried in the state, so prefill and decode agree.
+    Starts as the identity (last tap 1, others 0).
+    """
+
+    def __init__(self, dim: int, size: int) -> None:
+        super().__init__()
+        self.size = size
+        weight = torch.zeros(dim, 1, size)
+        weight[:, 0, -1] = 1.0
+        self.weight = nn.Parameter(weight)  # [d, 1, size]
+
+    def forward(self, x: torch.Tensor, past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        full = torch.cat([past, x], dim=1)  # [B, size - 1 + T, d]
+        y = F.conv1d(full.transpose(1, 2), self.weight, groups=self.weight.shape[0])  # [B, d, T]
+        return y.transpose(1, 2), full[:, 1 - self.size :]  # [B, T, d], new window [B, size - 1, d]
 
 
 class LinearAttention(nn.Module):
@@ -49,6 +69,26 @@ class LinearAttention(nn.Module):
         self.normalize = cfg.normalisation == "denominator"
         # without the denominator, a per-head RMSNorm keeps the output scale in check
         self.out_norm = None if self.normalize else RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.conv = ShortConv(cfg.d_model, cfg.conv_size) if cfg.conv_size else None
+
+    def state_layout(self) -> dict[str, tuple]:
+        """name -> (shape with "batch", dtype name, init) of this layer's state: S, z, pos, conv."""
+        layout = state_layout(self.phi, n_heads=self.cfg.n_heads, value_dim=self.cfg.head_dim, normalize=self.normalize)
+        if self.conv is not None:
+            layout["conv"] = (("batch", self.conv.size - 1, self.cfg.d_model), "float32", 0.0)
+        return layout
+
+    def _mix(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State | None, State]:
+        """The short conv, if any: (mixed x, the attention's part of the state, the conv's new window)."""
+        if self.conv is None:
+            return x, state, {}
+        if state is None:
+            past = x.new_zeros(x.shape[0], self.conv.size - 1, x.shape[2])  # [B, size - 1, d]
+        else:
+            state = dict(state)
+            past = state.pop("conv")
+        x, window = self.conv(x, past)
+        return x, state, {"conv": window}
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -64,17 +104,19 @@ class LinearAttention(nn.Module):
         return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
 
     def forward(self, x: torch.Tensor, state: State | None, form: str = "chunk") -> tuple[torch.Tensor, State]:
+        x, state, conv = self._mix(x, state)
         q, k, v = self._qkv(x)  # [B, H, T, Dh] each
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
             chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize,
         )
-        return self._merge(o), state
+        return self._merge(o), {**state, **conv}
 
     def step(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+        x, state, conv = self._mix(x, state)
         q, k, v = self._qkv(x)  # [B, H, 1, Dh] each
         o, state = recurrent_step(q, k, v, feature_map=self.phi, initial_state=state, eps=self.cfg.eps, normalize=self.normalize)
-        return self._merge(o), state
+        return self._merge(o), {**state, **conv}
 
 
 class SwiGLU(nn.Module):
@@ -128,22 +170,18 @@ class LinearLM(nn.Module):
     # ---- state ---------------------------------------------------------------------------------
     def state_layout(self) -> dict[str, tuple]:
         """"{layer}.{name}" -> (shape with "batch", dtype name, init value), in graph order."""
-        layout = {}
-        for i, block in enumerate(self.blocks):
-            per_layer = state_layout(block.attn.phi, n_heads=self.cfg.n_heads, value_dim=self.cfg.head_dim, normalize=block.attn.normalize)
-            layout.update({f"{i}.{name}": spec for name, spec in per_layer.items()})
-        return layout
+        return {f"{i}.{name}": spec for i, block in enumerate(self.blocks) for name, spec in block.attn.state_layout().items()}
 
     def init_state(self, batch: int) -> State:
+        """Every state tensor at its init value; float tensors in the model's dtype."""
         p = self.embed.weight
-        state = {}
-        for i, block in enumerate(self.blocks):
-            layer = init_state(
-                block.attn.phi, batch=batch, n_heads=self.cfg.n_heads, value_dim=self.cfg.head_dim,
-                normalize=block.attn.normalize, dtype=p.dtype, device=p.device,
+        return {
+            key: torch.full(
+                tuple(batch if d == "batch" else d for d in shape), init,
+                dtype=torch.int64 if dtype == "int64" else p.dtype, device=p.device,
             )
-            state.update({f"{i}.{name}": t for name, t in layer.items()})
-        return state
+            for key, (shape, dtype, init) in self.state_layout().items()
+        }
 
     @staticmethod
     def _layer_state(state: State, i: int) -> State:

@@ -20,7 +20,7 @@ WEIGHT_SCALE = 15.0  # at init scale greedy decoding repeats one token; sharper 
 
 
 def tiny_model(feature_map: str = "elu+1", seed: int = 0, **overrides):
-    """2 layers, d_model 32, 2 heads x 16, chunk 16, byte vocab; weights scaled by WEIGHT_SCALE."""
+    """2 layers, d_model 32, 2 heads x 16, chunk 16, a conv of 4, byte vocab; weights scaled by WEIGHT_SCALE."""
     import torch
 
     from edgelin.config import ModelConfig
@@ -29,7 +29,7 @@ def tiny_model(feature_map: str = "elu+1", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     cfg = dict(
         vocab_size=256, d_model=32, n_layers=2, n_heads=2, head_dim=16, chunk_size=16, feature_map=feature_map,
-        normalisation="none" if feature_map == "identity" else "denominator",
+        normalisation="none" if feature_map == "identity" else "denominator", conv_size=4,
     )
     cfg = ModelConfig(**(cfg | overrides))
     model = LinearLM(cfg).eval()
@@ -37,6 +37,8 @@ def tiny_model(feature_map: str = "elu+1", seed: int = 0, **overrides):
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(WEIGHT_SCALE)
+            elif p.dim() == 3:  # the short conv starts as the identity: give it real taps
+                p.add_(0.5 * torch.randn_like(p))
     return model
 
 

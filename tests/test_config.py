@@ -13,7 +13,7 @@ from edgelin.errors import ConfigError, EdgelinError
 NON_DEFAULT = ModelConfig(
     vocab_size=300, d_model=48, n_layers=3, n_heads=6, head_dim=8, feature_map="performer",
     mlp_ratio=2.5, chunk_size=32, eps=1e-8, normalisation="none", norm_eps=1e-6, tie_embeddings=False,
-    feature_seed=-3, n_features=40, cosformer_horizon=1000,
+    feature_seed=-3, n_features=40, cosformer_horizon=1000, conv_size=3,
 )
 
 
@@ -46,6 +46,7 @@ POSITIVE_NUMBERS = ["mlp_ratio", "eps", "norm_eps"]
 INVALID = (
     [pytest.param(f, v, id=f"{f}={v!r}") for f in POSITIVE_INTS for v in (0, -1, 2.0, True, "8", None)]
     + [pytest.param("n_features", v, id=f"n_features={v!r}") for v in (-1, 1.5, True, "0")]
+    + [pytest.param("conv_size", v, id=f"conv_size={v!r}") for v in (1, -1, 2.0, True, "4", None)]
     + [pytest.param(f, v, id=f"{f}={v!r}") for f in POSITIVE_NUMBERS
        for v in (0, 0.0, -1e-6, float("nan"), float("inf"), True, "1e-6", None)]
     + [pytest.param("tie_embeddings", v, id=f"tie_embeddings={v!r}") for v in (1, 0, "true", None)]

@@ -29,6 +29,7 @@ def tiny_config(feature_map: str, normalisation: str = "denominator", tie: bool 
     return ModelConfig(
         vocab_size=64, d_model=32, n_layers=2, n_heads=2, head_dim=16, chunk_size=8,
         feature_map=feature_map, normalisation=normalisation, tie_embeddings=tie,
+        conv_size=0 if tie else 4,  # the untied variants also carry a short conv window in the state
         n_features=24,  # performer: F != head_dim
         cosformer_horizon=64,  # cosformer: positions up to 30 turn the angle by up to ~0.7 rad
         feature_seed=7,
@@ -41,7 +42,7 @@ def tiny_model(feature_map: str, normalisation: str, tie: bool) -> LinearLM:
     model = LinearLM(tiny_config(feature_map, normalisation, tie)).double().eval()
     with torch.no_grad():  # RMSNorm weights start at 1: perturb them so a mixed-up norm would show
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name.endswith("conv.weight"):  # conv starts as the identity
                 p.add_(0.3 * torch.randn_like(p))
     return model
 
@@ -61,7 +62,7 @@ def assert_states_close(got: dict, want: dict) -> None:
 
 
 MODELS = [
-    pytest.param(fm, norm, tie, id=f"{fm}-{norm}-{'tied' if tie else 'untied'}")
+    pytest.param(fm, norm, tie, id=f"{fm}-{norm}-{'tied' if tie else 'untied-conv4'}")
     for fm in FEATURE_MAPS
     for norm in NORMALISATIONS
     for tie in (True, False)
@@ -152,6 +153,8 @@ def test_state_layout_and_init_state_agree(fm, norm, tie):
         per_layer["z"] = ("batch", cfg.n_heads, cfg.feature_dim)
     if fm == "cosformer":
         per_layer["pos"] = ("batch",)
+    if cfg.conv_size:
+        per_layer["conv"] = ("batch", cfg.conv_size - 1, cfg.d_model)
     expected = [f"{layer}.{name}" for layer in range(cfg.n_layers) for name in per_layer]
     assert list(layout) == expected
     for key, (shape, _, _) in layout.items():
@@ -179,7 +182,7 @@ def test_init_state_follows_the_model_dtype(fm):
 def test_tie_embeddings(tie):
     model = LinearLM(tiny_config("elu+1", tie=tie))
     names = set(model.state_dict())
-    other = LinearLM(tiny_config("elu+1", tie=not tie))
+    other = LinearLM(tiny_config("elu+1", tie=tie).replace(tie_embeddings=not tie))
     if tie:
         assert model.lm_head is None and "lm_head.weight" not in names
         assert other.num_parameters() - model.num_parameters() == 64 * 32

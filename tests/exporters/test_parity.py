@@ -140,4 +140,6 @@ def test_graph_io_follows_the_contract(exported):
             assert shape == list(s.shape), (graph, s.input, shape)
         meta = {p.key: p.value for p in proto.metadata_props}
         assert meta["edgelin"] == (out / "edgelin.json").read_text()
-    assert [s.input for s in manifest.states] == ["state.0.S", "state.0.z", "state.0.pos", "state.1.S", "state.1.z", "state.1.pos"]
+    assert [s.input for s in manifest.states] == [
+        "state.0.S", "state.0.z", "state.0.pos", "state.0.conv", "state.1.S", "state.1.z", "state.1.pos", "state.1.conv",
+    ]

@@ -123,12 +123,25 @@ def test_max_new_tokens_zero_yields_nothing_and_keeps_the_prompt_state(session):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
+STATE_REL_L2 = 1e-5  # the project's fp32 state budget (edgelin.validate.BUDGETS): states are running sums
+
+
+def assert_state_close(a: np.ndarray, b: np.ndarray, name: str) -> None:
+    """int64 states equal; float states within relative L2 of the whole tensor (an element near zero in a
+    sum of large terms carries the rounding of the large ones, so elementwise relative checks do not apply)."""
+    if a.dtype == np.int64:
+        np.testing.assert_array_equal(a, b, err_msg=name)
+        return
+    rel = np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b.astype(np.float64)), 1e-30)
+    assert rel <= STATE_REL_L2, f"{name}: relative L2 {rel:.2e} > {STATE_REL_L2}"
+
+
 def test_state_after_generation_covers_prompt_and_every_generated_token(session):
     tokens, gen = greedy(session, PROMPT, 16)
     ref = session.new_state(1)
     session.prefill([list(PROMPT.encode()) + tokens], ref)  # one prefill over everything
     for (name, a), b in zip(gen.state.numpy().items(), ref.numpy().values()):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=name)
+        assert_state_close(a, b, name)
 
 
 def test_batch_state_after_generation_with_early_finishers(session):
@@ -146,7 +159,7 @@ def test_batch_state_after_generation_with_early_finishers(session):
         ref = session.new_state(1)
         session.prefill([list(p.encode()) + r.ids], ref)
         for (name, a), b in zip(state.rows([i]).numpy().items(), ref.numpy().values()):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"sequence {i} {name}")
+            assert_state_close(a, b, f"sequence {i} {name}")
 
 
 def test_continuing_from_a_restored_state_equals_continuing_in_memory(session, tmp_path):
