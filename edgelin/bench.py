@@ -55,6 +55,7 @@ import numpy as np
 
 from edgelin import __version__
 from edgelin.errors import EdgelinError
+from edgelin.runtime.files import atomic_write
 
 SECTIONS = ("decode", "position", "prefill", "sweep", "floor")
 PROVIDERS = ("cpu", "auto", "cuda")
@@ -1014,19 +1015,10 @@ def _finite(x: Any) -> Any:
 
 
 def write_json_atomic(data: dict, path: Path) -> Path:
-    """Write JSON into a temporary file beside ``path``, fsync, then rename over it."""
+    """Write JSON atomically (edgelin.runtime.files.atomic_write); non-finite numbers become null."""
     data = _finite(data)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     return path
 
 
@@ -1051,16 +1043,10 @@ def write_plots(data: dict, out: Path) -> tuple[list[Path], dict[str, Any]]:
     def save(fig, name):
         fig.suptitle(title, fontsize=8)
         fig.tight_layout()
-        path = out / name
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=out)
-        os.close(fd)
         try:
-            fig.savefig(tmp, dpi=120)
-            os.replace(tmp, path)
+            files.append(atomic_write(out / name, lambda f: fig.savefig(f, format="png", dpi=120)))
         finally:
-            Path(tmp).unlink(missing_ok=True)
             plt.close(fig)
-        files.append(path)
 
     def err(s):  # asymmetric error bars p10..p90 around the median
         return [[s["median"] - s["p10"]], [s["p90"] - s["median"]]]

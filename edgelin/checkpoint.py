@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -12,6 +10,7 @@ import torch
 from edgelin.config import ModelConfig
 from edgelin.errors import CheckpointError, ConfigError
 from edgelin.model import LinearLM
+from edgelin.runtime.files import atomic_write
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -100,25 +99,14 @@ def load_checkpoint(path: str | Path) -> LinearLM:
 
 def save_checkpoint(model: LinearLM, path: str | Path) -> Path:
     """Write config.json + model.safetensors into ``path`` (created if needed); each file is replaced atomically."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = _tensors(model)
-    _atomic_write(path / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata=SAFETENSORS_METADATA))
-    _atomic_write(path / CONFIG_FILE, lambda tmp: Path(tmp).write_text(model.cfg.to_json(), encoding="utf-8"))
+    atomic_write(path / WEIGHTS_FILE, lambda f: f.write(save(tensors, metadata=SAFETENSORS_METADATA)))
+    atomic_write(path / CONFIG_FILE, lambda f: f.write(model.cfg.to_json().encode("utf-8")))
     return path
-
-
-def _atomic_write(target: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "load_checkpoint", "load_config", "model_sha256", "save_checkpoint", "weights_sha256"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import NoReturn
 
 import click
 
@@ -16,7 +17,7 @@ from edgelin.errors import EdgelinError
 EXIT_BAD_INPUT = 2
 
 
-def fail(message: str) -> "NoReturn":  # noqa: F821
+def fail(message: str) -> NoReturn:
     click.echo(f"edgelin: error: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
 

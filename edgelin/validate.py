@@ -29,6 +29,7 @@ import torch
 from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.model import LinearLM
+from edgelin.runtime.files import atomic_write
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
 from edgelin.runtime.session import Session
 from edgelin.runtime.state import State
@@ -116,14 +117,7 @@ class Report:
         return "\n".join(lines)
 
     def write_json(self, path: str | Path) -> None:
-        import os
-        import tempfile
-
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: f.write(json.dumps(self.to_dict(), indent=2).encode("utf-8")))
 
 
 def _num(x: float | None) -> str:

@@ -28,7 +28,7 @@ from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weig
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, DecodeGraph, PrefillGraph, io_names
 from edgelin.model import LinearLM
-from edgelin.runtime.manifest import BATCH, MANIFEST_FILE, METADATA_KEY, Manifest, StateSpec
+from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest, StateSpec
 
 MIN_OPSET, MAX_OPSET = 18, 23  # the default exporter's lowest opset .. the newest ORT 1.2x runs
 DEFAULT_OPSET = 18  # the most portable: older edge runtimes read it

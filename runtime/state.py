@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Sequence
@@ -22,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgelin.errors import RuntimeInputError
+from edgelin.runtime.files import atomic_write
 from edgelin.runtime.manifest import Manifest
 
 SNAPSHOT_FORMAT = "edgelin-state/1"
@@ -164,16 +164,7 @@ class State:
         folder = path.parent if str(path.parent) else Path(".")
         if not folder.is_dir():
             raise RuntimeInputError(f"cannot write the state to {path}: folder {folder} does not exist")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, lambda f: np.savez(f, **arrays))
         return path
 
     @classmethod

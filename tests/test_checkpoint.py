@@ -15,7 +15,6 @@ from edgelin.config import ModelConfig
 from edgelin.errors import CheckpointError
 from edgelin.model import LinearLM
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 def tiny_config(**changes) -> ModelConfig:
