@@ -149,6 +149,20 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x)), state
 
 
+def init_weights(model: nn.Module) -> None:
+    """GPT-2 style: N(0, 0.02) for every linear and embedding weight, then the residual projections
+    (attn.o_proj, mlp.down) of each block scaled by 1/sqrt(2 n_layers). Shared by LinearLM and SoftmaxLM."""
+
+    def normal(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+
+    model.apply(normal)
+    for block in model.blocks:
+        for proj in (block.attn.o_proj, block.mlp.down):
+            nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
+
+
 class LinearLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -157,15 +171,7 @@ class LinearLM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        for block in self.blocks:  # GPT-2 style: scale the residual projections by depth
-            for proj in (block.attn.o_proj, block.mlp.down):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+        init_weights(self)
 
     # ---- state ---------------------------------------------------------------------------------
     def state_layout(self) -> dict[str, tuple]:

@@ -17,7 +17,6 @@ load it with ``load_softmax_checkpoint``.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgelin.config import ModelConfig
-from edgelin.model import RMSNorm, SwiGLU
+from edgelin.model import RMSNorm, SwiGLU, init_weights
 
 Cache = dict[str, torch.Tensor]
 ROPE_BASE = 10000.0
@@ -88,15 +87,7 @@ class SoftmaxLM(nn.Module):
         self.blocks = nn.ModuleList(SoftmaxBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
-        for block in self.blocks:  # as LinearLM: residual projections scaled by depth
-            for proj in (block.attn.o_proj, block.mlp.down):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * cfg.n_layers))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+        init_weights(self)  # as LinearLM
 
     def forward(self, input_ids: torch.Tensor, cache: Cache | None = None) -> tuple[torch.Tensor, Cache]:
         """input_ids [B, T] -> logits [B, T, vocab], the KV cache including these tokens."""
