@@ -158,3 +158,48 @@ def test_the_text_check_has_teeth():
     ignored = ["# written by edgelin.exporters", '"""numpy only, never torch"""', "import torchvision_like", "from . import state"]
     assert all(TEXTUAL_IMPORT.search(line) for line in caught)
     assert not any(TEXTUAL_IMPORT.search(line) for line in ignored)
+
+
+def run_without_torch(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter where importing torch raises ImportError."""
+    return subprocess.run([sys.executable, "-c", BLOCKER + textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+
+
+# ---- the runtime's real work without torch: load an export, generate, save a state, the CLI ----
+
+def test_the_blocker_really_blocks_torch():
+    proc = run_without_torch("import torch")
+    assert proc.returncode != 0 and "torch is blocked" in proc.stderr
+
+
+def test_import_and_generate_without_torch(exported, tmp_path):
+    _, export_dir = exported("elu+1")
+    proc = run_without_torch(
+        f"""
+        import json, sys
+        import edgelin.runtime as rt
+        import edgelin.cli_generate
+        result = rt.generate_text({str(export_dir)!r}, "Hello", max_new_tokens=16, provider="cpu",
+                                  state_out={str(tmp_path / "s.npz")!r})
+        gen = rt.Generator(rt.load({str(export_dir)!r}, provider="cpu"), ["a", "bcd"], max_new_tokens=4, temperature=0.5, seed=0)
+        gen.run()
+        print(json.dumps({{"text": result["text"], "tokens": result["new_tokens"], "batch": gen.state.batch,
+                          "torch": [m for m in sys.modules if m == "torch" or m.startswith("torch.")]}}))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["tokens"] == 16 and out["batch"] == 2 and out["torch"] == []
+    assert (tmp_path / "s.npz").is_file()
+
+
+def test_cli_generate_runs_without_torch(exported):
+    tiny = exported("elu+1")
+    proc = run_without_torch(
+        f"""
+        from edgelin.cli_generate import generate
+        generate.main([{str(tiny[1])!r}, "--prompt", "Hi", "-n", "5", "--provider", "cpu", "--json"], standalone_mode=True)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert '"new_tokens": 5' in proc.stdout
