@@ -33,13 +33,17 @@ def available() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def make_feature_map(name: str, head_dim: int, *, n_features: int = 0, seed: int = 0, horizon: int = 16384) -> "FeatureMap":
-    """Build the feature map called ``name``; unknown names raise a ValueError listing the valid ones."""
+def make_feature_map(
+    name: str, head_dim: int, *, n_features: int = 0, seed: int = 0, horizon: int = 16384, tie_qk: bool = True
+) -> "FeatureMap":
+    """Build the feature map called ``name``; unknown names raise a ValueError listing the valid ones.
+
+    ``tie_qk`` matters only for learned maps: False gives queries and keys separate parameters."""
     try:
         cls = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown feature map {name!r}; valid feature maps: {', '.join(_REGISTRY)}") from None
-    return cls(head_dim, n_features=n_features, seed=seed, horizon=horizon)
+    return cls(head_dim, n_features=n_features, seed=seed, horizon=horizon, tie_qk=tie_qk)
 
 
 class FeatureMap(nn.Module):
@@ -178,4 +182,141 @@ class CosFormer(FeatureMap):
         return torch.cat([r * torch.cos(angle), r * torch.sin(angle)], dim=-1)  # [B, H, T, 2D]
 
 
-__all__ = ["FeatureMap", "available", "make_feature_map", "register"]
+class LearnedFeatureMap(FeatureMap):
+    """A feature map with parameters: ``q`` maps queries and ``k`` maps keys; with tie_qk they are one module.
+
+    Subclasses define ``make_layer()`` (the parameters of one side) and ``apply(layer, x)``.
+    """
+
+    def __init__(self, head_dim: int, *, tie_qk: bool = True, **_: object) -> None:
+        super().__init__(head_dim)
+        self.tie_qk = tie_qk
+        self.q = self.make_layer()
+        self.k = self.q if tie_qk else self.make_layer()
+
+    def make_layer(self) -> nn.Module:
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x, *, is_query, positions=None):
+        return self.apply(self.q if is_query else self.k, x)
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) in x's dtype (a float64 reference run uses the float32 parameters exactly)."""
+    bias = None if layer.bias is None else layer.bias.to(x.dtype)
+    return F.linear(x, layer.weight.to(x.dtype), bias)
+
+
+@register("elementwise_product")
+class ElementwiseProduct(LearnedFeatureMap):
+    """phi(x) = (W1 x + b1) * (W2 x + b2), elementwise (flash-linear-attention's default learned map).
+
+    Signed: the product of two affine maps can take either sign.
+    """
+
+    signed = True
+
+    def make_layer(self):
+        layer = nn.Module()
+        layer.layer1 = nn.Linear(self.head_dim, self.head_dim)
+        layer.layer2 = nn.Linear(self.head_dim, self.head_dim)
+        return layer
+
+    def apply(self, layer, x):
+        return _linear(layer.layer1, x) * _linear(layer.layer2, x)  # [B, H, T, D]
+
+
+@register("hedgehog")
+class Hedgehog(LearnedFeatureMap):
+    """Hedgehog (Zhang et al., 2024): phi(x) = softmax([2 (W x + b), -2 (W x + b)]) over the 2 D features.
+
+    W starts as the identity and b at zero. Positive, and each phi(x) sums to 1.
+    """
+
+    def make_layer(self):
+        layer = nn.Module()
+        layer.layer = nn.Linear(self.head_dim, self.head_dim)
+        nn.init.eye_(layer.layer.weight)
+        nn.init.zeros_(layer.layer.bias)
+        return layer
+
+    @property
+    def out_dim(self) -> int:
+        return 2 * self.head_dim
+
+    def apply(self, layer, x):
+        y = 2.0 * _linear(layer.layer, x)  # [B, H, T, D]
+        return torch.cat([y, -y], dim=-1).softmax(-1)  # [B, H, T, 2D]
+
+
+@register("t2r")
+class T2R(LearnedFeatureMap):
+    """T2R (Kasai et al., 2021): phi(x) = relu(W x), a learned linear map without bias, then relu."""
+
+    def make_layer(self):
+        layer = nn.Module()
+        layer.layer = nn.Linear(self.head_dim, self.head_dim, bias=False)
+        return layer
+
+    def apply(self, layer, x):
+        return F.relu(_linear(layer.layer, x))  # [B, H, T, D]
+
+
+@register("dpfp")
+class DPFP(FeatureMap):
+    """DPFP (Schlag et al., 2021), parameter-free, nu = 4: with r = [relu(x), relu(-x)] (2 D features),
+    phi(x) = concat_j (r * roll(r, j)) for j = 1..nu, F = 2 nu D features, all >= 0.
+
+    roll(r, j) puts r[i - j] at feature i; it is written with slices (no roll op in the graph).
+    """
+
+    nu: ClassVar[int] = 4
+
+    @property
+    def out_dim(self) -> int:
+        return 2 * self.nu * self.head_dim
+
+    def forward(self, x, *, is_query, positions=None):
+        r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)  # [B, H, T, 2D]
+        rolled = [torch.cat([r[..., -j:], r[..., :-j]], dim=-1) for j in range(1, self.nu + 1)]  # nu x [B, H, T, 2D]
+        return torch.cat([r * p for p in rolled], dim=-1)  # [B, H, T, 2 nu D]
+
+
+class Adjusted(FeatureMap):
+    """Another map's features, then (each optional) divided by their sum, and for queries multiplied by a scale:
+
+        phi'(x) = phi(x) / (sum_f phi(x)_f + sum_eps)       (queries if sum_norm_query, keys if sum_norm_key)
+        phi'(q) = query_scale * phi'(q)
+
+    Not registered: importers use it to express a foreign model's conventions (flash-linear-attention scales
+    queries by F^-0.5 and can sum-normalise q and k) with the registry's maps.
+    """
+
+    def __init__(
+        self, inner: FeatureMap, *, query_scale: float = 1.0, sum_norm_query: bool = False,
+        sum_norm_key: bool = False, sum_eps: float = 1e-4,
+    ) -> None:
+        super().__init__(inner.head_dim)
+        self.inner = inner
+        self.query_scale = query_scale
+        self.sum_norm_query = sum_norm_query
+        self.sum_norm_key = sum_norm_key
+        self.sum_eps = sum_eps
+        self.needs_position = inner.needs_position
+        self.signed = inner.signed
+
+    @property
+    def out_dim(self) -> int:
+        return self.inner.out_dim
+
+    def forward(self, x, *, is_query, positions=None):
+        y = self.inner(x, is_query=is_query, positions=positions)  # [B, H, T, F]
+        if self.sum_norm_query if is_query else self.sum_norm_key:
+            y = y / (y.sum(-1, keepdim=True) + self.sum_eps)  # [B, H, T, F]
+        return y * self.query_scale if is_query else y
+
+
+__all__ = ["Adjusted", "FeatureMap", "LearnedFeatureMap", "available", "make_feature_map", "register"]

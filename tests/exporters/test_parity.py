@@ -11,10 +11,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from edgelin.feature_maps import available
+from edgelin.config import FEATURE_MAPS
 from edgelin.runtime.manifest import Manifest
 
-FEATURE_MAPS = list(available())
 CHUNK = 16  # the chunk of the tiny models exported by tests/exporters/conftest.py
 
 MAX_ABS = 1e-4

@@ -34,8 +34,9 @@ def apply(fm, x: torch.Tensor, *, is_query: bool, start: int = 0) -> torch.Tenso
 # ---- registry ------------------------------------------------------------------------------------
 
 
-def test_registry_matches_the_config_enum():
-    assert set(available()) == set(FEATURE_MAPS)
+def test_registry_holds_every_config_map():
+    """LinearLM's maps are all in the registry; the registry also holds maps that only importers use."""
+    assert set(FEATURE_MAPS) <= set(available())
 
 
 @pytest.mark.parametrize("name", available())
@@ -48,8 +49,9 @@ def test_every_map_builds_and_out_dim_is_its_width(name, head_dim, n_features):
         y = apply(fm, x, is_query=is_query)
         assert y.shape == (2, 3, 5, fm.out_dim)
         assert torch.isfinite(y).all()
-    cfg = ModelConfig(feature_map=name, head_dim=head_dim, n_features=n_features)
-    assert cfg.feature_dim == fm.out_dim
+    if name in FEATURE_MAPS:
+        cfg = ModelConfig(feature_map=name, head_dim=head_dim, n_features=n_features)
+        assert cfg.feature_dim == fm.out_dim
 
 
 @pytest.mark.parametrize("name", available())

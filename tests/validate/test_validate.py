@@ -13,9 +13,8 @@ from click.testing import CliRunner
 
 from edgelin.checkpoint import save_checkpoint
 from edgelin.cli import main
-from edgelin.config import ModelConfig
+from edgelin.config import FEATURE_MAPS, ModelConfig
 from edgelin.exporters import export
-from edgelin.feature_maps import available
 from edgelin.model import LinearLM
 from edgelin.validate import BUDGETS, validate
 
@@ -49,7 +48,7 @@ def failed(report):
     return {f"{c.group}/{c.name}": c.where for c in report.checks if c.status == "fail"}
 
 
-@pytest.mark.parametrize("feature_map", list(available()))
+@pytest.mark.parametrize("feature_map", FEATURE_MAPS)
 def test_correct_export_passes_every_check(feature_map, tmp_path):
     model = tiny(feature_map, seed=1)
     ckpt = save_checkpoint(model, tmp_path / "ckpt")
