@@ -183,7 +183,7 @@ class CosFormer(FeatureMap):
 
 
 class LearnedFeatureMap(FeatureMap):
-    """A feature map with parameters: ``q`` maps queries and ``k`` maps keys; with tie_qk they are one module.
+    """A feature map with parameters: ``q`` maps queries and ``k`` keys; with tie_qk, ``q`` maps both.
 
     Subclasses define ``make_layer()`` (the parameters of one side) and ``apply(layer, x)``.
     """
@@ -192,7 +192,8 @@ class LearnedFeatureMap(FeatureMap):
         super().__init__(head_dim)
         self.tie_qk = tie_qk
         self.q = self.make_layer()
-        self.k = self.q if tie_qk else self.make_layer()
+        if not tie_qk:  # tied: keys use ``q`` too (one set of parameters, one name in the state dict)
+            self.k = self.make_layer()
 
     def make_layer(self) -> nn.Module:
         raise NotImplementedError
@@ -201,7 +202,7 @@ class LearnedFeatureMap(FeatureMap):
         raise NotImplementedError
 
     def forward(self, x, *, is_query, positions=None):
-        return self.apply(self.q if is_query else self.k, x)
+        return self.apply(self.q if is_query or self.tie_qk else self.k, x)
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:

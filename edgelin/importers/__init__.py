@@ -1,0 +1,84 @@
+"""Importers: models built from foreign checkpoint folders (``config.json`` with a ``model_type`` + ``model.safetensors``).
+
+``IMPORTERS`` maps a ``model_type`` to a function ``(folder) -> model``; every model it returns follows
+edgelin's model protocol (``edgelin.protocol.ExportableModel``), so it exports, validates and generates like
+edgelin's own ``LinearLM``. Importers are loaded on first use: importing this package does not import torch.
+
+Adding a family: write a function ``(Path) -> model`` and register it under its ``model_type`` with
+``register_importer``; flash-linear-attention families register an attention builder in
+``edgelin.importers.fla`` instead and reuse its model skeleton, config checks and weight matching.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from edgelin.errors import CheckpointError
+
+CONFIG_FILE = "config.json"
+
+Importer = Callable[[Path], Any]  # (checkpoint folder) -> an ExportableModel
+IMPORTERS: dict[str, Importer] = {}
+
+
+def register_importer(model_type: str, importer: Importer) -> None:
+    IMPORTERS[model_type] = importer
+
+
+def _lazy(module: str, name: str) -> Importer:
+    """An importer that imports ``module`` (and torch) only when it is called."""
+
+    def load(path: Path) -> Any:
+        return getattr(importlib.import_module(module), name)(path)
+
+    load.__name__ = load.__qualname__ = f"{module}.{name}"
+    return load
+
+
+register_importer("linear_attn", _lazy("edgelin.importers.fla", "load_linear_attn"))
+
+
+def supported() -> tuple[str, ...]:
+    return tuple(sorted(IMPORTERS))
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The folder's config.json as a dict (CheckpointError if unreadable or not a JSON object)."""
+    file = Path(path) / CONFIG_FILE
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def foreign_model_type(path: str | Path) -> str | None:
+    """The ``model_type`` of a foreign checkpoint folder, or None for an edgelin checkpoint (no such key)."""
+    model_type = read_config(path).get("model_type")
+    if model_type is None:
+        return None
+    if not isinstance(model_type, str):
+        raise CheckpointError(f"{Path(path) / CONFIG_FILE}: 'model_type' must be a string, got {model_type!r}")
+    return model_type
+
+
+def import_checkpoint(path: str | Path) -> Any:
+    """Build the model of a foreign checkpoint folder with the importer registered for its ``model_type``."""
+    path = Path(path)
+    model_type = foreign_model_type(path)
+    importer = IMPORTERS.get(model_type) if model_type is not None else None
+    if importer is None:
+        raise CheckpointError(
+            f"{path / CONFIG_FILE}: model_type {model_type!r} is not supported; supported model types: {', '.join(supported())}"
+        )
+    return importer(path)
+
+
+__all__ = ["IMPORTERS", "Importer", "foreign_model_type", "import_checkpoint", "read_config", "register_importer", "supported"]

@@ -1,0 +1,92 @@
+"""Matching a foreign checkpoint's tensors to a model's parameters, by name, with every mismatch named.
+
+A ``Renamer`` maps a checkpoint name to the model's name by replacing name fragments (the first pair whose
+fragment occurs wins; a name no pair touches is kept). Several checkpoint names may map to one model tensor
+(tied weights saved under either name, or both): each copy present must be equal, and one is enough.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+import torch
+from torch import nn
+
+from edgelin.errors import CheckpointError
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+
+class Renamer:
+    """Checkpoint name <-> model name through (checkpoint fragment, model fragment) pairs, e.g.
+    (".mlp.gate_proj.", ".mlp.gate."). A whole-name pair such as ("lm_head.weight", "model.embeddings.weight")
+    makes an alias of a tied tensor."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        self.pairs = list(pairs)
+
+    @staticmethod
+    def _swap(name: str, pairs) -> str:
+        for old, new in pairs:
+            if name == old or (old.startswith(".") and old in name):
+                return name.replace(old, new, 1)
+        return name
+
+    def __call__(self, checkpoint_name: str) -> str:
+        return self._swap(checkpoint_name, self.pairs)
+
+    def inverse(self, model_name: str) -> str:
+        return self._swap(model_name, [(new, old) for old, new in self.pairs])
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of ``path/model.safetensors`` (CPU). Never unpickles."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    file = path / WEIGHTS_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}; save the model with safetensors (save_pretrained does by default)")
+    try:
+        return load_file(file, device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
+
+
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], rename: Renamer, where: Path) -> None:
+    """Copy ``tensors`` into ``model`` (as float32). CheckpointError naming the tensors if any is missing,
+    unexpected, misshaped, or a tied copy that differs from its twin."""
+    expected = model.state_dict()
+    found: dict[str, list[str]] = {}  # model name -> checkpoint names
+    unexpected = []
+    for name in sorted(tensors):
+        target = rename(name)
+        if target not in expected:
+            unexpected.append(name)
+        else:
+            found.setdefault(target, []).append(name)
+    if unexpected:
+        raise CheckpointError(f"{where}: unexpected tensor(s) {_names(unexpected)}; the config does not describe them")
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise CheckpointError(f"{where}: missing tensor(s) {_names(sorted(rename.inverse(n) for n in missing))}")
+    for target, sources in found.items():
+        want = tuple(expected[target].shape)
+        for source in sources:
+            got = tuple(tensors[source].shape)
+            if got != want:
+                raise CheckpointError(f"{where}: tensor {source} has shape {got}, the config expects {want}")
+        first = tensors[sources[0]]
+        for source in sources[1:]:
+            if not torch.equal(first.to(torch.float32), tensors[source].to(torch.float32)):
+                raise CheckpointError(f"{where}: tied tensors {sources[0]} and {source} differ; the config ties them")
+        if not first.is_floating_point():
+            raise CheckpointError(f"{where}: tensor {sources[0]} has dtype {first.dtype}, expected a floating-point tensor")
+    model.load_state_dict({target: tensors[sources[0]].to(torch.float32) for target, sources in found.items()})
+
+
+__all__ = ["Renamer", "WEIGHTS_FILE", "load_weights", "read_safetensors"]
