@@ -68,10 +68,15 @@ def load_config(path: str | Path) -> ModelConfig:
 
 
 def load_checkpoint(path: str | Path) -> LinearLM:
-    """Load a LinearLM (eval mode, float32, CPU) from a checkpoint folder."""
+    """Load a model (eval mode, float32, CPU) from a checkpoint folder: a LinearLM, or, when config.json has a
+    ``model_type``, the model its importer builds (edgelin.importers)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from edgelin.importers import foreign_model_type, import_checkpoint
+
+    if foreign_model_type(_checkpoint_dir(path)) is not None:
+        return import_checkpoint(path)
     cfg = load_config(path)
     path = Path(path)
     try:

@@ -5,7 +5,9 @@ fla's Triton kernels need a GPU. Under ``TRITON_INTERPRET=1`` Triton runs them i
 GPU driver), so it is made to keep the first one. The interpreter runs fla's ``fused_recurrent`` kernels; its
 chunk kernels do not run there, so the oracle loads models with ``attn_mode="fused_recurrent"``.
 
-Import this module before anything imports triton (the interpreter is chosen when a kernel is defined).
+The interpreter is chosen when a kernel is defined, so TRITON_INTERPRET is set here, before any test imports
+fla or triton. Tests get the oracle through the ``fla_oracle`` fixture, which skips only if fla cannot be imported
+(the test extra installs it: pip install -e '.[test]').
 """
 
 from __future__ import annotations
@@ -14,24 +16,34 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import importlib  # noqa: E402
+import sys  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-fla_models = pytest.importorskip("fla.models", reason="flash-linear-attention (and triton) are not installed: pip install -e '.[test]'")
-
-import triton.runtime.autotuner as _autotuner  # noqa: E402
+_FLA = None
 
 
-def _first_config(self, kwargs):
-    return self.configs[:1]
+def _fla():
+    """fla.models, with Triton's autotuner set to keep its first config (no GPU to benchmark on)."""
+    global _FLA
+    if _FLA is None:
+        warnings.filterwarnings("ignore", message=".*Triton is not supported on current platform.*")
+        _FLA = pytest.importorskip("fla.models", reason="flash-linear-attention or triton cannot be imported; pip install -e '.[test]'")
+        autotuner = importlib.import_module("triton.runtime.autotuner")
+        autotuner.Autotuner.prune_configs = lambda self, kwargs: self.configs[:1]
+    return _FLA
 
 
-_autotuner.Autotuner.prune_configs = _first_config  # no benchmarking: there is no GPU to time on
+@pytest.fixture(scope="session")
+def fla_oracle():
+    """This module: build(), load(), run() and TINY."""
+    _fla()
+    return sys.modules[__name__]
 
-warnings.filterwarnings("ignore", message=".*Triton is not supported on current platform.*")
 
 # A tiny model: 2 layers, hidden 64, 4 heads of 16, vocab 97; the MLP width is set (fla would round to 256).
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_heads=4, vocab_size=97, intermediate_size=96)
@@ -42,14 +54,16 @@ def build(folder: Path, *, seed: int = 0, tied_save: bool = False, **options) ->
 
     ``tied_save``: save with safetensors' ``save_model`` (one copy of each shared tensor), for configs that
     transformers' ``save_pretrained`` refuses to save (tie_feature_map_qk)."""
-    cfg = fla_models.LinearAttentionConfig(**{**TINY, **options})
+    cfg = _fla().LinearAttentionConfig(**{**TINY, **options})
     torch.manual_seed(seed)
-    model = fla_models.LinearAttentionForCausalLM(cfg).eval()
+    model = _fla().LinearAttentionForCausalLM(cfg).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))  # RMSNorm weights start at 1
+            elif "embeddings" in name or "lm_head" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))  # logits with a spread of a few units
             else:
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,13 +79,14 @@ def build(folder: Path, *, seed: int = 0, tied_save: bool = False, **options) ->
 
 def load(folder: Path):
     """fla's own model from ``folder``, on fla's recurrent kernels (the ones Triton's interpreter runs)."""
-    return fla_models.LinearAttentionForCausalLM.from_pretrained(folder, attn_mode="fused_recurrent").eval()
+    return _fla().LinearAttentionForCausalLM.from_pretrained(folder, attn_mode="fused_recurrent").eval()
 
 
 @torch.no_grad()
-def run(model, prompt: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """fla's logits for ``prompt`` [B, T] (one forward, cache kept) and for each token of ``steps`` [B, n]
-    fed one at a time through the cache: (prefill logits [B, T, V], n x [B, 1, V])."""
+def run(model, prompt: torch.Tensor, steps: torch.Tensor):
+    """fla's logits for ``prompt`` [B, T] (one forward, cache kept) and for each token of ``steps`` [B, n] fed
+    one at a time through the cache: (prefill logits [B, T, V], n x [B, 1, V], final states), where the final
+    states are one dict per layer: "S" [B, H, K, V] and, with norm_feature_map, "z" [B, H, K]."""
     out = model(prompt, use_cache=True)
     cache, logits = out.past_key_values, out.logits
     decoded = []
@@ -79,4 +94,11 @@ def run(model, prompt: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor,
         out = model(steps[:, t : t + 1], past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         decoded.append(out.logits)
-    return logits, decoded
+    states = []
+    for layer in range(len(model.model.layers)):
+        state = cache[layer]["recurrent_state"]
+        if isinstance(state, tuple):  # (S, z [B, 1, H, K])
+            states.append({"S": state[0], "z": state[1][:, 0]})
+        else:
+            states.append({"S": state})
+    return logits, decoded, states
