@@ -22,6 +22,7 @@ FORMS = {
     "chunk": chunk_linear_attention,
     "recurrent": recurrent_linear_attention,
     "parallel": parallel_linear_attention,
+    "step": recurrent_step,  # exactly one token: the decode graph
 }
 
 __all__ = [
