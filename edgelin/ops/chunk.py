@@ -9,7 +9,10 @@ With a log-decay g (``g=None`` takes the undecayed code above, op for op):
 
 - Every decay is exp of a *window sum* of g, never a difference of two long running sums and never
   the exp of a positive number: ``relative_log_decay`` builds L_ij = sum_{j < s <= i} g_s as a masked
-  cumsum and sets the future to -inf before the exp. Inside chunk n (positions i, j):
+  cumsum and sets the future to -inf before the exp. Measured in float32 against the float64 naive
+  form, on a gate of -30 for 7/8 of each chunk and ~1 after it (T = 512): 1.0e-7 relative with window
+  sums, 8.2e-7 (C = 64) and 9.5e-7 (C = 256) with differences of running sums b_i - b_j. Inside chunk n
+  (positions i, j):
       intra:      A_ij = phi(q_i)^T diag(exp L_ij) phi(k_j)                       (j <= i)
       from state: phi(q_i)^T diag(exp b_i) S_n,   b_i = sum_{s <= i} g_s           (prefix in the chunk)
       chunk's kv: U_n = sum_j diag(exp L_{C-1, j}) phi(k_j) v_j^T                 (each key decayed to the chunk end)
@@ -24,12 +27,15 @@ With a log-decay g (``g=None`` takes the undecayed code above, op for op):
 Memory per batch row and head, in elements (F = feature width, Dv' = Dv + 1 with the normaliser):
     per-head g:     intra decay [n, C, C] = T C,        chunk decay [n+1, n+1],      chunk states [n+1, F, Dv']
     per-feature g:  intra decay [n, C, C, F] = T C F,   chunk decay [n+1, n+1, F],   chunk states [n+1, F, Dv']
-(plus the undecayed form's own A [n, C, C] and products). The per-feature intra tensor is the heavy one:
+(plus the undecayed form's own A [n, C, C] and products; a few temporaries of the decay's size live at
+once while it is built: the masked window, its cumsum, its exp). The per-feature intra tensor is the heavy one:
 at T = 4096, C = 64, F = 64 it is 16.8 M elements (64 MiB float32) per head, against 256 Ki elements for a
 per-head g. For per-feature gates use a smaller chunk (16-32: T C F = 4.2-8.4 M at T = 4096) and keep
 prefill pieces to a few thousand tokens; the chunk-level part grows as (T/C)^2 F, so C = 16 at T = 4096
 costs 66 Ki x F = 4.2 M elements there too. Two-level (sub-chunk) tiling would cut T C F further and is
-not done here.
+not done here. Measured peak memory growth of one call in eager PyTorch (one head, T = 4096, F = Dv = 64,
+float32, no normaliser): per-head g 16 MiB at C = 64; per-feature g 258 MiB (C = 64), 131 MiB (C = 32),
+85 MiB (C = 16), i.e. about four decay-sized temporaries at the peak.
 """
 
 from __future__ import annotations
