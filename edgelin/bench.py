@@ -300,14 +300,6 @@ def _graph_modules():
     import torch
     from torch import nn
 
-    from edgelin.exporters.graphs import PrefillGraph
-
-    class ParallelPrefill(PrefillGraph):
-        """The prefill graph's IO, computed with the quadratic masked form (O(T^2) memory)."""
-
-        def _run(self, input_ids, state):
-            return self.model(input_ids, state, form="parallel")
-
     class SoftmaxPrefill(nn.Module):
         """input_ids [B, T] -> logits [B, T, V], present.{i}.k/v [B, H, T, Dh] (the KV cache)."""
 
@@ -331,7 +323,7 @@ def _graph_modules():
             logits, cache = self.model(input_ids, dict(zip(self.keys, past)))
             return (logits, *(cache[k] for k in self.keys))
 
-    return ParallelPrefill, SoftmaxPrefill, SoftmaxDecode
+    return SoftmaxPrefill, SoftmaxDecode
 
 
 def _kv_keys(n_layers: int) -> list[str]:
@@ -348,7 +340,7 @@ def _export_job(job: dict) -> dict:
 
     from edgelin.config import ModelConfig
     from edgelin.exporters.exporter import export_graph, export
-    from edgelin.exporters.graphs import INPUT_IDS, LOGITS, PrefillGraph, io_names
+    from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
     from edgelin.model import LinearLM
     from edgelin.softmax import SoftmaxLM
 
@@ -364,18 +356,14 @@ def _export_job(job: dict) -> dict:
         result = export(model, path, opset=opset, force=True, check=True)
         return {"seconds": time.perf_counter() - t0, "nodes": result.nodes}
 
-    ParallelPrefill, SoftmaxPrefill, SoftmaxDecode = _graph_modules()
+    SoftmaxPrefill, SoftmaxDecode = _graph_modules()
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     sequence = torch.export.Dim("sequence", min=1, max=1 << 24)
     if kind in ("parallel", "chunk"):
         if kind == "chunk":
             model = model.with_chunk_size(job["chunk"]).eval()
-        keys, inputs, outputs = io_names(model)
-        state = model.init_state(2)  # batch >= 2 and T > chunk: see NOTES.md (exporter traps)
-        example = (torch.zeros(2, 2 * model.cfg.chunk_size + 3, dtype=torch.int64), *state.values())
-        dynamic = ({0: batch, 1: sequence}, tuple({0: batch} for _ in keys))
-        module = ParallelPrefill(model) if kind == "parallel" else PrefillGraph(model)
-        export_graph(module, example, (inputs, outputs), dynamic, opset, path)
+        spec = graph_spec(model, "prefill", form="parallel" if kind == "parallel" else None)  # the quadratic form, or chunked
+        export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, path)
     elif kind == "softmax_prefill":
         keys = _kv_keys(cfg.n_layers)
         names = ([INPUT_IDS], [LOGITS] + [f"present.{k}" for k in keys])

@@ -4,10 +4,12 @@
 
 Two ways to run it, with the same weights and the same state:
 - ``forward(input_ids, state)``: the whole sequence at once (chunked parallel form): the prefill graph;
-- ``step(input_ids[B, 1], state)``: one token with a fixed-size state (recurrent form): the decode graph.
+- ``step(input_ids[B, 1], state)``: one token with a fixed-size state (the "step" form): the decode graph.
+The two differ only in the attention form; ``LinearLM`` implements the model protocol (edgelin.protocol).
 
-The state is a flat ordered dict "{layer}.{name}" -> tensor (names: S, z, pos; see edgelin.ops.common),
-which the exporter turns into graph inputs ``state.{layer}.{name}`` and outputs ``present.{layer}.{name}``.
+The state is a flat ordered dict "{layer}.{name}" -> tensor (names: S, z, pos, conv) whose contract
+``state_specs()`` declares; the exporter turns each key into graph input ``state.{key}`` and output
+``present.{key}``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from torch import nn
 
 from edgelin.config import ModelConfig
 from edgelin.feature_maps import make_feature_map
-from edgelin.ops import FORMS, State, recurrent_step, state_layout
+from edgelin.ops import FORMS, State, state_layout
+from edgelin.runtime.manifest import StateSpec
+from edgelin.state import fresh_state
 
 
 class RMSNorm(nn.Module):
@@ -104,18 +108,14 @@ class LinearAttention(nn.Module):
         return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
 
     def forward(self, x: torch.Tensor, state: State | None, form: str = "chunk") -> tuple[torch.Tensor, State]:
+        """x [B, T, d_model] -> [B, T, d_model] and the layer's next state; ``form`` names the attention
+        form (edgelin.ops.FORMS): "chunk" for the prefill graph, "step" (T = 1) for the decode graph."""
         x, state, conv = self._mix(x, state)
         q, k, v = self._qkv(x)  # [B, H, T, Dh] each
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
             chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize,
         )
-        return self._merge(o), {**state, **conv}
-
-    def step(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
-        x, state, conv = self._mix(x, state)
-        q, k, v = self._qkv(x)  # [B, H, 1, Dh] each
-        o, state = recurrent_step(q, k, v, feature_map=self.phi, initial_state=state, eps=self.cfg.eps, normalize=self.normalize)
         return self._merge(o), {**state, **conv}
 
 
@@ -140,11 +140,6 @@ class Block(nn.Module):
 
     def forward(self, x, state, form="chunk"):
         h, state = self.attn(self.attn_norm(x), state, form)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), state
-
-    def step(self, x, state):
-        h, state = self.attn.step(self.attn_norm(x), state)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -173,21 +168,31 @@ class LinearLM(nn.Module):
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self)
 
-    # ---- state ---------------------------------------------------------------------------------
-    def state_layout(self) -> dict[str, tuple]:
-        """"{layer}.{name}" -> (shape with "batch", dtype name, init value), in graph order."""
-        return {f"{i}.{name}": spec for i, block in enumerate(self.blocks) for name, spec in block.attn.state_layout().items()}
+    # ---- the model protocol (edgelin.protocol) ----------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def chunk_size(self) -> int:
+        return self.cfg.chunk_size
+
+    def model_config(self) -> dict:
+        """The config, recorded as the manifest's "model" field."""
+        return self.cfg.to_dict()
+
+    def state_specs(self) -> tuple[StateSpec, ...]:
+        """The state contract, in graph order: per layer S, z (with the denominator), pos (cosFormer), conv."""
+        return tuple(
+            StateSpec.for_key(f"{i}.{name}", shape, dtype, init)
+            for i, block in enumerate(self.blocks)
+            for name, (shape, dtype, init) in block.attn.state_layout().items()
+        )
 
     def init_state(self, batch: int) -> State:
         """Every state tensor at its init value; float tensors in the model's dtype."""
         p = self.embed.weight
-        return {
-            key: torch.full(
-                tuple(batch if d == "batch" else d for d in shape), init,
-                dtype=torch.int64 if dtype == "int64" else p.dtype, device=p.device,
-            )
-            for key, (shape, dtype, init) in self.state_layout().items()
-        }
+        return fresh_state(self.state_specs(), batch, dtype=p.dtype, device=p.device)
 
     @staticmethod
     def _layer_state(state: State, i: int) -> State:
@@ -202,7 +207,8 @@ class LinearLM(nn.Module):
         return self.lm_head(x)  # [B, T, vocab]
 
     def forward(self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk") -> tuple[torch.Tensor, State]:
-        """input_ids [B, T] -> logits [B, T, vocab], state after the last token."""
+        """input_ids [B, T] -> logits [B, T, vocab], state after the last token. ``form``: the attention
+        form of every layer (edgelin.ops.FORMS); "step" takes T = 1 and is what ``step`` runs."""
         if state is None:
             state = self.init_state(input_ids.shape[0])
         x = self.embed(input_ids)  # [B, T, d_model]
@@ -214,12 +220,7 @@ class LinearLM(nn.Module):
 
     def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """One token per sequence: input_ids [B, 1] -> logits [B, 1, vocab], the next state."""
-        x = self.embed(input_ids)  # [B, 1, d_model]
-        new_state: State = {}
-        for i, block in enumerate(self.blocks):
-            x, layer = block.step(x, self._layer_state(state, i))
-            new_state.update({f"{i}.{name}": t for name, t in layer.items()})
-        return self._logits(x), new_state
+        return self.forward(input_ids, state, form="step")
 
     def with_chunk_size(self, chunk_size: int) -> "LinearLM":
         """The same weights with another prefill chunk length (the chunk changes no result, only speed)."""

@@ -16,6 +16,7 @@ Checks, in order:
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -26,26 +27,16 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from edgelin import parity, protocol
 from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
-from edgelin.model import LinearLM
+from edgelin.parity import BUDGETS
+from edgelin.runtime.check import check_graph
 from edgelin.runtime.files import atomic_write
-from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
-from edgelin.runtime.session import Session
+from edgelin.runtime.manifest import Manifest
+from edgelin.runtime.session import Session, open_session
 from edgelin.runtime.state import State
-
-# Budgets per precision. logits: max abs error and relative L2 error (both must hold);
-# state: relative L2 (states are running sums whose scale grows with T); int64 states must be equal.
-# "provider" compares two ONNX Runtime providers (kernels differ: e.g. CUDA's reduction order);
-# "long" compares fp32 ONNX Runtime with a float64 PyTorch run over many steps (rounding accumulates).
-BUDGETS: dict[str, dict[str, dict[str, float]]] = {
-    "fp32": {
-        "logits": {"max_abs": 1e-4, "rel_l2": 1e-5},
-        "state": {"rel_l2": 1e-5},
-        "provider": {"max_abs": 1e-3, "rel_l2": 1e-4},
-        "long": {"max_abs": 1e-3, "rel_l2": 1e-4},
-    },
-}
+from edgelin.state import from_numpy, fresh_state
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 Progress = Callable[[str], None]
@@ -125,25 +116,21 @@ def _num(x: float | None) -> str:
 
 
 def _errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    if got.shape != ref.shape:
-        return math.inf, math.inf
-    diff = got - ref
-    if not np.isfinite(diff).all():
-        return math.inf, math.inf
-    return float(np.abs(diff).max(initial=0.0)), float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30))
+    e = parity.errors(got, ref)
+    return (math.inf, math.inf) if e.nonfinite else (e.max_abs, e.rel_l2)
 
 
 def _within(max_abs: float, rel: float, budget: dict[str, float]) -> bool:
-    return max_abs <= budget.get("max_abs", math.inf) and rel <= budget.get("rel_l2", math.inf)
+    return parity.within(parity.Errors(max_abs, rel), budget)
 
 
 class _Validator:
-    def __init__(self, export_dir: Path, model: LinearLM, manifest: Manifest, budgets: dict, seed: int, say: Progress) -> None:
+    def __init__(self, export_dir: Path, model, manifest: Manifest, budgets: dict, seed: int, say: Progress) -> None:
         self.export_dir, self.model, self.manifest, self.budgets, self.seed, self.say = export_dir, model, manifest, budgets, seed, say
         self.checks: list[Check] = []
         self.rng = np.random.default_rng(seed)
-        self.keys = list(model.state_layout())  # "{layer}.{name}", manifest order
+        self.specs = manifest.states
+        self.chunk = int(manifest.extra.get("chunk_size", protocol.chunk_size(model)))
 
     # ---- helpers -------------------------------------------------------------------------------
     def add(self, check: Check) -> Check:
@@ -155,28 +142,20 @@ class _Validator:
     def ids(self, batch: int, length: int) -> np.ndarray:
         return self.rng.integers(0, self.manifest.vocab_size, (batch, length), dtype=np.int64)
 
-    def torch_state(self, state: State) -> dict[str, torch.Tensor]:
-        arrays = state.numpy()
-        return {k: torch.from_numpy(arrays[s.input]) for k, s in zip(self.keys, self.manifest.states)}
-
     def compare_states(self, got: dict[str, np.ndarray], ref: dict[str, torch.Tensor], budget: dict) -> tuple[float, str]:
-        """Worst relative L2 over the states, and the first (layer order) state out of budget."""
+        """Worst relative L2 over the states (paired by key), and the first (graph order) state out of budget."""
         worst, first_bad = 0.0, ""
-        for key, spec in zip(self.keys, self.manifest.states):
-            g, r = got[spec.input], ref[key].detach().numpy()
-            if spec.dtype == "int64":
-                rel = 0.0 if np.array_equal(g, r) else math.inf
-            else:
-                rel = _errors(g, r)[1]
+        for spec in self.specs:
+            rel = parity.errors(got[spec.input], ref[spec.key].detach().numpy()).rel_l2
             worst = max(worst, rel)
             if rel > budget["rel_l2"] and not first_bad:
-                layer, name = key.split(".", 1)
+                layer, name = spec.key.split(".", 1)
                 first_bad = f"layer {layer}, state {name} ({spec.output}): rel L2 {rel:.2e}"
         return worst, first_bad
 
     # ---- 2. prefill vs PyTorch -----------------------------------------------------------------
     def prefill_vs_torch(self, session: Session) -> None:
-        C = int(self.manifest.extra.get("chunk_size", self.model.cfg.chunk_size))
+        C = self.chunk
         lb, sb = self.budgets["logits"], self.budgets["state"]
         for batch, T in ((1, 1), (3, max(C - 1, 1)), (2, C + 1), (3, 3 * C + 5)):
             ids = self.ids(batch, T)
@@ -200,7 +179,7 @@ class _Validator:
         batch = 2
         ids = self.ids(batch, steps)
         state = session.new_state(batch)
-        ref_state = self.model.init_state(batch)
+        ref_state = fresh_state(self.specs, batch)
         worst_abs = worst_rel = 0.0
         where = ""
         for t in range(steps):
@@ -218,7 +197,7 @@ class _Validator:
     # ---- 4. the two graphs agree ---------------------------------------------------------------
     def graphs_agree(self, session: Session) -> None:
         lb, sb = self.budgets["logits"], self.budgets["state"]
-        C = int(self.manifest.extra.get("chunk_size", self.model.cfg.chunk_size))
+        C = self.chunk
         T = 2 * C + 3
         ids = self.ids(2, T)
         p_state = session.new_state(2)
@@ -232,7 +211,7 @@ class _Validator:
             worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
             if not where and not _within(max_abs, rel, lb):
                 where = f"first diverging position {t}: logits max abs {max_abs:.2e}"
-        state_rel, bad = self.compare_states(d_state.numpy(), {k: torch.from_numpy(v) for k, v in zip(self.keys, p_state.numpy().values())}, sb)
+        state_rel, bad = self.compare_states(d_state.numpy(), from_numpy(self.specs, p_state.numpy()), sb)
         where = where or bad
         self.add(Check("graphs", f"prefill({T}) == {T} decode steps", FAIL if where else PASS, worst_abs, worst_rel, lb, where))
 
@@ -242,14 +221,14 @@ class _Validator:
         a = session.prefill(ids[:, : C + 2], split_state)
         b = session.prefill(ids[:, C + 2 :], split_state)
         max_abs, rel = _errors(np.concatenate([a, b], axis=1), whole)
-        _, bad = self.compare_states(split_state.numpy(), {k: torch.from_numpy(v) for k, v in zip(self.keys, whole_state.numpy().values())}, sb)
+        _, bad = self.compare_states(split_state.numpy(), from_numpy(self.specs, whole_state.numpy()), sb)
         ok = _within(max_abs, rel, lb) and not bad
         self.add(Check("graphs", "prefill(a); prefill(b, state) == prefill(a+b)", PASS if ok else FAIL, max_abs, rel, lb, "" if ok else (bad or "logits out of budget")))
 
     # ---- 5. providers --------------------------------------------------------------------------
     def provider_vs_cpu(self, cpu: Session, other: Session, name: str, steps: int) -> None:
         pb = self.budgets["provider"]
-        ids = self.ids(2, 2 * int(self.manifest.extra.get("chunk_size", 16)) + 7)
+        ids = self.ids(2, 2 * self.chunk + 7)
         s_cpu, s_other = cpu.new_state(2), other.new_state(2)
         max_abs, rel = _errors(other.prefill(ids, s_other), cpu.prefill(ids, s_cpu))
         where = "" if _within(max_abs, rel, pb) else f"prefill logits max abs {max_abs:.2e}"
@@ -265,11 +244,10 @@ class _Validator:
     # ---- 6. long stream vs float64 -------------------------------------------------------------
     def long_stream(self, session: Session, steps: int) -> list[dict[str, float]]:
         lb = self.budgets["long"]
-        model64 = LinearLM(self.model.cfg).double().eval()
-        model64.load_state_dict(self.model.state_dict())
+        model64 = copy.deepcopy(self.model).double().eval()
         ids = self.ids(1, steps)
         state = session.new_state(1)
-        ref_state = model64.init_state(1)
+        ref_state = fresh_state(self.specs, 1, dtype=torch.float64)
         marks = sorted({min(steps, int(round(x))) for x in np.geomspace(1, steps, 25)} | {steps})
         curve, worst_abs, worst_rel, nonfinite, where = [], 0.0, 0.0, "", ""
         t0 = time.perf_counter()
@@ -321,63 +299,24 @@ class _Validator:
         got = session.prefill(ids, session.new_state(2))
         with torch.no_grad():
             want = self.model(torch.from_numpy(ids))[0].numpy()
-        agree = float((got.argmax(-1) == want.argmax(-1)).mean())
-        self.add(Check("behaviour", f"top-1 agreement {agree * 100:.2f}% (400 positions)", PASS if agree >= 0.99 else FAIL,
-                       budget={"min_agreement": 0.99}, where="" if agree >= 0.99 else f"agreement {agree:.4f} < 0.99"))
+        agree = parity.agreement(got, want)
+        need = self.budgets["top1"]["min_agreement"]
+        self.add(Check("behaviour", f"top-1 agreement {agree * 100:.2f}% (400 positions)", PASS if agree >= need else FAIL,
+                       budget={"min_agreement": need}, where="" if agree >= need else f"agreement {agree:.4f} < {need}"))
 
 
 # ---- 1. structure ------------------------------------------------------------------------------
-def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | None, model: LinearLM | None) -> list[Check]:
-    """Manifest <-> graphs, metadata <-> sidecar, source hash <-> checkpoint. Every problem is listed."""
-    import onnx
-
+def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | None, model) -> list[Check]:
+    """Manifest <-> graphs (the runtime's check_graph, with the embedded manifest compared by content),
+    source hash <-> checkpoint, config <-> manifest. Every problem is listed."""
     checks = []
-    sidecar = (export_dir / MANIFEST_FILE).read_text(encoding="utf-8")
-    elem = {1: "float32", 7: "int64", 10: "float16"}
-    expected_dims = {"prefill": ["batch", "sequence"], "decode": ["batch", 1]}
     for graph, fname in manifest.graphs.items():
-        problems = []
-        path = export_dir / fname
         try:
-            proto = onnx.load(str(path), load_external_data=False)
-        except Exception as exc:  # noqa: BLE001 - any parse failure is the finding
-            checks.append(Check("structure", f"{graph} graph", FAIL, where=f"{fname} cannot be read as ONNX ({type(exc).__name__})"))
+            sess = open_session(export_dir / fname, "cpu", optimization="disable")
+        except ManifestError as exc:
+            checks.append(Check("structure", f"{graph} graph", FAIL, where=str(exc)))
             continue
-        inputs = {v.name: v for v in proto.graph.input}
-        outputs = {v.name: v for v in proto.graph.output}
-
-        def dims(v):
-            return [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
-
-        def want(io, name, dtype, shape):
-            if name not in io:
-                problems.append(f"no {'input' if io is inputs else 'output'} {name!r}")
-                return
-            v = io[name]
-            got_dtype = elem.get(v.type.tensor_type.elem_type, str(v.type.tensor_type.elem_type))
-            if got_dtype != dtype:
-                problems.append(f"{name} is {got_dtype}, manifest says {dtype}")
-            if shape is not None and dims(v) != list(shape):
-                problems.append(f"{name} has shape {dims(v)}, manifest says {list(shape)}")
-
-        want(inputs, manifest.input_ids, "int64", expected_dims[graph])
-        logits_out = outputs.get(manifest.logits)
-        want(outputs, manifest.logits, "float32", None)
-        if logits_out is not None:
-            d = dims(logits_out)
-            if len(d) != 3 or d[0] != "batch" or d[-1] != manifest.vocab_size:
-                problems.append(f"logits has shape {d}, expected [batch, {expected_dims[graph][1]}, {manifest.vocab_size}]")
-        for s in manifest.states:
-            want(inputs, s.input, s.dtype, s.shape)
-            want(outputs, s.output, s.dtype, s.shape)
-        extra_in = sorted(set(inputs) - {manifest.input_ids, *(s.input for s in manifest.states)})
-        if extra_in:
-            problems.append(f"inputs not in the manifest: {', '.join(extra_in)}")
-        meta = {p.key: p.value for p in proto.metadata_props}
-        if METADATA_KEY not in meta:
-            problems.append(f"no '{METADATA_KEY}' metadata")
-        elif meta[METADATA_KEY] != sidecar:
-            problems.append(f"its '{METADATA_KEY}' metadata differs from {MANIFEST_FILE} (graph and manifest come from different exports)")
+        problems = check_graph(graph, fname, sess, manifest, metadata="content")
         checks.append(Check("structure", f"{graph} graph <-> manifest", FAIL if problems else PASS, where="; ".join(problems)))
 
     if checkpoint is not None and model is not None:
@@ -385,8 +324,8 @@ def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | Non
         digest = weights_sha256(checkpoint)
         if digest != manifest.source:
             problems.append(f"weights sha256 {digest[:12]}... != manifest source {manifest.source[:12]}...")
-        cfg = model.cfg.to_dict()
-        diff = sorted(k for k in cfg if k != "chunk_size" and manifest.model.get(k) != cfg[k])
+        cfg = model.model_config()
+        diff = sorted(k for k in set(cfg) | set(manifest.model) if k != "chunk_size" and manifest.model.get(k) != cfg.get(k))
         if diff:
             problems.append(f"config differs in {', '.join(diff)}")
         checks.append(Check("structure", "source weights + config", FAIL if problems else PASS, where="; ".join(problems)))
@@ -406,7 +345,7 @@ def _resolve_checkpoint(manifest: Manifest, checkpoint: str | Path | None) -> Pa
 
 def validate(
     export_dir: str | Path,
-    checkpoint: str | Path | LinearLM | None = None,
+    checkpoint=None,
     *,
     providers: str | list[str] = "cpu",
     steps: int = 64,
@@ -415,7 +354,8 @@ def validate(
     threads: int = 1,
     progress: Progress | None = None,
 ) -> Report:
-    """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a LinearLM, or None = bundled).
+    """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a model that follows
+    edgelin.protocol, or None = the bundled model).
 
     The comparisons run token by token on small tensors, where one thread is fastest (and extra threads
     only contend): torch and the ONNX Runtime sessions use ``threads`` (default 1) while this runs.
@@ -440,13 +380,15 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     if manifest.precision not in BUDGETS:
         raise EdgelinError(f"no parity budget for precision {manifest.precision!r}; known: {', '.join(BUDGETS)}")
     budgets = BUDGETS[manifest.precision]
-    if isinstance(checkpoint, LinearLM):
+    in_memory = isinstance(checkpoint, torch.nn.Module)
+    if in_memory:
+        protocol.check_model(checkpoint)
         model, ckpt_path = checkpoint.float().eval(), None
     else:
         ckpt_path = _resolve_checkpoint(manifest, checkpoint)
         model = load_checkpoint(ckpt_path)
     chunk = manifest.extra.get("chunk_size")
-    if isinstance(chunk, int):  # exported with --chunk-size
+    if isinstance(chunk, int) and hasattr(model, "with_chunk_size"):  # exported with --chunk-size
         model = model.with_chunk_size(chunk).eval()
 
     report = Report(str(export_dir), str(ckpt_path or "<in-memory model>"), manifest.precision, {},
@@ -455,7 +397,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     for c in check_structure(export_dir, manifest, ckpt_path, model):
         report.checks.append(c)
         say(f"  structure  {c.name:40s} {'ok' if c.status == PASS else c.status.upper()}")
-    if isinstance(checkpoint, LinearLM):
+    if in_memory:
         ok = model_sha256(checkpoint) == manifest.source
         report.checks.append(Check("structure", "source weights", PASS if ok else FAIL, where="" if ok else "model weights hash != manifest source"))
 

@@ -1,6 +1,6 @@
-"""edgelin.exporters: a LinearLM -> prefill.onnx + decode.onnx + edgelin.json (uses torch)."""
+"""edgelin.exporters: a model (edgelin.protocol) -> prefill.onnx + decode.onnx + edgelin.json (uses torch)."""
 
-from edgelin.exporters.exporter import DEFAULT_OPSET, GRAPH_FILES, SMOKE_BUDGET, ExportResult, build_manifest, export
-from edgelin.exporters.graphs import DecodeGraph, PrefillGraph, io_names
+from edgelin.exporters.exporter import DEFAULT_OPSET, GRAPH_FILES, ExportResult, build_manifest, export, export_graph
+from edgelin.exporters.graphs import Graph, GraphSpec, graph_spec, io_names
 
-__all__ = ["DEFAULT_OPSET", "GRAPH_FILES", "SMOKE_BUDGET", "DecodeGraph", "ExportResult", "PrefillGraph", "build_manifest", "export", "io_names"]
+__all__ = ["DEFAULT_OPSET", "GRAPH_FILES", "ExportResult", "Graph", "GraphSpec", "build_manifest", "export", "export_graph", "graph_spec", "io_names"]

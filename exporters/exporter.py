@@ -1,4 +1,7 @@
-"""A LinearLM -> ``prefill.onnx`` + ``decode.onnx`` + ``edgelin.json``, written atomically.
+"""A model -> ``prefill.onnx`` + ``decode.onnx`` + ``edgelin.json``, written atomically.
+
+The model is anything that follows the model protocol (``edgelin.protocol``): edgelin's ``LinearLM``, a
+model imported from a foreign checkpoint, or the user's own module.
 
 Everything is written into a temporary folder beside the destination and moved into place only after
 both graphs exported, passed ``onnx.checker`` (full check) and, unless ``check=False``, a smoke
@@ -12,7 +15,6 @@ import io
 import logging
 import os
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,17 +25,17 @@ import numpy as np
 import onnx
 import torch
 
-from edgelin import __version__
+from edgelin import __version__, parity, protocol
 from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
-from edgelin.exporters.graphs import INPUT_IDS, LOGITS, DecodeGraph, PrefillGraph, io_names
-from edgelin.model import LinearLM
-from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest, StateSpec
+from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
+from edgelin.runtime.files import temp_dir
+from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
+from edgelin.state import fresh_state, from_numpy, to_numpy
 
 MIN_OPSET, MAX_OPSET = 18, 23  # the default exporter's lowest opset .. the newest ORT 1.2x runs
 DEFAULT_OPSET = 18  # the most portable: older edge runtimes read it
 MAX_CHUNK = 4096
-SMOKE_BUDGET = 1e-4  # max abs logits error, ORT CPU vs PyTorch, fp32
 GRAPH_FILES = {"prefill": "prefill.onnx", "decode": "decode.onnx"}
 
 Progress = Callable[[str], None]
@@ -46,7 +48,7 @@ class ExportResult:
     files: dict[str, int]  # file name -> bytes
     nodes: dict[str, int]  # graph -> node count
     seconds: dict[str, float]  # graph -> export wall time
-    smoke: dict[str, float] | None = None  # check name -> max abs error (None with check=False)
+    smoke: dict[str, parity.Errors] | None = None  # check name -> logits errors (None with check=False)
     op_types: dict[str, dict[str, int]] = field(default_factory=dict)  # graph -> op type -> count
 
     def summary(self) -> str:
@@ -59,9 +61,10 @@ class ExportResult:
         if self.smoke is None:
             lines.append("  smoke check: skipped (--no-check)")
         else:
-            worst = max(self.smoke.values())
-            parts = ", ".join(f"{k} {v:.1e}" for k, v in self.smoke.items())
-            lines.append(f"  smoke check (ORT CPU vs PyTorch, max abs logits error; budget {SMOKE_BUDGET:.0e}): {parts} -> {'ok' if worst <= SMOKE_BUDGET else 'FAIL'}")
+            bounds = parity.budget(self.manifest.precision, "logits")
+            ok = all(parity.within(e, bounds) for e in self.smoke.values())
+            parts = ", ".join(f"{k} {e.max_abs:.1e}" for k, e in self.smoke.items())
+            lines.append(f"  smoke check (ORT CPU vs PyTorch, max abs logits error; budget {bounds['max_abs']:.0e}): {parts} -> {'ok' if ok else 'FAIL'}")
         return "\n".join(lines)
 
 
@@ -72,29 +75,27 @@ def _check_options(opset: int, chunk_size: int | None) -> None:
         raise ExportError(f"chunk size {chunk_size!r} is out of range; choose 1..{MAX_CHUNK} (64 is a good default)")
 
 
-def _resolve_source(source: str | Path | LinearLM, chunk_size: int | None) -> tuple[LinearLM, str]:
+def _resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, str]:
     """(model in eval mode with the requested chunk size, sha256 of its weights as safetensors)."""
-    if isinstance(source, LinearLM):
-        model, digest = source, model_sha256(source)
-    else:
+    if isinstance(source, (str, os.PathLike)):
         model = load_checkpoint(source)
         digest = weights_sha256(source)
+    else:
+        protocol.check_model(source)
+        model, digest = source, model_sha256(source)
     if chunk_size is not None:
+        if not hasattr(model, "with_chunk_size"):
+            raise ExportError(f"{type(model).__name__} has no with_chunk_size(); export it without --chunk-size")
         model = model.with_chunk_size(chunk_size)
     return model.float().eval(), digest
 
 
-def build_manifest(model: LinearLM, *, opset: int, source: str, extra: dict | None = None) -> Manifest:
-    keys, inputs, outputs = io_names(model)
-    states = tuple(
-        StateSpec(input=i, output=o, shape=tuple(shape), dtype=dtype, init=init)
-        for (shape, dtype, init), i, o in zip(model.state_layout().values(), inputs[1:], outputs[1:])
-    )
+def build_manifest(model, *, opset: int, source: str, precision: str = "fp32", extra: dict | None = None) -> Manifest:
+    """The manifest of ``model``'s export: states straight from its state contract."""
     return Manifest(
-        graphs=dict(GRAPH_FILES), input_ids=INPUT_IDS, logits=LOGITS, states=states,
-        vocab_size=model.cfg.vocab_size, tokenizer={"kind": "bytes"} if model.cfg.vocab_size == 256 else {"kind": "ids"},
-        model=model.cfg.to_dict(), opset=opset, precision="fp32", edgelin_version=__version__, source=source,
-        extra=dict(extra or {}),
+        graphs=dict(GRAPH_FILES), input_ids=INPUT_IDS, logits=LOGITS, states=tuple(model.state_specs()),
+        vocab_size=model.vocab_size, tokenizer=protocol.tokenizer(model), model=model.model_config(),
+        opset=opset, precision=precision, edgelin_version=__version__, source=source, extra=dict(extra or {}),
     )
 
 
@@ -148,34 +149,30 @@ def _finalize(path: Path, manifest_json: str, graph: str) -> onnx.ModelProto:
     return proto
 
 
-def _smoke_check(model: LinearLM, out: Path, manifest: Manifest) -> dict[str, float]:
-    """ORT CPU vs PyTorch on a short prompt (batch 2, T = chunk + 3) and 4 decode steps."""
-    import onnxruntime as ort
+def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Errors]:
+    """ORT CPU vs PyTorch on a short prompt (batch 2, T = chunk + 3) and 4 decode steps: logits errors."""
+    from edgelin.runtime.session import open_session
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sessions = {g: ort.InferenceSession(str(out / f), opts, providers=["CPUExecutionProvider"]) for g, f in GRAPH_FILES.items()}
+    sessions = {g: open_session(out / f, "cpu") for g, f in GRAPH_FILES.items()}
+    specs = manifest.states
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, model.cfg.vocab_size, (2, model.cfg.chunk_size + 3), generator=gen)
-    state = model.init_state(2)
-    keys = list(state)
+    ids = torch.randint(0, manifest.vocab_size, (2, protocol.chunk_size(model) + 3), generator=gen)
+    state = fresh_state(specs, 2)
 
-    def feeds(x, st):
-        return {INPUT_IDS: x.numpy(), **{s.input: st[k].numpy() for k, s in zip(keys, manifest.states)}}
+    def run(graph: str, x: torch.Tensor, st) -> tuple[np.ndarray, dict]:
+        got = sessions[graph].run(None, {INPUT_IDS: x.numpy(), **to_numpy(specs, st)})
+        return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])})
 
-    errors = {}
     with torch.no_grad():
         ref, ref_state = model(ids, state)
-        got = sessions["prefill"].run(None, feeds(ids, state))
-        errors["prefill"] = float(np.abs(got[0] - ref.numpy()).max())
-        ort_state = {k: torch.from_numpy(v) for k, v in zip(keys, got[1:])}
-        worst = 0.0
+        got, ort_state = run("prefill", ids, state)
+        errors = {"prefill": parity.errors(got, ref.numpy())}
+        worst = parity.NONE
         for _ in range(4):
             nxt = ref[:, -1:].argmax(-1)  # [2, 1]
             ref, ref_state = model.step(nxt, ref_state)
-            got = sessions["decode"].run(None, feeds(nxt, ort_state))
-            ort_state = {k: torch.from_numpy(v) for k, v in zip(keys, got[1:])}
-            worst = max(worst, float(np.abs(got[0] - ref.numpy()).max()))
+            got, ort_state = run("decode", nxt, ort_state)
+            worst = worst.worst(parity.errors(got, ref.numpy()))
         errors["decode"] = worst
     return errors
 
@@ -184,7 +181,7 @@ def _install(tmp: Path, out_dir: Path, force: bool) -> None:
     if out_dir.exists():
         if not force:
             raise ExportError(f"{out_dir} already exists; pass --force to replace it")
-        trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+        trash = temp_dir(out_dir.parent, f".{out_dir.name}.old.")
         os.replace(out_dir, trash / out_dir.name)
         os.replace(tmp, out_dir)
         shutil.rmtree(trash, ignore_errors=True)
@@ -193,7 +190,7 @@ def _install(tmp: Path, out_dir: Path, force: bool) -> None:
 
 
 def export(
-    source: str | Path | LinearLM,
+    source: str | Path | torch.nn.Module,
     out_dir: str | Path,
     *,
     opset: int = DEFAULT_OPSET,
@@ -202,7 +199,8 @@ def export(
     check: bool = True,
     progress: Progress | None = None,
 ) -> ExportResult:
-    """Export ``source`` (a checkpoint folder or a LinearLM) into ``out_dir``; see the module docstring."""
+    """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
+    see the module docstring."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
     out_dir = Path(out_dir)
@@ -213,36 +211,19 @@ def export(
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp.", dir=parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
+        tmp = temp_dir(parent, f".{out_dir.name}.tmp.")
     except OSError as exc:
         raise ExportError(f"cannot write to {parent}: {exc.strerror or exc}; choose a writable output folder") from None
 
     try:
-        say(f"loading {source if not isinstance(source, LinearLM) else 'model'}")
+        say(f"loading {source if isinstance(source, (str, os.PathLike)) else type(source).__name__}")
         model, digest = _resolve_source(source, chunk_size)
-        cfg = model.cfg
-        keys, inputs, outputs = io_names(model)
-        batch = torch.export.Dim("batch", min=1, max=1 << 16)
-        sequence = torch.export.Dim("sequence", min=1, max=1 << 24)
-        example_batch = 2  # >= 2 and T > chunk: see NOTES.md (exporter traps)
-        state = model.init_state(example_batch)
-        examples = {
-            "prefill": (torch.zeros(example_batch, 2 * cfg.chunk_size + 3, dtype=torch.int64), *state.values()),
-            "decode": (torch.zeros(example_batch, 1, dtype=torch.int64), *state.values()),
-        }
-        dynamic = {
-            "prefill": ({0: batch, 1: sequence}, tuple({0: batch} for _ in keys)),
-            "decode": ({0: batch}, tuple({0: batch} for _ in keys)),
-        }
-        modules = {"prefill": PrefillGraph(model), "decode": DecodeGraph(model)}
         seconds = {}
-        for graph, module in modules.items():
+        for graph, fname in GRAPH_FILES.items():
             say(f"exporting the {graph} graph (opset {opset}) ...")
             t0 = time.perf_counter()
-            export_graph(module, examples[graph], (inputs, outputs), dynamic[graph], opset, tmp / GRAPH_FILES[graph])
+            spec = graph_spec(model, graph)
+            export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname)
             seconds[graph] = time.perf_counter() - t0
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
@@ -250,7 +231,7 @@ def export(
         op_types = {g: _op_histogram(p) for g, p in protos.items()}
         manifest = build_manifest(
             model, opset=opset, source=digest,
-            extra={"chunk_size": cfg.chunk_size, "nodes": nodes, "state_bytes_per_sequence": 0, "weights_file": WEIGHTS_FILE},
+            extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0, "weights_file": WEIGHTS_FILE},
         )
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
         manifest_json = manifest.to_json()
@@ -263,11 +244,12 @@ def export(
         if check:
             say("smoke check: ONNX Runtime (CPU) vs PyTorch ...")
             smoke = _smoke_check(model, tmp, manifest)
-            bad = {k: v for k, v in smoke.items() if not v <= SMOKE_BUDGET}
+            bounds = parity.budget(manifest.precision, "logits")
+            bad = {k: e for k, e in smoke.items() if not parity.within(e, bounds)}
             if bad:
                 raise ExportError(
-                    "smoke check failed: " + ", ".join(f"{k} max abs error {v:.2e}" for k, v in bad.items())
-                    + f" > {SMOKE_BUDGET:.0e}; run `edgelin validate` on an export made with --no-check to see where"
+                    "smoke check failed: " + ", ".join(f"{k} max abs error {e.max_abs:.2e} (rel L2 {e.rel_l2:.2e})" for k, e in bad.items())
+                    + f" (budget {bounds}); run `edgelin validate` on an export made with --no-check to see where"
                 )
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
         _install(tmp, out_dir, force)
@@ -308,4 +290,4 @@ def _op_histogram(proto: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-__all__ = ["DEFAULT_OPSET", "ExportResult", "GRAPH_FILES", "SMOKE_BUDGET", "build_manifest", "export", "export_graph"]
+__all__ = ["DEFAULT_OPSET", "ExportResult", "GRAPH_FILES", "build_manifest", "export", "export_graph"]

@@ -1,51 +1,89 @@
-"""The two graphs as torch modules with flat tensor IO: ``forward(input_ids, *states) -> (logits, *states)``.
+"""A model as a graph: a torch module with flat tensor IO ``forward(input_ids, *states) -> (logits, *states)``,
+plus everything torch.onnx needs to trace it (``graph_spec``): example inputs, IO names, dynamic dims.
 
-IO names come from one place (``io_names``) so the prefill graph, the decode graph and the manifest
-cannot disagree: state input ``state.{layer}.{name}``, state output ``present.{layer}.{name}``.
+IO names come from the model's state contract (``state_specs()``; each key K becomes input ``state.K``
+and output ``present.K``), so the prefill graph, the decode graph and the manifest cannot disagree.
+The model is anything that follows ``edgelin.protocol``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
-from edgelin.model import LinearLM
+from edgelin.protocol import chunk_size
+from edgelin.state import fresh_state
 
 INPUT_IDS = "input_ids"
 LOGITS = "logits"
+ROLES = {"prefill": "forward", "decode": "step"}  # graph role -> the model method (form) it traces
+EXAMPLE_BATCH = 2  # >= 2: a batch of 1 lets the exporter specialise the batch dim (docs/DESIGN.md, traps)
+MAX_BATCH, MAX_SEQUENCE = 1 << 16, 1 << 24
 
 
-def io_names(model: LinearLM) -> tuple[list[str], list[str], list[str]]:
-    """(state keys "{layer}.{name}", graph input names, graph output names), in graph order."""
-    keys = list(model.state_layout())
-    inputs = [INPUT_IDS] + [f"state.{key}" for key in keys]
-    outputs = [LOGITS] + [f"present.{key}" for key in keys]
-    return keys, inputs, outputs
+def io_names(model: Any) -> tuple[list[str], list[str]]:
+    """(graph input names, graph output names), in graph order."""
+    specs = model.state_specs()
+    return [INPUT_IDS] + [s.input for s in specs], [LOGITS] + [s.output for s in specs]
 
 
-class _Graph(nn.Module):
-    def __init__(self, model: LinearLM) -> None:
+class Graph(nn.Module):
+    """``model`` run in one ``form``: "forward" (the prefill graph), "step" (the decode graph), or any
+    other name, passed as ``model.forward(..., form=form)`` (e.g. LinearLM's quadratic "parallel" form,
+    a benchmark baseline)."""
+
+    def __init__(self, model: nn.Module, form: str = "forward") -> None:
         super().__init__()
-        self.model = model
-        self.keys = io_names(model)[0]
-
-    def _run(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]):
-        raise NotImplementedError
+        self.model, self.form = model, form
+        self.keys = [s.key for s in model.state_specs()]
 
     def forward(self, input_ids: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        logits, new = self._run(input_ids, dict(zip(self.keys, states)))
+        state = dict(zip(self.keys, states))  # the graph's inputs are in spec order by construction
+        if self.form == "forward":
+            logits, new = self.model(input_ids, state)
+        elif self.form == "step":
+            logits, new = self.model.step(input_ids, state)
+        else:
+            logits, new = self.model(input_ids, state, form=self.form)
         return (logits, *(new[key] for key in self.keys))
 
 
-class PrefillGraph(_Graph):
-    """input_ids [batch, sequence] + states -> logits [batch, sequence, vocab] + final states (chunked form)."""
+@dataclass
+class GraphSpec:
+    """What torch.onnx needs for one graph."""
 
-    def _run(self, input_ids, state):
-        return self.model(input_ids, state)
+    module: Graph
+    example: tuple  # (input_ids, *states)
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_shapes: tuple  # torch.export dynamic_shapes for ``example``
 
 
-class DecodeGraph(_Graph):
-    """input_ids [batch, 1] + states -> logits [batch, 1, vocab] + next states (recurrent step only)."""
+def graph_spec(model: nn.Module, role: str, form: str | None = None) -> GraphSpec:
+    """The export recipe of the ``role`` graph ("prefill" or "decode") of ``model``.
 
-    def _run(self, input_ids, state):
-        return self.model.step(input_ids, state)
+    Examples are batch 2 and, for prefill, 2 chunks + 3 tokens: an example length below the chunk made
+    a graph that failed in ONNX Runtime for longer inputs, with no export error (docs/DESIGN.md, traps).
+    """
+    if role not in ROLES:
+        raise ValueError(f"graph role must be one of {', '.join(ROLES)}, got {role!r}")
+    specs = model.state_specs()
+    p = next(model.parameters(), None)
+    state = fresh_state(specs, EXAMPLE_BATCH, dtype=p.dtype if p is not None else torch.float32)
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    length = 1 if role == "decode" else 2 * chunk_size(model) + 3
+    ids = torch.zeros(EXAMPLE_BATCH, length, dtype=torch.int64)
+    id_dims = {0: batch} if role == "decode" else {0: batch, 1: torch.export.Dim("sequence", min=1, max=MAX_SEQUENCE)}
+    inputs, outputs = io_names(model)
+    return GraphSpec(
+        module=Graph(model, form or ROLES[role]).eval(),
+        example=(ids, *(state[s.key] for s in specs)),
+        input_names=inputs, output_names=outputs,
+        dynamic_shapes=(id_dims, tuple({0: batch} for _ in specs)),
+    )
+
+
+__all__ = ["EXAMPLE_BATCH", "Graph", "GraphSpec", "INPUT_IDS", "LOGITS", "ROLES", "graph_spec", "io_names"]

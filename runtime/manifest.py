@@ -30,6 +30,7 @@ FORMAT = "edgelin/1"
 MANIFEST_FILE = "edgelin.json"
 METADATA_KEY = "edgelin"  # key of the manifest in each graph's metadata_props
 BATCH = "batch"
+STATE_PREFIX, PRESENT_PREFIX = "state.", "present."  # graph input / output name of the state with key K
 DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
 GRAPHS = ("prefill", "decode")
 REQUIRED = (
@@ -38,13 +39,35 @@ REQUIRED = (
 )
 
 
+def state_io_names(key: str) -> tuple[str, str]:
+    """The one place a state key ("{layer}.{name}", e.g. "0.S") becomes its graph input and output names."""
+    return f"{STATE_PREFIX}{key}", f"{PRESENT_PREFIX}{key}"
+
+
 @dataclass(frozen=True)
 class StateSpec:
+    """One recurrent state tensor: the state contract shared by the model (``state_specs()``), the
+    exporter, the manifest and every runtime. Consumers pair tensors by ``key``, never by position."""
+
     input: str  # graph input name, e.g. "state.0.S"
     output: str  # graph output name, e.g. "present.0.S"
     shape: tuple  # ints and symbolic dims (strings): e.g. ("batch", 4, 64, 64)
     dtype: str  # a key of DTYPES
     init: float | int  # value of a fresh sequence's state
+
+    @classmethod
+    def for_key(cls, key: str, shape: tuple, dtype: str = "float32", init: float | int = 0.0) -> "StateSpec":
+        """The spec of state ``key`` ("{layer}.{name}"); IO names from ``state_io_names``."""
+        if dtype not in DTYPES:
+            raise ManifestError(f"state {key!r} has dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+        if not shape or shape[0] != BATCH or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
+            raise ManifestError(f"state {key!r} has shape {shape!r}; expected ({BATCH!r}, positive ints...)")
+        return cls(*state_io_names(key), tuple(shape), dtype, init)
+
+    @property
+    def key(self) -> str:
+        """"{layer}.{name}", e.g. "0.S": the key of this tensor in a model's state dict."""
+        return self.input[len(STATE_PREFIX):] if self.input.startswith(STATE_PREFIX) else self.input
 
     @property
     def np_dtype(self) -> np.dtype:
@@ -176,4 +199,4 @@ class Manifest:
         return Path(export_dir) / self.graphs[graph]
 
 
-__all__ = ["BATCH", "DTYPES", "FORMAT", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "Manifest", "StateSpec"]
+__all__ = ["BATCH", "DTYPES", "FORMAT", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "Manifest", "StateSpec", "state_io_names"]

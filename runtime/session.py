@@ -22,7 +22,8 @@ import numpy as np
 import onnxruntime as ort
 
 from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
-from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest
+from edgelin.runtime.check import check_graph, graph_io
+from edgelin.runtime.manifest import GRAPHS, Manifest
 from edgelin.runtime.state import CPU, Device, State, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 
@@ -34,7 +35,6 @@ OPTIMIZATION = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
 LOGITS_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 ORT_DEFAULT_SEVERITY = 2  # warnings; onnxruntime's own default
 
@@ -81,10 +81,6 @@ class Session:
     ) -> None:
         if provider not in PROVIDERS:
             raise RuntimeInputError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
-            raise RuntimeInputError(f"threads must be an integer in [1, 1024] (or None for ONNX Runtime's default), got {threads!r}")
-        if optimization not in OPTIMIZATION:
-            raise RuntimeInputError(f"optimization must be one of {', '.join(OPTIMIZATION)}, got {optimization!r}")
         self.export_dir = Path(export_dir)
         self.manifest = Manifest.load(self.export_dir)
         self.io_binding = io_binding
@@ -98,28 +94,15 @@ class Session:
             Path(save_optimized).mkdir(parents=True, exist_ok=True)
 
         def options(graph: str) -> ort.SessionOptions:
-            so = ort.SessionOptions()
-            so.log_severity_level = log_severity
-            so.graph_optimization_level = OPTIMIZATION[optimization]
-            if threads is not None:
-                so.intra_op_num_threads = threads
-            if save_optimized is not None:
-                so.optimized_model_filepath = str(Path(save_optimized) / f"{graph}.optimized.onnx")
-            for key, value in (session_options or {}).items():
-                if key.startswith("_") or not hasattr(so, key):
-                    raise RuntimeInputError(f"session_options: onnxruntime.SessionOptions has no attribute {key!r}")
-                try:
-                    setattr(so, key, value)
-                except TypeError:
-                    raise RuntimeInputError(f"session_options: {key}={value!r} has the wrong type for onnxruntime.SessionOptions") from None
-            return so
+            optimized = None if save_optimized is None else Path(save_optimized) / f"{graph}.optimized.onnx"
+            return make_session_options(threads, optimization=optimization, log_severity=log_severity, extra=session_options, optimized_path=optimized)
 
         self.provider, self._sessions = _open(paths, provider, options, cuda_device, log_severity)
         self.device: Device = ("cuda", cuda_device) if self.provider == "cuda" else CPU
-        problems = [p for g in GRAPHS for p in _check_graph(g, paths[g].name, self._sessions[g], self.manifest)]
+        problems = [p for g in GRAPHS for p in check_graph(g, paths[g].name, self._sessions[g], self.manifest)]
         if problems:
             raise ManifestError(f"{self.export_dir}: the graphs do not match edgelin.json: {'; '.join(problems)}; re-export the model")
-        self._logits_dtype = {g: LOGITS_DTYPES[_io(s, outputs=True)[self.manifest.logits].type] for g, s in self._sessions.items()}
+        self._logits_dtype = {g: LOGITS_DTYPES[graph_io(s, outputs=True)[self.manifest.logits].type] for g, s in self._sessions.items()}
 
     # ---- facts ---------------------------------------------------------------------------------
     @property
@@ -278,6 +261,50 @@ def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dic
     return "cpu", on_cpu()
 
 
+def make_session_options(
+    threads: int | None = None,
+    *,
+    optimization: str = "all",
+    log_severity: int = 3,
+    extra: dict[str, Any] | None = None,
+    optimized_path: str | os.PathLike | None = None,
+) -> ort.SessionOptions:
+    """The one place ONNX Runtime session options are made (the Session, the exporter's check, the bench)."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
+        raise RuntimeInputError(f"threads must be an integer in [1, 1024] (or None for ONNX Runtime's default), got {threads!r}")
+    if optimization not in OPTIMIZATION:
+        raise RuntimeInputError(f"optimization must be one of {', '.join(OPTIMIZATION)}, got {optimization!r}")
+    so = ort.SessionOptions()
+    so.log_severity_level = log_severity
+    so.graph_optimization_level = OPTIMIZATION[optimization]
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    for key, value in (extra or {}).items():
+        if key.startswith("_") or not hasattr(so, key):
+            raise RuntimeInputError(f"session_options: onnxruntime.SessionOptions has no attribute {key!r}")
+        try:
+            setattr(so, key, value)
+        except TypeError:
+            raise RuntimeInputError(f"session_options: {key}={value!r} has the wrong type for onnxruntime.SessionOptions") from None
+    return so
+
+
+def open_session(
+    path: str | os.PathLike, provider: str = "cpu", *, options: ort.SessionOptions | None = None, cuda_device: int = 0, **option_kwargs: Any
+) -> ort.InferenceSession:
+    """One ONNX file on "cpu" or "cuda" (ProviderError unless CUDA is really active). ``option_kwargs`` go to
+    ``make_session_options`` when ``options`` is not given."""
+    if provider not in ("cpu", "cuda"):
+        raise RuntimeInputError(f"provider must be cpu or cuda, got {provider!r}")
+    so = options if options is not None else make_session_options(**option_kwargs)
+    if provider == "cpu":
+        return _session(Path(path), so, [CPU_EP])
+    kind, sessions = _open({"graph": Path(path)}, "cuda", lambda _g: so, cuda_device, so.log_severity_level)
+    return sessions["graph"]
+
+
 def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(str(path), so, providers=providers)
@@ -286,42 +313,4 @@ def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.Inferen
         raise ManifestError(f"ONNX Runtime cannot load {path}: {first[:300]}; re-export the model") from None
 
 
-def _io(sess: ort.InferenceSession, outputs: bool) -> dict[str, Any]:
-    return {a.name: a for a in (sess.get_outputs() if outputs else sess.get_inputs())}
-
-
-def _check_graph(graph: str, file: str, sess: ort.InferenceSession, m: Manifest) -> list[str]:
-    """Every problem between one graph and the manifest (names, then dtypes and ranks, then fixed dims)."""
-    want_in = {m.input_ids: ("int64", ["batch", "sequence"])} | {s.input: (s.dtype, list(s.shape)) for s in m.states}
-    want_out = {m.logits: ("float", ["batch", "sequence", m.vocab_size])} | {s.output: (s.dtype, list(s.shape)) for s in m.states}
-    problems = []
-    for kind, want, have in (("input", want_in, _io(sess, False)), ("output", want_out, _io(sess, True))):
-        for name, (dtype, shape) in want.items():
-            arg = have.get(name)
-            if arg is None:
-                problems.append(f"{file} has no {kind} {name!r}")
-                continue
-            ok_types = set(LOGITS_DTYPES) if dtype == "float" else {ORT_TYPES[dtype]}
-            if arg.type not in ok_types:
-                problems.append(f"{file} {kind} {name!r} is {arg.type}, the manifest says {dtype}")
-            elif len(arg.shape) != len(shape):
-                problems.append(f"{file} {kind} {name!r} has rank {len(arg.shape)}, the manifest says {len(shape)}")
-            else:
-                fixed = [(h, w) for h, w in zip(arg.shape, shape) if isinstance(h, int) and isinstance(w, int) and h != w]
-                if fixed:
-                    problems.append(f"{file} {kind} {name!r} has shape {arg.shape}, the manifest says {shape}")
-        if kind == "input":
-            problems += [f"{file} has input {n!r} that the manifest does not name" for n in have if n not in want]
-    meta = sess.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-    if meta is not None:
-        try:
-            own = Manifest.from_json(meta, f"{file} metadata")
-        except ManifestError as exc:
-            problems.append(str(exc))
-        else:
-            if own.source != m.source or own.model != m.model:
-                problems.append(f"{file} was exported from another model than edgelin.json describes (files from two exports?)")
-    return problems
-
-
-__all__ = ["OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "load"]
+__all__ = ["OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "load", "make_session_options", "open_session"]

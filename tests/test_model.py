@@ -137,9 +137,11 @@ def test_batch_rows_are_independent(fm):
 
 
 @pytest.mark.parametrize("fm, norm, tie", MODELS)
-def test_state_layout_and_init_state_agree(fm, norm, tie):
-    model = LinearLM(tiny_config(fm, norm, tie))  # float32: the layout's dtype names are the export's
-    layout = model.state_layout()
+def test_state_specs_and_init_state_agree(fm, norm, tie):
+    model = LinearLM(tiny_config(fm, norm, tie))  # float32: the specs' dtype names are the export's
+    layout = {s.key: (s.shape, s.dtype, s.init) for s in model.state_specs()}
+    for s in model.state_specs():
+        assert (s.input, s.output) == (f"state.{s.key}", f"present.{s.key}")
     for batch in (1, 3):
         state = model.init_state(batch)
         assert list(state) == list(layout)

@@ -5,6 +5,12 @@ State (a plain dict, one per attention layer):
     "z"   [B, H, F]      running sum of phi(k_t)             (only with normalize=True)
     "pos" [B]   int64    tokens seen so far                   (only for maps that need positions)
 Every form returns a new dict; no state tensor is updated in place.
+
+Decay (optional, every form): a per-step log-decay g <= 0, either per head [B, H, T] (RetNet's fixed
+gamma as g = log(gamma), Mamba2 / simple GLA's data-dependent scalar) or per feature [B, H, T, F] with F
+the feature map's output width (GLA). It is applied before the new token is added:
+    S_t = exp(g_t) * S_{t-1} + phi(k_t) v_t^T,   z_t = exp(g_t) * z_{t-1} + phi(k_t)
+(a per-feature g scales the rows of S and the entries of z). g = None is the undecayed form, unchanged.
 """
 
 from __future__ import annotations
@@ -68,6 +74,45 @@ def featurize(
     state = resolve_state(q, v, feature_map, initial_state, normalize)
     pos = positions(state, feature_map, q.shape[2], q.device)
     return state, feature_map(q, is_query=True, positions=pos), feature_map(k, is_query=False, positions=pos)
+
+
+def check_decay(g: torch.Tensor | None, q: torch.Tensor, feature_map: FeatureMap) -> torch.Tensor | None:
+    """g itself (cast to q's dtype) if its shape is [B, H, T] or [B, H, T, F]; else a ValueError.
+
+    The shape must match exactly: a [B, 1, T] or [H, T] g would broadcast silently into a different model.
+    Whether g <= 0 is data, not checked here; a positive g is a growth, and the chunked form's
+    stability argument (no exp of a positive number) needs g <= 0.
+    """
+    if g is None:
+        return None
+    B, H, T = q.shape[:3]
+    f = feature_map.out_dim
+    if not g.is_floating_point() or tuple(g.shape) not in ((B, H, T), (B, H, T, f)):
+        raise ValueError(
+            f"g (log-decay) must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}] (per head) or "
+            f"[B, H, T, F] = [{B}, {H}, {T}, {f}] (per feature of the {feature_map.name!r} map); "
+            f"got {g.dtype} {list(g.shape)}"
+        )
+    return g.to(q.dtype)
+
+
+def relative_log_decay(g: torch.Tensor, dim: int) -> torch.Tensor:
+    """L[..., i, j, ...] = sum_{j < s <= i} g_s for j <= i and -inf for j > i, along time axis ``dim``.
+
+    The result has one more axis than g: rows i at ``dim``, columns j at ``dim + 1`` (a trailing feature
+    axis stays last). exp(L) is the decay from step j to step i. Each entry is a sum over its own
+    window (a masked cumsum), not a difference of two running sums, so a short window keeps full
+    relative precision however much decay came before it; and the future is set to -inf *before*
+    any exp, so no exp of a positive number happens for g <= 0.
+    """
+    n = g.shape[dim]
+    trailing = [1] * (g.dim() - dim - 1)
+    ones = torch.ones(n, n, dtype=torch.bool, device=g.device)
+    strict = ones.tril(-1).reshape(n, n, *trailing)  # [n, n, (1)]: s = i counts towards columns j < i
+    causal = ones.tril().reshape(n, n, *trailing)  # [n, n, (1)]
+    rows = g.unsqueeze(dim + 1).expand(*g.shape[: dim + 1], n, *g.shape[dim + 1 :])  # [..., n(i), n(j), ...]: g_i
+    L = torch.cumsum(torch.where(strict, rows, 0.0), dim=dim)  # [..., n, n, ...]
+    return torch.where(causal, L, float("-inf"))  # [..., n, n, ...]
 
 
 def stable_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,6 +1,9 @@
 """The recurrent form: one token at a time with a fixed-size state (the decode graph).
 
     S_t = S_{t-1} + phi(k_t) v_t^T,   z_t = z_{t-1} + phi(k_t),   y_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)
+
+With a log-decay g the old state is scaled first: S_t = exp(g_t) * S_{t-1} + phi(k_t) v_t^T (a per-feature
+g scales the rows of S), and z likewise. Two more ops per step (Exp, Mul) and none when g is None.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, featurize, stable_divide
+from edgelin.ops.common import State, advance, check_decay, featurize, stable_divide
 
 
 def recurrent_step(
@@ -21,30 +24,41 @@ def recurrent_step(
     chunk_size: int = 64,  # unused: same signature as every form
     eps: float = 1e-6,
     normalize: bool = True,
+    g: torch.Tensor | None = None,  # [B, H, 1] or [B, H, 1, F] log-decay, <= 0
 ) -> tuple[torch.Tensor, State]:
     """Exactly one token. The decode graph is this function and nothing else."""
     if q.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one token, got a sequence of {q.shape[2]}")
+    g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)
     fq, fk = fq[:, :, 0], fk[:, :, 0]  # [B, H, F]
-    S = state["S"] + fk[..., None] * v[:, :, 0, None, :]  # [B, H, F, Dv]
+    S, z = state["S"], state.get("z")
+    if g is not None:
+        a = g[:, :, 0].exp()  # [B, H] or [B, H, F]
+        a = a[..., None] if g.dim() == 4 else a[..., None, None]  # [B, H, F, 1] or [B, H, 1, 1]
+        S = a * S  # [B, H, F, Dv]
+        if normalize:
+            z = a[..., 0] * z  # [B, H, F]
+    S = S + fk[..., None] * v[:, :, 0, None, :]  # [B, H, F, Dv]
     o = torch.einsum("bhf,bhfd->bhd", fq, S)  # [B, H, Dv]
     updates = {"S": S}
     if normalize:
-        z = state["z"] + fk  # [B, H, F]
+        z = z + fk  # [B, H, F]
         o = stable_divide(o, (fq * z).sum(-1), eps)  # [B, H, Dv]
         updates["z"] = z
     return o[:, :, None], advance(state, 1, **updates)  # [B, H, 1, Dv]
 
 
-def recurrent_linear_attention(q, k, v, *, feature_map, initial_state=None, chunk_size=64, eps=1e-6, normalize=True):
+def recurrent_linear_attention(q, k, v, *, feature_map, initial_state=None, chunk_size=64, eps=1e-6, normalize=True, g=None):
     """Any length, by stepping token by token (the decode path, run over a sequence)."""
+    g = check_decay(g, q, feature_map)
     state = initial_state
     outs = []
     for t in range(q.shape[2]):
         o, state = recurrent_step(
             q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
             feature_map=feature_map, initial_state=state, eps=eps, normalize=normalize,
+            g=None if g is None else g[:, :, t : t + 1],
         )
         outs.append(o)
     return torch.cat(outs, dim=2), state  # [B, H, T, Dv]

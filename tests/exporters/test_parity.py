@@ -46,7 +46,7 @@ class Graphs:
 
 
 def torch_state_as_feeds(state, manifest):
-    return {s.input: state[s.input[len("state."):]].numpy() for s in manifest.states}
+    return {s.input: state[s.key].numpy() for s in manifest.states}
 
 
 @pytest.fixture(params=FEATURE_MAPS)
@@ -66,7 +66,7 @@ def test_prefill_matches_torch(case, T, batch):
     logits, state = g.run("prefill", ids.numpy(), g.fresh(batch))
     assert_close(logits, ref.numpy(), "logits")
     for s in g.manifest.states:
-        r = ref_state[s.input[len("state."):]].numpy()
+        r = ref_state[s.key].numpy()
         if s.dtype == "int64":
             np.testing.assert_array_equal(state[s.input], r)
         else:  # states are running sums: hold them to the same relative budget

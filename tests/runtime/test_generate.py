@@ -6,6 +6,7 @@ import torch
 
 from edgelin.config import FEATURE_MAPS
 from edgelin.errors import RuntimeInputError
+from edgelin.parity import BUDGETS
 from edgelin.runtime import Generator, load
 
 
@@ -123,7 +124,7 @@ def test_max_new_tokens_zero_yields_nothing_and_keeps_the_prompt_state(session):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
 
-STATE_REL_L2 = 1e-5  # the project's fp32 state budget (edgelin.validate.BUDGETS): states are running sums
+STATE_REL_L2 = BUDGETS["fp32"]["state"]["rel_l2"]  # the project's fp32 state budget: states are running sums
 
 
 def assert_state_close(a: np.ndarray, b: np.ndarray, name: str) -> None:

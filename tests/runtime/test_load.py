@@ -33,7 +33,7 @@ def test_load_reads_the_manifest_and_opens_both_graphs(session, tiny):
     assert session.provider == "cpu"
     assert session.providers == {"prefill": ["CPUExecutionProvider"], "decode": ["CPUExecutionProvider"]}
     assert session.vocab_size == model.cfg.vocab_size
-    assert [s.input for s in session.manifest.states] == [f"state.{k}" for k in model.state_layout()]
+    assert [s.input for s in session.manifest.states] == [f"state.{s.key}" for s in model.state_specs()]
 
 
 def test_a_folder_that_does_not_exist(tmp_path):

@@ -16,7 +16,8 @@ from edgelin.cli import main
 from edgelin.config import FEATURE_MAPS, ModelConfig
 from edgelin.exporters import export
 from edgelin.model import LinearLM
-from edgelin.validate import BUDGETS, validate
+from edgelin.parity import BUDGETS
+from edgelin.validate import validate
 
 
 def tiny(feature_map: str, seed: int = 0) -> LinearLM:
@@ -126,7 +127,7 @@ def test_manifest_with_an_edited_state_shape(base, broken):
     fails = failed(report)
     assert not report.passed
     for graph in ("prefill", "decode"):
-        assert "state.0.S has shape ['batch', 2, 16, 16], manifest says ['batch', 2, 16, 8]" in fails[f"structure/{graph} graph <-> manifest"]
+        assert "input 'state.0.S' has shape ['batch', 2, 16, 16], the manifest says ['batch', 2, 16, 8]" in fails[f"structure/{graph} graph <-> manifest"]
     assert "structure/runtime can load the export" in fails
 
 

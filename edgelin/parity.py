@@ -1,0 +1,119 @@
+"""Parity: the one table of error budgets and the one way to measure an error against it.
+
+Torch-free (numpy only): the exporter's smoke check, ``edgelin validate``, the bench's verification and
+the tests all compare through this module, so "close enough" has one definition per precision.
+
+    errors(got, ref)              -> Errors(max_abs, rel_l2, nonfinite)   any shapes, any float dtype
+    within(err, budget)           -> bool   every bound in the budget holds and nothing is non-finite
+    compare(got, ref, budget)     -> [Comparison]   named arrays, paired by name, every pair reported
+    agreement(got, ref)           -> top-1 agreement of two logits arrays [..., vocab]
+    budget(precision, kind)       -> the bounds for one comparison (ParityError for an unknown one)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from edgelin.errors import EdgelinError
+
+# Budgets per precision and kind of comparison. Bounds are "max_abs" (largest absolute difference),
+# "rel_l2" (|got - ref|_2 / |ref|_2) and "min_agreement" (top-1). Every bound listed must hold.
+#   logits    ONNX Runtime vs PyTorch (prefill, decode, prefill vs decode)
+#   state     recurrent state (S, z, conv): running sums whose scale grows with T, so relative L2 only;
+#             int64 states (positions) must be equal
+#   provider  one ONNX Runtime provider vs CPU (kernels differ, e.g. CUDA's reduction order)
+#   long      a long decode stream vs a float64 PyTorch run (rounding accumulates)
+#   top1      teacher-forced top-1 agreement (near-ties may flip)
+BUDGETS: dict[str, dict[str, dict[str, float]]] = {
+    "fp32": {
+        "logits": {"max_abs": 1e-4, "rel_l2": 1e-5},
+        "state": {"rel_l2": 1e-5},
+        "provider": {"max_abs": 1e-3, "rel_l2": 1e-4},
+        "long": {"max_abs": 1e-3, "rel_l2": 1e-4},
+        "top1": {"min_agreement": 0.99},
+    },
+}
+
+
+class ParityError(EdgelinError):
+    """No budget for a precision or comparison kind."""
+
+
+@dataclass(frozen=True)
+class Errors:
+    max_abs: float
+    rel_l2: float
+    nonfinite: int = 0  # elements of ``got`` that are NaN or infinite
+
+    def worst(self, other: "Errors") -> "Errors":
+        return Errors(max(self.max_abs, other.max_abs), max(self.rel_l2, other.rel_l2), self.nonfinite + other.nonfinite)
+
+
+NONE = Errors(0.0, 0.0, 0)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    errors: Errors
+    budget: Mapping[str, float]
+    passed: bool
+
+
+def budget(precision: str, kind: str) -> dict[str, float]:
+    try:
+        table = BUDGETS[precision]
+    except KeyError:
+        raise ParityError(f"no parity budget for precision {precision!r}; known: {', '.join(BUDGETS)}") from None
+    if kind not in table:
+        raise ParityError(f"no {kind!r} budget for precision {precision!r}; kinds: {', '.join(table)}")
+    return dict(table[kind])
+
+
+def errors(got, ref) -> Errors:
+    """Max abs and relative L2 error of ``got`` against ``ref`` (computed in float64). A shape mismatch or
+    a non-finite difference is an infinite error; integer arrays must be equal (0 or infinite)."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    nonfinite = int(np.size(got) - np.isfinite(got).sum()) if got.dtype.kind == "f" else 0
+    if got.shape != ref.shape:
+        return Errors(math.inf, math.inf, nonfinite)
+    if got.dtype.kind in "iub" and ref.dtype.kind in "iub":
+        return NONE if np.array_equal(got, ref) else Errors(math.inf, math.inf, 0)
+    diff = got.astype(np.float64) - ref.astype(np.float64)
+    if not np.isfinite(diff).all():
+        return Errors(math.inf, math.inf, nonfinite)
+    norm = float(np.linalg.norm(ref.astype(np.float64)))
+    return Errors(float(np.abs(diff).max(initial=0.0)), float(np.linalg.norm(diff)) / max(norm, 1e-30), nonfinite)
+
+
+def within(err: Errors, bounds: Mapping[str, float]) -> bool:
+    return (
+        err.nonfinite == 0
+        and err.max_abs <= bounds.get("max_abs", math.inf)
+        and err.rel_l2 <= bounds.get("rel_l2", math.inf)
+    )
+
+
+def compare(got: Mapping[str, object], ref: Mapping[str, object], bounds: Mapping[str, float]) -> list[Comparison]:
+    """Every name of ``ref`` compared with the same name of ``got`` (a missing one fails), in ``ref``'s order."""
+    out = []
+    for name, r in ref.items():
+        err = errors(got[name], r) if name in got else Errors(math.inf, math.inf, 0)
+        out.append(Comparison(name, err, dict(bounds), within(err, bounds)))
+    return out
+
+
+def agreement(got, ref) -> float:
+    """Fraction of positions where the two logits arrays [..., vocab] have the same argmax. Any non-finite
+    logit makes its position disagree (NaN logits must never "agree")."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    same = got.argmax(-1) == ref.argmax(-1)
+    same &= np.isfinite(got).all(-1) & np.isfinite(ref).all(-1)
+    return float(same.mean()) if same.size else 1.0
+
+
+__all__ = ["BUDGETS", "Comparison", "Errors", "ParityError", "agreement", "budget", "compare", "errors", "within"]

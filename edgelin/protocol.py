@@ -1,0 +1,81 @@
+"""The model protocol: what edgelin needs from a model to export, validate, generate and benchmark it.
+
+Any ``torch.nn.Module`` that provides these members is exportable; no edgelin base class is required.
+``edgelin.model.LinearLM`` is one implementation, the importers in ``edgelin.importers`` build others
+from foreign checkpoints, and ``docs/your-model.md`` walks through writing one.
+
+    vocab_size: int
+    forward(input_ids [B, T] int64, state | None) -> (logits [B, T, vocab], state)   # the prefill graph
+    step(input_ids [B, 1] int64, state) -> (logits [B, 1, vocab], state)             # the decode graph
+    state_specs() -> tuple[StateSpec, ...]                                           # the state contract
+    model_config() -> dict                                                           # the manifest's "model"
+
+A state is a dict ``spec.key -> tensor`` ("{layer}.{name}" -> tensor); ``forward`` with ``state=None``
+starts from ``fresh_state(model.state_specs(), batch)``. Optional members, used when present:
+``chunk_size`` (the prefill graph's chunk: example inputs are made longer than it) and
+``with_chunk_size(n)`` (the same weights with another chunk, for ``export --chunk-size``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from edgelin.errors import ExportError
+from edgelin.runtime.manifest import StateSpec
+
+DEFAULT_CHUNK = 64
+
+
+@runtime_checkable
+class ExportableModel(Protocol):
+    vocab_size: int
+
+    def forward(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+    def step(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+    def state_specs(self) -> tuple[StateSpec, ...]: ...
+
+    def model_config(self) -> dict[str, Any]: ...
+
+
+REQUIRED = ("vocab_size", "forward", "step", "state_specs", "model_config")
+
+
+def check_model(model: Any) -> None:
+    """Raise ExportError naming every protocol member ``model`` lacks, or a bad state contract."""
+    if not isinstance(model, torch.nn.Module):
+        raise ExportError(f"a model must be a torch.nn.Module, got {type(model).__name__}")
+    missing = [name for name in REQUIRED if not hasattr(model, name)]
+    if missing:
+        raise ExportError(
+            f"{type(model).__name__} does not implement the model protocol: it lacks {', '.join(missing)} "
+            "(see docs/your-model.md)"
+        )
+    if not isinstance(model.vocab_size, int) or model.vocab_size < 1:
+        raise ExportError(f"{type(model).__name__}.vocab_size must be a positive int, got {model.vocab_size!r}")
+    specs = model.state_specs()
+    if not all(isinstance(s, StateSpec) for s in specs):
+        raise ExportError(f"{type(model).__name__}.state_specs() must return StateSpec objects (StateSpec.for_key)")
+    keys = [s.key for s in specs]
+    if len(set(keys)) != len(keys):
+        raise ExportError(f"{type(model).__name__}.state_specs() has duplicate keys")
+
+
+def chunk_size(model: Any) -> int:
+    """The model's prefill chunk (example inputs must be longer than it), or a default."""
+    value = getattr(model, "chunk_size", None)
+    return value if isinstance(value, int) and value > 0 else DEFAULT_CHUNK
+
+
+def tokenizer(model: Any) -> dict[str, Any]:
+    """The manifest's tokenizer entry: the model's own, or bytes for a 256-token vocabulary."""
+    own = getattr(model, "tokenizer", None)
+    if isinstance(own, dict) and "kind" in own:
+        return dict(own)
+    return {"kind": "bytes"} if model.vocab_size == 256 else {"kind": "ids"}
+
+
+__all__ = ["ExportableModel", "check_model", "chunk_size", "tokenizer"]

@@ -1,0 +1,85 @@
+"""The manifest <-> graph structure check: does a graph have exactly the inputs and outputs, dtypes and
+shapes its manifest promises, for its role? Used by ``Session`` at load and by ``edgelin validate``.
+
+Reads the graph through an ONNX Runtime session (no onnx package needed on a device).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnxruntime as ort
+
+from edgelin.errors import ManifestError
+from edgelin.runtime.manifest import METADATA_KEY, Manifest
+
+ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
+FLOAT_TYPES = {"tensor(float)", "tensor(float16)"}
+SEQUENCE = {"prefill": "sequence", "decode": 1}  # the token dim of input_ids and logits, per graph role
+
+
+def graph_io(sess: ort.InferenceSession, outputs: bool) -> dict[str, Any]:
+    return {a.name: a for a in (sess.get_outputs() if outputs else sess.get_inputs())}
+
+
+def _dims_problem(have: list, want: list) -> bool:
+    """A manifest int must be that int; a manifest symbol must not be a fixed size."""
+    if len(have) != len(want):
+        return True
+    return any((isinstance(w, int) and h != w) or (isinstance(w, str) and isinstance(h, int)) for h, w in zip(have, want))
+
+
+def check_graph(role: str, file: str, sess: ort.InferenceSession, m: Manifest, *, metadata: str = "source") -> list[str]:
+    """Every problem between the ``role`` graph ("prefill" or "decode") and the manifest: names, dtypes,
+    shapes (input_ids and logits per role, so swapped graphs are named), extra inputs, and the manifest
+    embedded in the graph's metadata — ``metadata="source"``: from the same model; ``"content"``: the same
+    manifest (compared as parsed JSON, so formatting does not matter); ``"ignore"``."""
+    seq = SEQUENCE[role]
+    want_in = {m.input_ids: ("int64", ["batch", seq])} | {s.input: (s.dtype, list(s.shape)) for s in m.states}
+    want_out = {m.logits: ("float", ["batch", seq, m.vocab_size])} | {s.output: (s.dtype, list(s.shape)) for s in m.states}
+    problems = []
+    have_in = graph_io(sess, False)
+    ids = have_in.get(m.input_ids)
+    other = "decode" if role == "prefill" else "prefill"
+    if ids is not None and len(ids.shape) == 2 and _dims_problem(list(ids.shape), ["batch", seq]) and not _dims_problem(list(ids.shape), ["batch", SEQUENCE[other]]):
+        problems.append(f"{file} is a {other} graph ({m.input_ids} {list(ids.shape)}), but edgelin.json names it as the {role} graph: are the files swapped?")
+        return problems
+    for kind, want, have in (("input", want_in, have_in), ("output", want_out, graph_io(sess, True))):
+        for name, (dtype, shape) in want.items():
+            arg = have.get(name)
+            if arg is None:
+                problems.append(f"{file} has no {kind} {name!r}")
+                continue
+            ok_types = FLOAT_TYPES if dtype == "float" else {ORT_TYPES[dtype]}
+            if arg.type not in ok_types:
+                problems.append(f"{file} {kind} {name!r} is {arg.type}, the manifest says {dtype}")
+            elif len(arg.shape) != len(shape):
+                problems.append(f"{file} {kind} {name!r} has rank {len(arg.shape)}, the manifest says {len(shape)}")
+            elif _dims_problem(list(arg.shape), shape):
+                problems.append(f"{file} {kind} {name!r} has shape {list(arg.shape)}, the manifest says {shape}")
+        if kind == "input":
+            problems += [f"{file} has input {n!r} that the manifest does not name" for n in have if n not in want]
+    if metadata != "ignore":
+        problems += _metadata_problems(file, sess, m, metadata)
+    return problems
+
+
+def _metadata_problems(file: str, sess: ort.InferenceSession, m: Manifest, how: str) -> list[str]:
+    meta = sess.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    if meta is None:
+        return [f"{file} has no '{METADATA_KEY}' metadata"] if how == "content" else []
+    try:
+        own = Manifest.from_json(meta, f"{file} metadata")
+    except ManifestError as exc:
+        return [str(exc)]
+    if how == "content":
+        mine, theirs = own.to_dict(), m.to_dict()
+        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if differ:  # compared as parsed JSON: formatting and key order do not matter
+            return [f"{file}: its '{METADATA_KEY}' metadata differs from edgelin.json in {', '.join(differ)} (graph and manifest come from different exports)"]
+    elif own.source != m.source or own.model != m.model:
+        return [f"{file} was exported from another model than edgelin.json describes (files from two exports?)"]
+    return []
+
+
+__all__ = ["check_graph", "graph_io"]
