@@ -38,6 +38,8 @@ from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.weights import Renamer, load_weights, read_safetensors
 from edgelin.model import RMSNorm, SwiGLU
 from edgelin.ops import FORMS, State, recurrent_step, state_layout
+from edgelin.runtime.manifest import StateSpec
+from edgelin.state import fresh_state
 
 DEFAULT_CHUNK = 64
 
@@ -197,17 +199,17 @@ class FlaCausalLM(nn.Module):
         self.model.norm = RMSNorm(common.hidden_size, common.norm_eps)
         self.lm_head = None if common.tie_embeddings else nn.Linear(common.hidden_size, common.vocab_size, bias=False)
 
-    # ---- the protocol ------------------------------------------------------------------------------------------
-    def state_layout(self) -> dict[str, tuple]:
-        """"{layer}.{name}" -> (shape with "batch", dtype name, init), in graph order."""
-        return {f"{i}.{name}": spec for i, block in enumerate(self.model.layers) for name, spec in block.attn.state_layout().items()}
-
-    def state_specs(self) -> tuple:
-        from edgelin.runtime.manifest import StateSpec
-
-        return tuple(StateSpec.for_key(key, shape, dtype, init) for key, (shape, dtype, init) in self.state_layout().items())
+    # ---- the model protocol (edgelin.protocol) --------------------------------------------------------------
+    def state_specs(self) -> tuple[StateSpec, ...]:
+        """The state contract, in graph order: per layer the attention's state (S, and z with the denominator)."""
+        return tuple(
+            StateSpec.for_key(f"{i}.{name}", shape, dtype, init)
+            for i, block in enumerate(self.model.layers)
+            for name, (shape, dtype, init) in block.attn.state_layout().items()
+        )
 
     def model_config(self) -> dict[str, Any]:
+        """The manifest's "model" field: the family, the prefill chunk and the checkpoint's own config.json."""
         return {"family": self.family.name, "chunk_size": self.chunk_size, "source_config": self.source}
 
     def with_chunk_size(self, chunk_size: int) -> "FlaCausalLM":
@@ -220,11 +222,7 @@ class FlaCausalLM(nn.Module):
 
     def init_state(self, batch: int) -> State:
         p = self.model.embeddings.weight
-        return {
-            key: torch.full(tuple(batch if d == "batch" else d for d in shape), init,
-                            dtype=torch.int64 if dtype == "int64" else p.dtype, device=p.device)
-            for key, (shape, dtype, init) in self.state_layout().items()
-        }
+        return fresh_state(self.state_specs(), batch, dtype=p.dtype, device=p.device)
 
     def forward(self, input_ids: torch.Tensor, state: State | None = None) -> tuple[torch.Tensor, State]:
         """input_ids [B, T] -> logits [B, T, vocab] and the state after the last token (chunked form)."""

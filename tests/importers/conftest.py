@@ -77,9 +77,13 @@ def build(folder: Path, *, seed: int = 0, tied_save: bool = False, **options) ->
     return folder
 
 
-def load(folder: Path):
-    """fla's own model from ``folder``, on fla's recurrent kernels (the ones Triton's interpreter runs)."""
-    return _fla().LinearAttentionForCausalLM.from_pretrained(folder, attn_mode="fused_recurrent").eval()
+def load(folder: Path, *, fused: bool = False):
+    """fla's own model from ``folder``, on fla's recurrent kernels (the ones Triton's interpreter runs).
+
+    fused=False also runs fla's RMSNorm and SwiGLU in PyTorch instead of its fused kernels (fuse_norm,
+    fuse_swiglu: the same math; the interpreter makes each kernel launch slow)."""
+    overrides = {} if fused else {"fuse_norm": False, "fuse_swiglu": False}
+    return _fla().LinearAttentionForCausalLM.from_pretrained(folder, attn_mode="fused_recurrent", **overrides).eval()
 
 
 @torch.no_grad()
