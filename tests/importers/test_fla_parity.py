@@ -16,6 +16,7 @@ import torch
 from edgelin.checkpoint import load_checkpoint
 from edgelin.exporters import export
 from edgelin.runtime.manifest import Manifest
+from edgelin.validate import validate
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # the running sums S and z, relative L2
@@ -91,7 +92,8 @@ def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
 
 @pytest.mark.parametrize("case_id", EXPORTED)
 def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
-    """The two ONNX graphs in ONNX Runtime, driven from the manifest alone, against fla."""
+    """The two ONNX graphs in ONNX Runtime, driven from the manifest alone, against fla; then edgelin's validate
+    of the export against the checkpoint passes."""
     folder, prompt, steps, (ref_prefill, ref_decode, _) = fla_case(case_id, fla_oracle, tmp_path_factory)
     out = tmp_path_factory.mktemp(f"{case_id}-export") / "export"
     export(folder, out, check=False)
@@ -114,3 +116,5 @@ def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
     print(f"\n{case_id} (ONNX): max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
     assert prefill <= MAX_ABS, f"prefill graph: max abs {prefill:.2e} > {MAX_ABS}"
     assert decode <= MAX_ABS, f"decode graph: max abs {decode:.2e} > {MAX_ABS}"
+    report = validate(out, folder, steps=24, long=300)  # what `edgelin validate OUT --checkpoint PATH` runs
+    assert report.passed, report.table()
