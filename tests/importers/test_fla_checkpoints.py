@@ -181,3 +181,11 @@ def test_cli_export_exits_2_with_one_line(ckpt, tmp_path, change, fragment):
     assert "edgelin: error:" in result.output and fragment in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_half_precision_weights_load_as_float32(ckpt):
+    edit_weights(ckpt, lambda t: t.update({n: v.to(torch.bfloat16) for n, v in t.items()}))
+    model = load_checkpoint(ckpt)
+    weight = model.model.layers[0].attn.q_proj.weight
+    saved = load_file(ckpt / "model.safetensors")["model.layers.0.attn.q_proj.weight"]
+    assert weight.dtype == torch.float32 and torch.equal(weight, saved.to(torch.float32))
