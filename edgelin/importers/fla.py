@@ -38,10 +38,9 @@ from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.weights import Renamer, load_weights, read_safetensors
 from edgelin.model import RMSNorm, SwiGLU
 from edgelin.ops import FORMS, State, recurrent_step, state_layout
+from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.runtime.manifest import StateSpec
 from edgelin.state import fresh_state
-
-DEFAULT_CHUNK = 64
 
 # Fields of any HF-style config that do not change what the model computes.
 GENERIC_FIELDS = frozenset({
@@ -271,6 +270,11 @@ LINEAR_ATTN_MAPS = {
     "elementwise_product": "elementwise_product", "hedgehog": "hedgehog", "t2r": "t2r", "dpfp": "dpfp",
 }
 FLA_DENOMINATOR_EPS = 1e-10  # added to the scaled denominator
+# The ONNX exporter's graph optimizer drops an added constant below 1e-8 as if it were zero (measured with
+# torch 2.13 + onnxscript 0.7.2), which would turn 0 / 0 into NaN where the denominator is exactly zero (dpfp's
+# sparse features make that happen). With the denominator, q is scaled by a further 2^14: numerator and
+# denominator grow alike (exactly, a power of two), and the epsilon becomes 2^14 * 1e-10 = 1.6e-6.
+DENOMINATOR_GAIN = 2.0**14
 FLA_SUM_NORM_EPS = 1e-4  # norm_q / norm_k: phi / (sum phi + 1e-4)
 
 
@@ -322,8 +326,11 @@ class FlaLinearAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, o.num_kv_heads * o.head_v_dim, bias=False)
         self.o_proj = nn.Linear(o.num_heads * o.head_v_dim, hidden, bias=False)
         inner: FeatureMap = make_feature_map(o.feature_map, o.head_k_dim, tie_qk=o.tie_qk)
+        gain = DENOMINATOR_GAIN if o.normalize else 1.0
+        self.eps = FLA_DENOMINATOR_EPS * gain
         self.phi = Adjusted(
-            inner, query_scale=inner.out_dim ** -0.5, sum_norm_query=o.norm_q, sum_norm_key=o.norm_k, sum_eps=FLA_SUM_NORM_EPS,
+            inner, query_scale=inner.out_dim**-0.5 * gain, sum_norm_query=o.norm_q, sum_norm_key=o.norm_k,
+            sum_eps=FLA_SUM_NORM_EPS,
         )
         self.norm = RMSNorm(o.head_v_dim, common.norm_eps)
         if not o.elementwise_affine:  # fla's output norm then has no weight: a fixed 1, not in the checkpoint
@@ -361,7 +368,7 @@ class FlaLinearAttention(nn.Module):
         q = self._heads(self.q_proj(x), o.num_heads, o.head_k_dim)  # [B, H, T, Dk]
         k = self._heads(self.k_proj(x), o.num_kv_heads, o.head_k_dim)  # [B, H, T, Dk]
         v = self._heads(self.v_proj(x), o.num_kv_heads, o.head_v_dim)  # [B, H, T, Dv]
-        common = dict(feature_map=self.phi, initial_state=self._share(state), eps=FLA_DENOMINATOR_EPS, normalize=o.normalize)
+        common = dict(feature_map=self.phi, initial_state=self._share(state), eps=self.eps, normalize=o.normalize)
         if chunk_size is None:
             y, state = recurrent_step(q, k, v, **common)  # [B, H, 1, Dv]
         else:

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.exporters import export
@@ -118,3 +119,24 @@ def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
     assert decode <= MAX_ABS, f"decode graph: max abs {decode:.2e} > {MAX_ABS}"
     report = validate(out, folder, steps=24, long=300)  # what `edgelin validate OUT --checkpoint PATH` runs
     assert report.passed, report.table()
+
+
+def test_zero_denominator_stays_finite_in_the_graphs(fla_oracle, tmp_path):
+    """Keys of zero make dpfp's features zero, so the denominator is exactly 0 and fla gives 0 / (0 + eps) = 0.
+    The exported graphs must keep the epsilon (an optimizer that drops tiny constants would give NaN)."""
+    folder = fla_oracle.build(tmp_path / "ckpt", feature_map="dpfp", norm_feature_map=True)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.attn.k_proj.weight"].zero_()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    export(folder, tmp_path / "out", check=False)
+    manifest = Manifest.load(tmp_path / "out")
+    ids = torch.randint(0, fla_oracle.TINY["vocab_size"], (2, 70), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref, ref_state = load_checkpoint(folder)(ids)
+    assert torch.isfinite(ref).all() and not ref_state["0.z"].any()
+    for graph, tokens in (("prefill", ids), ("decode", ids[:, :1])):
+        session = ort.InferenceSession(str(tmp_path / "out" / manifest.graphs[graph]), providers=["CPUExecutionProvider"])
+        feeds = {manifest.input_ids: tokens.numpy(), **{s.input: np.zeros(s.concrete_shape(2), s.np_dtype) for s in manifest.states}}
+        logits = session.run(None, feeds)[0]
+        assert np.isfinite(logits).all(), f"{graph}: non-finite logits"
+        assert max_abs(torch.from_numpy(logits), ref[:, : tokens.shape[1]]) <= MAX_ABS
