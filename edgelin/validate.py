@@ -34,9 +34,10 @@ from edgelin.parity import BUDGETS
 from edgelin.runtime.check import check_graph
 from edgelin.runtime.files import atomic_write
 from edgelin.runtime.manifest import Manifest
+from edgelin.runtime.options import check_int
 from edgelin.runtime.session import Session, open_session
-from edgelin.runtime.state import State
 from edgelin.state import from_numpy, fresh_state
+from edgelin.threads import torch_threads
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 Progress = Callable[[str], None]
@@ -360,12 +361,8 @@ def validate(
     The comparisons run token by token on small tensors, where one thread is fastest (and extra threads
     only contend): torch and the ONNX Runtime sessions use ``threads`` (default 1) while this runs.
     """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1):
         return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress) -> Report:
@@ -373,8 +370,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
     for name, value, low, high in (("steps", steps, 1, 100_000), ("long", long, 0, 1_000_000), ("threads", threads, 1, 256)):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise EdgelinError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        check_int(name, value, low=low, high=high, error=EdgelinError)
     export_dir = Path(export_dir)
     manifest = Manifest.load(export_dir)
     if manifest.precision not in BUDGETS:

@@ -27,6 +27,7 @@ from edgelin.runtime.sampling import Sampler
 from edgelin.runtime.session import Session, load
 from edgelin.runtime.state import State
 from edgelin.runtime.tokenizer import StreamDecoder
+from edgelin.runtime.options import check_int
 
 MAX_NEW_TOKENS = 1_000_000  # a sane cap: the state is constant-size, but a typo like 1e12 should not run for days
 DEFAULT_PREFILL_CHUNK = 1024
@@ -117,10 +118,8 @@ class _Sequence:
 
 
 def _check_options(max_new_tokens: Any, prefill_chunk: Any, stop: Any) -> list[str]:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise RuntimeInputError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, np.integer)) or prefill_chunk < 1:
-        raise RuntimeInputError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
+    check_int("max_new_tokens", max_new_tokens, low=0, high=MAX_NEW_TOKENS)
+    check_int("prefill_chunk", prefill_chunk, low=1)
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
         raise RuntimeInputError(f"stop sequences must be non-empty strings, got {stop!r}")

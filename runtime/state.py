@@ -23,6 +23,7 @@ import onnxruntime as ort
 from edgelin.errors import RuntimeInputError
 from edgelin.runtime.files import atomic_write
 from edgelin.runtime.manifest import Manifest
+from edgelin.runtime.options import check_int
 
 SNAPSHOT_FORMAT = "edgelin-state/1"
 HEADER_KEY = "__edgelin_state__"
@@ -52,9 +53,7 @@ class State:
     @classmethod
     def fresh(cls, manifest: Manifest, batch: int, device: Device = CPU) -> "State":
         """Every state at its spec's ``init`` value: the state before the first token."""
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise RuntimeInputError(f"batch must be a positive integer, got {batch!r}")
-        batch = int(batch)
+        batch = check_int("batch", batch, low=1)
         arrays = [np.full(s.concrete_shape(batch), s.init, dtype=s.np_dtype) for s in manifest.states]
         return cls(manifest, batch, [to_ortvalue(a, device) for a in arrays], device)
 

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Protocol
 import numpy as np
 
 from edgelin.errors import ManifestError, RuntimeInputError
+from edgelin.runtime.options import check_int
 
 REPLACEMENT = "\ufffd"
 
@@ -83,8 +84,8 @@ def make_tokenizer(spec: dict[str, Any]) -> Tokenizer:
             f"(known: {', '.join(TOKENIZERS)}); pass token ids instead of text"
         )
     eos = spec.get("eos_id")
-    if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or eos < 0):
-        raise ManifestError(f"tokenizer 'eos_id' must be a non-negative integer, got {eos!r}")
+    if eos is not None:
+        check_int("tokenizer 'eos_id'", eos, low=0, error=ManifestError)
     return TOKENIZERS[kind](eos_id=eos)
 
 
