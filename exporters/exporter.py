@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -28,7 +26,9 @@ from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weig
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, DecodeGraph, PrefillGraph, io_names
 from edgelin.model import LinearLM
+from edgelin.runtime.files import check_output_dir, make_parents, remove_created, remove_stale_temps, replace_dir, temp_dir
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest, StateSpec
+from edgelin.safety import check_finite_weights
 
 MIN_OPSET, MAX_OPSET = 18, 23  # the default exporter's lowest opset .. the newest ORT 1.2x runs
 DEFAULT_OPSET = 18  # the most portable: older edge runtimes read it
@@ -79,6 +79,7 @@ def _resolve_source(source: str | Path | LinearLM, chunk_size: int | None) -> tu
     else:
         model = load_checkpoint(source)
         digest = weights_sha256(source)
+    check_finite_weights(model)  # with or without the smoke check: NaN weights export silently otherwise
     if chunk_size is not None:
         model = model.with_chunk_size(chunk_size)
     return model.float().eval(), digest
@@ -180,18 +181,6 @@ def _smoke_check(model: LinearLM, out: Path, manifest: Manifest) -> dict[str, fl
     return errors
 
 
-def _install(tmp: Path, out_dir: Path, force: bool) -> None:
-    if out_dir.exists():
-        if not force:
-            raise ExportError(f"{out_dir} already exists; pass --force to replace it")
-        trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-        os.replace(out_dir, trash / out_dir.name)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-
-
 def export(
     source: str | Path | LinearLM,
     out_dir: str | Path,
@@ -205,19 +194,17 @@ def export(
     """Export ``source`` (a checkpoint folder or a LinearLM) into ``out_dir``; see the module docstring."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
+    protect = () if isinstance(source, LinearLM) else (source,)
+    replacing = check_output_dir(out_dir, force=force, protect=protect)  # before any work; never a user's folder
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise ExportError(f"{out_dir} already exists; pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"{out_dir} exists and is not a folder; choose another output path")
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
+    for stale in remove_stale_temps(parent, out_dir.name):
+        say(f"removed {stale}, left by an earlier export that was killed")
+    created = make_parents(parent)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp.", dir=parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
+        tmp = temp_dir(parent, out_dir.name)
     except OSError as exc:
+        remove_created(created)
         raise ExportError(f"cannot write to {parent}: {exc.strerror or exc}; choose a writable output folder") from None
 
     try:
@@ -270,16 +257,17 @@ def export(
                     + f" > {SMOKE_BUDGET:.0e}; run `edgelin validate` on an export made with --no-check to see where"
                 )
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        _install(tmp, out_dir, force)
-    except EdgelinError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if replacing:
+            say(f"replacing {out_dir}: {replacing}")
+        replace_dir(tmp, out_dir, force=force, protect=protect)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        clean = not tmp.exists() and remove_created(created)
+        if isinstance(exc, (EdgelinError, KeyboardInterrupt, SystemExit)):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); nothing was written") from exc
+        left = "nothing was written" if clean else f"remove {tmp} by hand"
+        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types)
 
 

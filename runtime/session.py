@@ -290,10 +290,26 @@ def _io(sess: ort.InferenceSession, outputs: bool) -> dict[str, Any]:
     return {a.name: a for a in (sess.get_outputs() if outputs else sess.get_inputs())}
 
 
+def graph_role(sess: ort.InferenceSession, m: Manifest) -> str | None:
+    """"prefill" or "decode", as the graph itself says: its name (``edgelin_prefill`` / ``edgelin_decode``),
+    else its input_ids (a fixed length of 1 is the decode graph's); None if it says neither."""
+    name = sess.get_modelmeta().graph_name
+    for role in GRAPHS:
+        if name == f"edgelin_{role}":
+            return role
+    ids = _io(sess, False).get(m.input_ids)
+    if ids is not None and len(ids.shape) == 2:
+        return "decode" if ids.shape[1] == 1 else "prefill" if isinstance(ids.shape[1], str) else None
+    return None
+
+
 def _check_graph(graph: str, file: str, sess: ort.InferenceSession, m: Manifest) -> list[str]:
     """Every problem between one graph and the manifest (names, then dtypes and ranks, then fixed dims)."""
     want_in = {m.input_ids: ("int64", ["batch", "sequence"])} | {s.input: (s.dtype, list(s.shape)) for s in m.states}
     want_out = {m.logits: ("float", ["batch", "sequence", m.vocab_size])} | {s.output: (s.dtype, list(s.shape)) for s in m.states}
+    role = graph_role(sess, m)
+    if role is not None and role != graph:
+        return [f"{file} is the {role} graph but edgelin.json names it as the {graph} graph (were the files swapped or renamed?)"]
     problems = []
     for kind, want, have in (("input", want_in, _io(sess, False)), ("output", want_out, _io(sess, True))):
         for name, (dtype, shape) in want.items():
