@@ -55,7 +55,7 @@ import numpy as np
 
 from edgelin import __version__
 from edgelin.errors import EdgelinError
-from edgelin.runtime.files import atomic_write
+from edgelin.runtime.files import atomic_write, check_output_folder, make_parents
 
 SECTIONS = ("decode", "position", "prefill", "sweep", "floor")
 PROVIDERS = ("cpu", "auto", "cuda")
@@ -911,12 +911,7 @@ def run_bench(
     if memory_cap_gb is not None and not (isinstance(memory_cap_gb, (int, float)) and memory_cap_gb > 0 and math.isfinite(memory_cap_gb)):
         raise BenchError(f"memory cap must be a positive number of GB, got {memory_cap_gb!r}")
     out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BenchError(f"cannot create the output folder {out}: {exc.strerror or exc}") from None
-    if not os.access(out, os.W_OK):
-        raise BenchError(f"the output folder {out} is not writable")
+    check_output_folder(out)  # checked now, created only when there is something to write: a failed run leaves no folder
     if provider == "cuda" and not _cuda_is_active():  # say so now, not after a minute of exports
         raise BenchError("CUDA was requested but ONNX Runtime cannot activate CUDAExecutionProvider here "
                          "(no usable GPU, or CUDA/cuDNN libraries missing); use --provider cpu")
@@ -974,6 +969,7 @@ def run_bench(
         "seconds": time.perf_counter() - t_start,
     }
     report = BenchReport(data)
+    make_parents(out)
     if plots:
         report.plots, data["plots"] = write_plots(data, out)
     else:

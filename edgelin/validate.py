@@ -121,6 +121,12 @@ def _errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return (math.inf, math.inf) if e.nonfinite else (e.max_abs, e.rel_l2)
 
 
+def _nonfinite(x: np.ndarray, what: str) -> str:
+    """A failure note if ``x`` holds NaN or infinities (argmax of NaN logits agrees with anything), else ''."""
+    bad = ~np.isfinite(np.asarray(x))
+    return f"{what} hold {int(bad.sum())} NaN/infinite value(s)" if bad.any() else ""
+
+
 def _within(max_abs: float, rel: float, budget: dict[str, float]) -> bool:
     return parity.within(parity.Errors(max_abs, rel), budget)
 
@@ -169,7 +175,7 @@ class _Validator:
             ok = _within(max_abs, rel, lb) and not bad_state
             where = ""
             if not ok:
-                where = bad_state or "logits out of budget"
+                where = _nonfinite(logits, "ORT logits") or bad_state or "logits out of budget"
                 if bad_state and _within(max_abs, rel, lb):
                     where += " (logits within budget)"
             self.add(Check("prefill", f"T={T} batch={batch}", PASS if ok else FAIL, max_abs, rel, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
@@ -278,8 +284,9 @@ class _Validator:
         prompt = self.ids(1, 24)
         state = session.new_state(1)
         logits = session.prefill(prompt, state)[:, -1]  # [1, V]
-        ort_tokens = []
-        for _ in range(k):
+        ort_tokens, nonfinite = [], _nonfinite(logits, "ORT logits after the prompt")
+        for i in range(k):
+            nonfinite = nonfinite or _nonfinite(logits, f"ORT logits at greedy step {i}")
             tok = int(logits[0].argmax())
             ort_tokens.append(tok)
             logits = session.decode(np.array([[tok]]), state)[:, -1]
@@ -293,8 +300,8 @@ class _Validator:
                 ref, ref_state = self.model.step(torch.tensor([[tok]]), ref_state)
                 ref = ref[:, -1]
         first = next((i for i, (a, b) in enumerate(zip(ort_tokens, torch_tokens)) if a != b), None)
-        self.add(Check("behaviour", f"greedy {k} tokens ORT == PyTorch", PASS if first is None else FAIL,
-                       where="" if first is None else f"first different token at {first}: ORT {ort_tokens[first]} vs PyTorch {torch_tokens[first]}"))
+        where = nonfinite or ("" if first is None else f"first different token at {first}: ORT {ort_tokens[first]} vs PyTorch {torch_tokens[first]}")
+        self.add(Check("behaviour", f"greedy {k} tokens ORT == PyTorch", FAIL if where else PASS, where=where))
         # teacher-forced top-1 agreement over a sequence (informational: near-ties may flip)
         ids = self.ids(2, 200)
         got = session.prefill(ids, session.new_state(2))
@@ -302,8 +309,9 @@ class _Validator:
             want = self.model(torch.from_numpy(ids))[0].numpy()
         agree = parity.agreement(got, want)
         need = self.budgets["top1"]["min_agreement"]
-        self.add(Check("behaviour", f"top-1 agreement {agree * 100:.2f}% (400 positions)", PASS if agree >= need else FAIL,
-                       budget={"min_agreement": need}, where="" if agree >= need else f"agreement {agree:.4f} < {need}"))
+        where = _nonfinite(got, "ORT logits") or _nonfinite(want, "PyTorch logits") or ("" if agree >= need else f"agreement {agree:.4f} < {need}")
+        self.add(Check("behaviour", f"top-1 agreement {agree * 100:.2f}% (400 positions)", FAIL if where else PASS,
+                       budget={"min_agreement": need}, where=where))
 
 
 # ---- 1. structure ------------------------------------------------------------------------------
@@ -369,7 +377,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
-    for name, value, low, high in (("steps", steps, 1, 100_000), ("long", long, 0, 1_000_000), ("threads", threads, 1, 256)):
+    for name, value, low, high in (("steps", steps, 1, 100_000), ("long", long, 0, 1_000_000), ("threads", threads, 1, 256), ("seed", seed, 0, 2**63 - 1)):
         check_int(name, value, low=low, high=high, error=EdgelinError)
     export_dir = Path(export_dir)
     manifest = Manifest.load(export_dir)

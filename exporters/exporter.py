@@ -29,8 +29,9 @@ from edgelin import __version__, parity, protocol
 from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
-from edgelin.runtime.files import temp_dir
+from edgelin.runtime.files import check_output_dir, make_parents, remove_created, remove_stale_temps, replace_dir, temp_dir
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
+from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
 
 MIN_OPSET, MAX_OPSET = 18, 23  # the default exporter's lowest opset .. the newest ORT 1.2x runs
@@ -83,6 +84,7 @@ def _resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, st
     else:
         protocol.check_model(source)
         model, digest = source, model_sha256(source)
+    check_finite_weights(model)  # with or without the smoke check: NaN weights export silently otherwise
     if chunk_size is not None:
         if not hasattr(model, "with_chunk_size"):
             raise ExportError(f"{type(model).__name__} has no with_chunk_size(); export it without --chunk-size")
@@ -177,18 +179,6 @@ def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Error
     return errors
 
 
-def _install(tmp: Path, out_dir: Path, force: bool) -> None:
-    if out_dir.exists():
-        if not force:
-            raise ExportError(f"{out_dir} already exists; pass --force to replace it")
-        trash = temp_dir(out_dir.parent, f".{out_dir.name}.old.")
-        os.replace(out_dir, trash / out_dir.name)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-
-
 def export(
     source: str | Path | torch.nn.Module,
     out_dir: str | Path,
@@ -203,16 +193,17 @@ def export(
     see the module docstring."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
+    protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
+    replacing = check_output_dir(out_dir, force=force, protect=protect)  # before any work; never a user's folder
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise ExportError(f"{out_dir} already exists; pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"{out_dir} exists and is not a folder; choose another output path")
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
+    for stale in remove_stale_temps(parent, out_dir.name):
+        say(f"removed {stale}, left by an earlier export that was killed")
+    created = make_parents(parent)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_dir(parent, f".{out_dir.name}.tmp.")
+        tmp = temp_dir(parent, out_dir.name)
     except OSError as exc:
+        remove_created(created)
         raise ExportError(f"cannot write to {parent}: {exc.strerror or exc}; choose a writable output folder") from None
 
     try:
@@ -252,16 +243,17 @@ def export(
                     + f" (budget {bounds}); run `edgelin validate` on an export made with --no-check to see where"
                 )
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        _install(tmp, out_dir, force)
-    except EdgelinError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if replacing:
+            say(f"replacing {out_dir}: {replacing}")
+        replace_dir(tmp, out_dir, force=force, protect=protect)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        clean = not tmp.exists() and remove_created(created)
+        if isinstance(exc, (EdgelinError, KeyboardInterrupt, SystemExit)):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); nothing was written") from exc
+        left = "nothing was written" if clean else f"remove {tmp} by hand"
+        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types)
 
 
