@@ -1,4 +1,4 @@
-"""Writing files so that a reader never sees half of one. Standard library only.
+"""Writing files so that a reader never sees half of one. Standard library and numpy only.
 
 New files and folders get the ordinary permissions of the user's umask (0666 / 0777 minus it): they are
 created with those modes and the kernel applies the umask, so no process-global umask is read or changed.
@@ -6,10 +6,14 @@ created with those modes and the kernel applies the umask, so no process-global 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import secrets
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
+
+import numpy as np
 
 
 def _fresh(parent: Path, prefix: str, suffix: str, create: Callable[[Path], object]):
@@ -48,4 +52,27 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     return path
 
 
-__all__ = ["atomic_write", "temp_dir"]
+def json_ready(obj: Any) -> Any:
+    """``obj`` with numpy scalars made Python numbers, tuples made lists, and every NaN or infinity made
+    None: JSON has no non-finite numbers, and a result file must stay readable when one slips in."""
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically (``atomic_write``); non-finite numbers become null,
+    so the file is valid JSON (``allow_nan=False``) whatever the numbers."""
+    text = json.dumps(json_ready(obj), indent=indent, allow_nan=False) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+__all__ = ["atomic_write", "json_ready", "temp_dir", "write_json"]
