@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import sys
 
+from edgelin.bench.measure import worker_main  # torch-free
+
 USAGE = "usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON (internal; use `edgelin bench`)"
 
 
 def main(argv: list[str]) -> None:
     if len(argv) == 2 and argv[0] == "--worker":
-        # torch-free: the worker's resident memory must be the graph's, so only measure (numpy, onnxruntime) is imported
-        from edgelin.bench.measure import worker_main
-
         print(json.dumps(worker_main(json.loads(argv[1]))))
     elif len(argv) == 2 and argv[0] == "--export":
-        # imported here, not at the top, so that the --worker branch above never imports torch
+        # imported here, not at the top: the --worker branch must never import torch (its memory is measured)
         from edgelin.bench.baselines import export_worker_main
 
         export_worker_main(argv[1])
