@@ -32,7 +32,7 @@ from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.parity import BUDGETS
 from edgelin.runtime.check import check_graph
-from edgelin.runtime.files import atomic_write
+from edgelin.runtime.files import write_json
 from edgelin.runtime.manifest import Manifest
 from edgelin.runtime.options import check_int
 from edgelin.runtime.session import Session, open_session
@@ -109,7 +109,7 @@ class Report:
         return "\n".join(lines)
 
     def write_json(self, path: str | Path) -> None:
-        atomic_write(path, lambda f: f.write(json.dumps(self.to_dict(), indent=2).encode("utf-8")))
+        write_json(path, self.to_dict())  # non-finite errors (a failed check) become null: valid JSON
 
 
 def _num(x: float | None) -> str:

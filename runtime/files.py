@@ -11,12 +11,14 @@ is ever replaced. Standard library only.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable
 
 from edgelin.errors import OutputError
 
@@ -302,7 +304,28 @@ def replace_dir(tmp: Path, out: Path, *, force: bool, protect: Iterable[str | os
     return replaced
 
 
+def json_ready(obj: Any) -> Any:
+    """``obj`` with numpy scalars made Python numbers, tuples made lists, and every NaN or infinity made
+    None: JSON has no non-finite numbers, and a result file must stay readable when one slips in."""
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if type(obj).__module__ == "numpy" and hasattr(obj, "item"):  # a numpy scalar (no numpy import needed)
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically (``atomic_write``); non-finite numbers become null,
+    so the file is valid JSON (``allow_nan=False``) whatever the numbers."""
+    text = json.dumps(json_ready(obj), indent=indent, allow_nan=False) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
 __all__ = [
-    "atomic_write", "check_output_dir", "check_output_file", "check_output_folder", "export_files", "make_parents", "nearest_existing",
+    "atomic_write", "json_ready", "write_json", "check_output_dir", "check_output_file", "check_output_folder", "export_files", "make_parents", "nearest_existing",
     "remove_created", "remove_stale_temps", "replace_dir", "temp_dir",
 ]
