@@ -17,7 +17,6 @@ Checks, in order:
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
