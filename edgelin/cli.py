@@ -12,6 +12,7 @@ import click
 
 from edgelin import __version__
 from edgelin.cli_common import OneLineGroup, fail, progress, user_errors
+from edgelin.parity import BUDGETS  # one precision per budget table (numpy only)
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -46,8 +47,12 @@ def _default_checkpoint(checkpoint: str | None) -> str:
 @click.option("--chunk-size", type=int, default=None, help="Chunk length of the prefill graph's parallel form [default: the model's].")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists and is empty or an edgelin export (only once the new export succeeded); any other folder is refused.")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch smoke comparison.")
+@click.option("--precision", type=click.Choice(list(BUDGETS)), default="fp32", show_default=True,
+              help="Weights/activations: fp16 (state sums in fp32), int8 (per-channel weights), int4 (MatMulNBits, block 32).")
+@click.option("--state-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="How the recurrent state is stored between steps; float16 only with --precision fp16.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -58,12 +63,13 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check):
     Examples:
       edgelin export models/pydoc-linear -o out/
       edgelin export ckpt/ -o out/ --chunk-size 128 --force
+      edgelin export -o out-int8/ --precision int8
     """
     from edgelin.exporters import export
 
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
-        force=force, check=not no_check, progress=progress,
+        force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype,
     )
     click.echo(result.summary())
 

@@ -11,6 +11,7 @@ comparison of ONNX Runtime (CPU) against PyTorch. A failure leaves nothing behin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -29,6 +30,8 @@ from edgelin import __version__, parity, protocol
 from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
+from edgelin.exporters.precision import check_precision, state_dtypes
+from edgelin.exporters.precision import convert as convert_precision
 from edgelin.runtime.files import check_output_dir, make_parents, remove_created, remove_stale_temps, replace_dir, temp_dir
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
 from edgelin.safety import check_finite_weights
@@ -162,7 +165,8 @@ def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Error
     state = fresh_state(specs, 2)
 
     def run(graph: str, x: torch.Tensor, st) -> tuple[np.ndarray, dict]:
-        got = sessions[graph].run(None, {INPUT_IDS: x.numpy(), **to_numpy(specs, st)})
+        feeds = {name: a.astype(spec.np_dtype, copy=False) for (name, a), spec in zip(to_numpy(specs, st).items(), specs)}
+        got = sessions[graph].run(None, {INPUT_IDS: x.numpy(), **feeds})
         return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])})
 
     with torch.no_grad():
@@ -188,11 +192,15 @@ def export(
     force: bool = False,
     check: bool = True,
     progress: Progress | None = None,
+    precision: str = "fp32",
+    state_dtype: str = "float32",
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
-    see the module docstring."""
+    see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
+    exports only) are applied to the checked fp32 graphs by ``edgelin.exporters.precision``."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
+    check_precision(precision, state_dtype)
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
     replacing = check_output_dir(out_dir, force=force, protect=protect)  # before any work; never a user's folder
     out_dir = Path(out_dir)
@@ -224,11 +232,17 @@ def export(
             model, opset=opset, source=digest,
             extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0, "weights_file": WEIGHTS_FILE},
         )
+        manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype))
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
         manifest_json = manifest.to_json()
         say("checking the graphs (onnx.checker, full check) ...")
         for graph in GRAPH_FILES:
             _finalize(tmp / GRAPH_FILES[graph], manifest_json, graph)
+        if precision != "fp32":
+            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say)
+            manifest_json = manifest.to_json()
+            for graph in GRAPH_FILES:
+                _finalize(tmp / GRAPH_FILES[graph], manifest_json, graph)
         (tmp / MANIFEST_FILE).write_text(manifest_json, encoding="utf-8")
 
         smoke = None
@@ -255,6 +269,19 @@ def export(
         left = "nothing was written" if clean else f"remove {tmp} by hand"
         raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types)
+
+
+def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress) -> tuple[dict, dict]:
+    """The checked fp32 graphs in ``tmp`` rewritten in ``precision``; the manifest's extra fields record
+    the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
+    say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
+    nodes, op_types, kept = {}, {}, {}
+    for graph, fname in GRAPH_FILES.items():
+        proto, note = convert_precision(onnx.load(str(tmp / fname)), precision, state_dtype=state_dtype)
+        onnx.save(proto, str(tmp / fname))
+        nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
+    manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
+    return nodes, op_types
 
 
 def _strip_debug_info(graph: onnx.GraphProto) -> None:
