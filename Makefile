@@ -18,7 +18,7 @@ else
 TORCH_SPEC ?= $(TORCH_CPU)
 endif
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup clean gpu-check
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VENV)/bin/pytest
+
+# fp32 and fp16 of the bundled model on CUDA: validate --providers cpu,cuda, decode/prefill timing, bench
+gpu-check: $(VENV)/.installed
+	$(PY) scripts/gpu_check.py --out gpu-check
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -74,30 +74,22 @@ def load_checkpoint(path: str | Path) -> LinearLM:
     from safetensors.torch import load_file
 
     from edgelin.importers import foreign_model_type, import_checkpoint
+    from edgelin.safety import expected_shapes, header_shapes, shape_problems
 
     if foreign_model_type(_checkpoint_dir(path)) is not None:
         return import_checkpoint(path)
+
     cfg = load_config(path)
     path = Path(path)
+    # the config is checked against the weights file's header before any memory is spent on either
+    problems = shape_problems(expected_shapes(lambda: LinearLM(cfg), cfg), header_shapes(path / WEIGHTS_FILE))
+    if problems:
+        raise CheckpointError(f"{path}: weights do not match {CONFIG_FILE}: {'; '.join(problems)}")
     try:
         tensors = load_file(path / WEIGHTS_FILE, device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path / WEIGHTS_FILE} is not a readable safetensors file ({exc})") from None
     model = LinearLM(cfg)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    wrong = sorted(n for n in set(expected) & set(tensors) if tuple(expected[n].shape) != tuple(tensors[n].shape))
-    problems = []
-    if missing:
-        problems.append(f"missing {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
-    if unexpected:
-        problems.append(f"unexpected {', '.join(unexpected[:4])}{' ...' if len(unexpected) > 4 else ''}")
-    if wrong:
-        n = wrong[0]
-        problems.append(f"shape of {n} is {tuple(tensors[n].shape)}, config expects {tuple(expected[n].shape)}" + (f" (+{len(wrong) - 1} more)" if len(wrong) > 1 else ""))
-    if problems:
-        raise CheckpointError(f"{path}: weights do not match {CONFIG_FILE}: {'; '.join(problems)}")
     model.load_state_dict({n: t.to(torch.float32) for n, t in tensors.items()})
     return model.eval()
 

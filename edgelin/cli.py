@@ -11,9 +11,11 @@ import sys
 import click
 
 from edgelin import __version__
-from edgelin.cli_common import fail, progress, user_errors
+from edgelin.cli_common import OneLineGroup, fail, progress, user_errors
+from edgelin.parity import BUDGETS  # one precision per budget table (numpy only)
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="edgelin")
 def main() -> None:
     """Deploy linear-attention language models with ONNX.
@@ -43,10 +45,14 @@ def _default_checkpoint(checkpoint: str | None) -> str:
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write (must not exist unless --force).")
 @click.option("--opset", default=18, show_default=True, type=int, help="ONNX opset, 18..23. 18 runs on the most runtimes.")
 @click.option("--chunk-size", type=int, default=None, help="Chunk length of the prefill graph's parallel form [default: the model's].")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists (only once the new export succeeded).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists and is empty or an edgelin export (only once the new export succeeded); any other folder is refused.")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch smoke comparison.")
+@click.option("--precision", type=click.Choice(list(BUDGETS)), default="fp32", show_default=True,
+              help="Weights/activations: fp16 (state sums in fp32), int8 (per-channel weights), int4 (MatMulNBits, block 32).")
+@click.option("--state-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
+              help="How the recurrent state is stored between steps; float16 only with --precision fp16.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -57,12 +63,13 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check):
     Examples:
       edgelin export models/pydoc-linear -o out/
       edgelin export ckpt/ -o out/ --chunk-size 128 --force
+      edgelin export -o out-int8/ --precision int8
     """
     from edgelin.exporters import export
 
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
-        force=force, check=not no_check, progress=progress,
+        force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype,
     )
     click.echo(result.summary())
 
@@ -93,18 +100,21 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
       edgelin validate out/ --checkpoint ckpt/
       edgelin validate out/ --checkpoint ckpt/ --providers cpu,cuda --long 10000 --json report.json
     """
+    from edgelin.runtime.files import check_output_file
     from edgelin.validate import validate
 
+    if json_path is not None:  # before the checks run: a bad path must not cost the report
+        check_output_file(json_path, "report file")
     report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress)
+    click.echo(report.table())
     if json_path:
         report.write_json(json_path)
-    click.echo(report.table())
     sys.exit(0 if report.passed else 1)
 
 
 @main.command("demo")
 @click.option("--prompt", default="The for statement", show_default=True, help="Text for the model to continue.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Keep the export in this folder (replaced if it exists) [default: a temporary folder].")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Keep the export in this folder; an existing one is replaced only if it is empty or an edgelin export [default: a temporary folder].")
 @click.option("--max-new-tokens", "-n", default=200, show_default=True, type=int, help="Tokens to generate.")
 @click.option("--temperature", "-t", default=0.0, show_default=True, type=float, help="0 = greedy.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed.")

@@ -7,7 +7,9 @@ in any order.
 from __future__ import annotations
 
 import functools
+import signal
 import sys
+import threading
 from typing import NoReturn
 
 import click
@@ -22,20 +24,62 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that cleanup (``finally``, temporary folders) runs as for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, _frame):
+    raise Terminated(signum)
+
+
 def user_errors(fn):
-    """Turn the library's typed errors (and Ctrl-C) into one line and a non-zero exit, never a traceback."""
+    """Turn the library's typed errors (and Ctrl-C, SIGTERM) into one line and a non-zero exit, never a traceback.
+
+    While the command runs, SIGTERM raises ``Terminated`` (a KeyboardInterrupt): the library cleans up
+    what it was writing, exactly as for Ctrl-C, and the exit status is 128 + the signal number.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
         try:
             return fn(*args, **kwargs)
         except EdgelinError as exc:
             fail(str(exc))
-        except KeyboardInterrupt:
-            click.echo("edgelin: interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as exc:
+            signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+            click.echo(f"edgelin: interrupted ({signal.Signals(signum).name}); nothing half-written was left", err=True)
+            sys.exit(128 + int(signum))
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
     return wrapper
+
+
+class OneLineGroup(click.Group):
+    """A click group whose usage errors (unknown option, bad value, missing argument) read like every
+    other error: one line, ``edgelin: error: ...``, exit status 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "edgelin"
+            fail(f"{' '.join(exc.format_message().split())} (see `{where} --help`)")
+        except click.exceptions.ClickException as exc:
+            fail(" ".join(exc.format_message().split()))
+        except click.exceptions.Abort:
+            click.echo("edgelin: interrupted", err=True)
+            sys.exit(128 + int(signal.SIGINT))
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 def progress(message: str) -> None:

@@ -10,6 +10,7 @@ from typing import Callable
 
 from edgelin.config import ModelConfig
 from edgelin.errors import EdgelinError
+from edgelin.runtime.files import check_output_dir
 
 DEFAULT_PROMPT = "The for statement"
 LONG_CONTEXT = 100_000
@@ -67,6 +68,8 @@ def run_demo(
         raise EdgelinError("this install has no bundled model (edgelin/models/pydoc-linear); reinstall edgelin")
     if not prompt:
         raise EdgelinError("the prompt is empty; pass --prompt with some text")
+    if out_dir is not None:  # before any work; only an empty folder or an edgelin export is ever replaced
+        check_output_dir(out_dir, force=True, protect=(checkpoint,), flag="--out")
     tmp = None
     if out_dir is None:
         tmp = Path(tempfile.mkdtemp(prefix="edgelin-demo-"))

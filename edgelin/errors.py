@@ -31,3 +31,14 @@ class RuntimeInputError(EdgelinError, ValueError):
 
 class ProviderError(EdgelinError):
     """An execution provider was requested but is not really active."""
+
+
+class OutputError(EdgelinError, OSError):
+    """An output path cannot be written, or writing it would replace something edgelin did not write.
+
+    Also an ``OSError``, so code that caught the write failure before still catches it.
+    """
+
+
+class NonFiniteError(EdgelinError, ValueError):
+    """A weight, state or logit is NaN or infinite where a finite number is needed."""

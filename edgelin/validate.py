@@ -17,7 +17,6 @@ Checks, in order:
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,11 +31,12 @@ from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.parity import BUDGETS
 from edgelin.runtime.check import check_graph
-from edgelin.runtime.files import atomic_write
+from edgelin.runtime.files import write_json
 from edgelin.runtime.manifest import Manifest
+from edgelin.runtime.options import check_int
 from edgelin.runtime.session import Session, open_session
-from edgelin.runtime.state import State
 from edgelin.state import from_numpy, fresh_state
+from edgelin.threads import torch_threads
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 Progress = Callable[[str], None]
@@ -65,6 +65,7 @@ class Report:
     providers: dict[str, str]  # requested -> "active" | "not available: why"
     checks: list[Check] = field(default_factory=list)
     drift: list[dict[str, float]] = field(default_factory=list)  # long stream: step -> errors
+    heldout: dict[str, float] = field(default_factory=dict)  # bits/byte of the export and fp32 PyTorch, delta, top-1
     seconds: float = 0.0
     strict_providers: bool = True  # an unavailable provider that was asked for by name fails the run
 
@@ -108,7 +109,7 @@ class Report:
         return "\n".join(lines)
 
     def write_json(self, path: str | Path) -> None:
-        atomic_write(path, lambda f: f.write(json.dumps(self.to_dict(), indent=2).encode("utf-8")))
+        write_json(path, self.to_dict())  # non-finite errors (a failed check) become null: valid JSON
 
 
 def _num(x: float | None) -> str:
@@ -118,6 +119,12 @@ def _num(x: float | None) -> str:
 def _errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     e = parity.errors(got, ref)
     return (math.inf, math.inf) if e.nonfinite else (e.max_abs, e.rel_l2)
+
+
+def _nonfinite(x: np.ndarray, what: str) -> str:
+    """A failure note if ``x`` holds NaN or infinities (argmax of NaN logits agrees with anything), else ''."""
+    bad = ~np.isfinite(np.asarray(x))
+    return f"{what} hold {int(bad.sum())} NaN/infinite value(s)" if bad.any() else ""
 
 
 def _within(max_abs: float, rel: float, budget: dict[str, float]) -> bool:
@@ -168,7 +175,7 @@ class _Validator:
             ok = _within(max_abs, rel, lb) and not bad_state
             where = ""
             if not ok:
-                where = bad_state or "logits out of budget"
+                where = _nonfinite(logits, "ORT logits") or bad_state or "logits out of budget"
                 if bad_state and _within(max_abs, rel, lb):
                     where += " (logits within budget)"
             self.add(Check("prefill", f"T={T} batch={batch}", PASS if ok else FAIL, max_abs, rel, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
@@ -274,11 +281,17 @@ class _Validator:
 
     # ---- 7. behaviour --------------------------------------------------------------------------
     def behaviour(self, session: Session, k: int) -> None:
+        if self.budgets["greedy"]["min_agreement"] >= 1.0:  # exact greedy equality (fp32); else see greedy_agreement
+            self._greedy_exact(session, k)
+        self._top1(session)
+
+    def _greedy_exact(self, session: Session, k: int) -> None:
         prompt = self.ids(1, 24)
         state = session.new_state(1)
         logits = session.prefill(prompt, state)[:, -1]  # [1, V]
-        ort_tokens = []
-        for _ in range(k):
+        ort_tokens, nonfinite = [], _nonfinite(logits, "ORT logits after the prompt")
+        for i in range(k):
+            nonfinite = nonfinite or _nonfinite(logits, f"ORT logits at greedy step {i}")
             tok = int(logits[0].argmax())
             ort_tokens.append(tok)
             logits = session.decode(np.array([[tok]]), state)[:, -1]
@@ -292,8 +305,10 @@ class _Validator:
                 ref, ref_state = self.model.step(torch.tensor([[tok]]), ref_state)
                 ref = ref[:, -1]
         first = next((i for i, (a, b) in enumerate(zip(ort_tokens, torch_tokens)) if a != b), None)
-        self.add(Check("behaviour", f"greedy {k} tokens ORT == PyTorch", PASS if first is None else FAIL,
-                       where="" if first is None else f"first different token at {first}: ORT {ort_tokens[first]} vs PyTorch {torch_tokens[first]}"))
+        where = nonfinite or ("" if first is None else f"first different token at {first}: ORT {ort_tokens[first]} vs PyTorch {torch_tokens[first]}")
+        self.add(Check("behaviour", f"greedy {k} tokens ORT == PyTorch", FAIL if where else PASS, where=where))
+
+    def _top1(self, session: Session) -> None:
         # teacher-forced top-1 agreement over a sequence (informational: near-ties may flip)
         ids = self.ids(2, 200)
         got = session.prefill(ids, session.new_state(2))
@@ -301,8 +316,90 @@ class _Validator:
             want = self.model(torch.from_numpy(ids))[0].numpy()
         agree = parity.agreement(got, want)
         need = self.budgets["top1"]["min_agreement"]
-        self.add(Check("behaviour", f"top-1 agreement {agree * 100:.2f}% (400 positions)", PASS if agree >= need else FAIL,
-                       budget={"min_agreement": need}, where="" if agree >= need else f"agreement {agree:.4f} < {need}"))
+        where = _nonfinite(got, "ORT logits") or _nonfinite(want, "PyTorch logits") or ("" if agree >= need else f"agreement {agree:.4f} < {need}")
+        self.add(Check("behaviour", f"top-1 agreement {agree * 100:.2f}% (400 positions)", FAIL if where else PASS,
+                       budget={"min_agreement": need}, where=where))
+
+    # ---- 8. precision: greedy agreement and held-out text (every precision, against fp32 PyTorch) ----
+    def greedy_agreement(self, session: Session, text: bytes | None, k: int = 64, prompts: int = 8) -> None:
+        """Greedy continuations of ``prompts`` prompts, ORT vs fp32 PyTorch: the mean fraction of the k
+        tokens generated before the first difference (a flipped near-tie ends a prompt's run)."""
+        need = self.budgets["greedy"]["min_agreement"]
+        L = 32
+        if text is not None and len(text) >= prompts * L:
+            step = len(text) // prompts
+            starts = np.array([[b for b in text[i * step : i * step + L]] for i in range(prompts)], dtype=np.int64)  # [P, L]
+        else:
+            starts = self.ids(prompts, L)
+        state = session.new_state(prompts)
+        logits = session.prefill(starts, state, last_only=True)  # [P, V]
+        ort_tokens = np.zeros((prompts, k), dtype=np.int64)
+        for t in range(k):
+            ort_tokens[:, t] = logits.argmax(-1)
+            logits = session.decode(ort_tokens[:, t : t + 1], state)[:, -1]
+        torch_tokens = np.zeros((prompts, k), dtype=np.int64)
+        with torch.no_grad():
+            ref, ref_state = self.model(torch.from_numpy(starts))
+            ref = ref[:, -1]
+            for t in range(k):
+                torch_tokens[:, t] = ref.argmax(-1).numpy()
+                ref, ref_state = self.model.step(torch.from_numpy(torch_tokens[:, t : t + 1]), ref_state)
+                ref = ref[:, -1]
+        same = np.cumprod(ort_tokens == torch_tokens, axis=1).sum(1)  # [P] tokens before the first difference
+        agree = float(same.mean() / k)
+        ok = agree >= need
+        self.add(Check("precision", f"greedy {k} tokens x {prompts} prompts: {agree * 100:.1f}% before the first difference",
+                       PASS if ok else FAIL, budget={"min_agreement": need},
+                       where="" if ok else f"identical run lengths per prompt {same.tolist()} of {k}"))
+
+    def heldout(self, session: Session, text: bytes | None, max_bytes: int, seq_len: int = 256) -> dict[str, float]:
+        """Bits per byte of the export and of fp32 PyTorch on ``text`` (windows of seq_len bytes, each from a
+        fresh state, every byte after the first predicted once) and top-1 agreement over the same positions."""
+        b = self.budgets["heldout"]
+        if text is None:
+            self.add(Check("precision", "held-out text: bits/byte delta", NA, where="needs a byte-tokenizer model and pydoc_data"))
+            return {}
+        data = np.frombuffer(text[:max_bytes], dtype=np.uint8).astype(np.int64)
+        n = (len(data) - 1) // seq_len
+        windows = np.stack([data[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)])  # [n, seq_len + 1]
+        nats_ort = nats_ref = 0.0
+        agree = 0
+        for start in range(0, n, 8):
+            w = windows[start : start + 8]
+            got = session.prefill(w[:, :-1], session.new_state(len(w))).astype(np.float64)  # [b, seq_len, V]
+            with torch.no_grad():
+                ref = self.model(torch.from_numpy(w[:, :-1]))[0].double().numpy()
+            nats_ort += _nll(got, w[:, 1:])
+            nats_ref += _nll(ref, w[:, 1:])
+            agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+        count = n * seq_len
+        bpb_ort, bpb_ref = nats_ort / count / math.log(2), nats_ref / count / math.log(2)
+        delta, top1 = bpb_ort - bpb_ref, agree / count
+        ok = abs(delta) <= b["max_bpb_delta"] and top1 >= b["min_agreement"]
+        self.add(Check("precision", f"held-out {count} bytes: {bpb_ort:.4f} bits/byte vs {bpb_ref:.4f} (delta {delta:+.4f}), top-1 {top1 * 100:.2f}%",
+                       PASS if ok else FAIL, budget=dict(b),
+                       where="" if ok else f"bits/byte delta {delta:+.4f}, top-1 agreement {top1:.4f}"))
+        return {"bytes": count, "bpb": bpb_ort, "bpb_fp32_torch": bpb_ref, "bpb_delta": delta, "top1": top1}
+
+
+def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
+    """Summed -log p(target) in nats; logits [b, T, V] float64, targets [b, T]."""
+    top = logits.max(-1, keepdims=True)
+    logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]  # [b, T]
+    return float((logz - np.take_along_axis(logits, targets[..., None], -1)[..., 0]).sum())
+
+
+def heldout_text(manifest: Manifest) -> bytes | None:
+    """The held-out slice of the bundled model's corpus (the last 10 % of CPython's pydoc topics), for a
+    byte-tokenizer export; None where the model reads other tokens or the corpus is not installed."""
+    if manifest.tokenizer.get("kind") != "bytes" or manifest.vocab_size < 256:
+        return None
+    try:
+        from edgelin.models.train import load_corpus, split_corpus
+
+        return split_corpus(load_corpus())[1]
+    except ImportError:
+        return None
 
 
 # ---- 1. structure ------------------------------------------------------------------------------
@@ -353,6 +450,7 @@ def validate(
     seed: int = 0,
     threads: int = 1,
     progress: Progress | None = None,
+    heldout_bytes: int = 8192,
 ) -> Report:
     """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a model that follows
     edgelin.protocol, or None = the bundled model).
@@ -360,21 +458,17 @@ def validate(
     The comparisons run token by token on small tensors, where one thread is fastest (and extra threads
     only contend): torch and the ONNX Runtime sessions use ``threads`` (default 1) while this runs.
     """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress)
-    finally:
-        torch.set_num_threads(previous)
+    with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1):
+        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes)
 
 
-def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress) -> Report:
+def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192) -> Report:
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
-    for name, value, low, high in (("steps", steps, 1, 100_000), ("long", long, 0, 1_000_000), ("threads", threads, 1, 256)):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise EdgelinError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    for name, value, low, high in (("steps", steps, 1, 100_000), ("long", long, 0, 1_000_000), ("threads", threads, 1, 256),
+                                   ("seed", seed, 0, 2**63 - 1), ("heldout_bytes", heldout_bytes, 514, 1 << 24)):
+        check_int(name, value, low=low, high=high, error=EdgelinError)
     export_dir = Path(export_dir)
     manifest = Manifest.load(export_dir)
     if manifest.precision not in BUDGETS:
@@ -432,6 +526,10 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         report.drift = v.long_stream(cpu, long)
     say("behaviour ...")
     v.behaviour(cpu, k=32)
+    say(f"precision ({manifest.precision}) vs fp32 PyTorch: greedy agreement, held-out bits/byte ...")
+    text = heldout_text(manifest)
+    v.greedy_agreement(cpu, text)
+    report.heldout = v.heldout(cpu, text, heldout_bytes)
     report.checks.extend(v.checks)
     report.seconds = time.perf_counter() - t_start
     return report

@@ -11,6 +11,7 @@ comparison of ONNX Runtime (CPU) against PyTorch. A failure leaves nothing behin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -29,8 +30,11 @@ from edgelin import __version__, parity, protocol
 from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
-from edgelin.runtime.files import temp_dir
+from edgelin.exporters.precision import check_precision, state_dtypes
+from edgelin.exporters.precision import convert as convert_precision
+from edgelin.runtime.files import check_output_dir, make_parents, remove_created, remove_stale_temps, replace_dir, temp_dir
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
+from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
 
 MIN_OPSET, MAX_OPSET = 18, 23  # the default exporter's lowest opset .. the newest ORT 1.2x runs
@@ -83,6 +87,7 @@ def _resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, st
     else:
         protocol.check_model(source)
         model, digest = source, model_sha256(source)
+    check_finite_weights(model)  # with or without the smoke check: NaN weights export silently otherwise
     if chunk_size is not None:
         if not hasattr(model, "with_chunk_size"):
             raise ExportError(f"{type(model).__name__} has no with_chunk_size(); export it without --chunk-size")
@@ -160,7 +165,8 @@ def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Error
     state = fresh_state(specs, 2)
 
     def run(graph: str, x: torch.Tensor, st) -> tuple[np.ndarray, dict]:
-        got = sessions[graph].run(None, {INPUT_IDS: x.numpy(), **to_numpy(specs, st)})
+        feeds = {name: a.astype(spec.np_dtype, copy=False) for (name, a), spec in zip(to_numpy(specs, st).items(), specs)}
+        got = sessions[graph].run(None, {INPUT_IDS: x.numpy(), **feeds})
         return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])})
 
     with torch.no_grad():
@@ -177,18 +183,6 @@ def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Error
     return errors
 
 
-def _install(tmp: Path, out_dir: Path, force: bool) -> None:
-    if out_dir.exists():
-        if not force:
-            raise ExportError(f"{out_dir} already exists; pass --force to replace it")
-        trash = temp_dir(out_dir.parent, f".{out_dir.name}.old.")
-        os.replace(out_dir, trash / out_dir.name)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-
-
 def export(
     source: str | Path | torch.nn.Module,
     out_dir: str | Path,
@@ -198,21 +192,26 @@ def export(
     force: bool = False,
     check: bool = True,
     progress: Progress | None = None,
+    precision: str = "fp32",
+    state_dtype: str = "float32",
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
-    see the module docstring."""
+    see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
+    exports only) are applied to the checked fp32 graphs by ``edgelin.exporters.precision``."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
+    check_precision(precision, state_dtype)
+    protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
+    replacing = check_output_dir(out_dir, force=force, protect=protect)  # before any work; never a user's folder
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise ExportError(f"{out_dir} already exists; pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportError(f"{out_dir} exists and is not a folder; choose another output path")
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
+    for stale in remove_stale_temps(parent, out_dir.name):
+        say(f"removed {stale}, left by an earlier export that was killed")
+    created = make_parents(parent)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_dir(parent, f".{out_dir.name}.tmp.")
+        tmp = temp_dir(parent, out_dir.name)
     except OSError as exc:
+        remove_created(created)
         raise ExportError(f"cannot write to {parent}: {exc.strerror or exc}; choose a writable output folder") from None
 
     try:
@@ -233,11 +232,17 @@ def export(
             model, opset=opset, source=digest,
             extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0, "weights_file": WEIGHTS_FILE},
         )
+        manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype))
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
         manifest_json = manifest.to_json()
         say("checking the graphs (onnx.checker, full check) ...")
         for graph in GRAPH_FILES:
             _finalize(tmp / GRAPH_FILES[graph], manifest_json, graph)
+        if precision != "fp32":
+            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say)
+            manifest_json = manifest.to_json()
+            for graph in GRAPH_FILES:
+                _finalize(tmp / GRAPH_FILES[graph], manifest_json, graph)
         (tmp / MANIFEST_FILE).write_text(manifest_json, encoding="utf-8")
 
         smoke = None
@@ -252,17 +257,31 @@ def export(
                     + f" (budget {bounds}); run `edgelin validate` on an export made with --no-check to see where"
                 )
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        _install(tmp, out_dir, force)
-    except EdgelinError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if replacing:
+            say(f"replacing {out_dir}: {replacing}")
+        replace_dir(tmp, out_dir, force=force, protect=protect)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        clean = not tmp.exists() and remove_created(created)
+        if isinstance(exc, (EdgelinError, KeyboardInterrupt, SystemExit)):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); nothing was written") from exc
+        left = "nothing was written" if clean else f"remove {tmp} by hand"
+        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types)
+
+
+def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress) -> tuple[dict, dict]:
+    """The checked fp32 graphs in ``tmp`` rewritten in ``precision``; the manifest's extra fields record
+    the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
+    say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
+    nodes, op_types, kept = {}, {}, {}
+    for graph, fname in GRAPH_FILES.items():
+        proto, note = convert_precision(onnx.load(str(tmp / fname)), precision, state_dtype=state_dtype)
+        onnx.save(proto, str(tmp / fname))
+        nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
+    manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
+    return nodes, op_types
 
 
 def _strip_debug_info(graph: onnx.GraphProto) -> None:

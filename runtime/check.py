@@ -22,6 +22,19 @@ def graph_io(sess: ort.InferenceSession, outputs: bool) -> dict[str, Any]:
     return {a.name: a for a in (sess.get_outputs() if outputs else sess.get_inputs())}
 
 
+def graph_role(sess: ort.InferenceSession, m: Manifest) -> str | None:
+    """"prefill" or "decode", as the graph itself says: its name (``edgelin_prefill`` / ``edgelin_decode``),
+    else its input_ids (a fixed length of 1 is the decode graph's); None if it says neither."""
+    name = sess.get_modelmeta().graph_name
+    for role in SEQUENCE:
+        if name == f"edgelin_{role}":
+            return role
+    ids = graph_io(sess, False).get(m.input_ids)
+    if ids is not None and len(ids.shape) == 2:
+        return "decode" if ids.shape[1] == 1 else "prefill" if isinstance(ids.shape[1], str) else None
+    return None
+
+
 def _dims_problem(have: list, want: list) -> bool:
     """A manifest int must be that int; a manifest symbol must not be a fixed size."""
     if len(have) != len(want):
@@ -37,13 +50,11 @@ def check_graph(role: str, file: str, sess: ort.InferenceSession, m: Manifest, *
     seq = SEQUENCE[role]
     want_in = {m.input_ids: ("int64", ["batch", seq])} | {s.input: (s.dtype, list(s.shape)) for s in m.states}
     want_out = {m.logits: ("float", ["batch", seq, m.vocab_size])} | {s.output: (s.dtype, list(s.shape)) for s in m.states}
+    role_found = graph_role(sess, m)
+    if role_found is not None and role_found != role:
+        return [f"{file} is the {role_found} graph but edgelin.json names it as the {role} graph (were the files swapped or renamed?)"]
     problems = []
     have_in = graph_io(sess, False)
-    ids = have_in.get(m.input_ids)
-    other = "decode" if role == "prefill" else "prefill"
-    if ids is not None and len(ids.shape) == 2 and _dims_problem(list(ids.shape), ["batch", seq]) and not _dims_problem(list(ids.shape), ["batch", SEQUENCE[other]]):
-        problems.append(f"{file} is a {other} graph ({m.input_ids} {list(ids.shape)}), but edgelin.json names it as the {role} graph: are the files swapped?")
-        return problems
     for kind, want, have in (("input", want_in, have_in), ("output", want_out, graph_io(sess, True))):
         for name, (dtype, shape) in want.items():
             arg = have.get(name)
@@ -82,4 +93,4 @@ def _metadata_problems(file: str, sess: ort.InferenceSession, m: Manifest, how: 
     return []
 
 
-__all__ = ["check_graph", "graph_io"]
+__all__ = ["check_graph", "graph_io", "graph_role"]

@@ -1,51 +1,331 @@
-"""Writing files so that a reader never sees half of one. Standard library only.
+"""Writing files and folders so that a reader never sees half of one, and nothing edgelin did not write
+is ever replaced. Standard library only.
 
-New files and folders get the ordinary permissions of the user's umask (0666 / 0777 minus it): they are
-created with those modes and the kernel applies the umask, so no process-global umask is read or changed.
+- ``atomic_write``: one file, through a temporary file beside it and a rename.
+- ``check_output_file`` / ``check_output_dir``: every output path is checked before any work starts.
+- ``replace_dir``: move a finished folder into place, replacing only what ``check_output_dir`` allowed.
+- ``remove_stale_temps``: the hidden ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders an export killed
+  by SIGKILL leaves behind are removed by the next export to the same place (only that pattern, only
+  when the process that made them is gone, only when they hold nothing but export files).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 import secrets
+import shutil
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterable
+
+from edgelin.errors import OutputError
+
+MANIFEST_FILE = "edgelin.json"  # also runtime.manifest.MANIFEST_FILE (that module imports numpy; this one must not)
+EXPORT_FILE_SUFFIXES = (".onnx", ".json", ".data")  # what an export (or its temporary folder) may hold
 
 
 def _fresh(parent: Path, prefix: str, suffix: str, create: Callable[[Path], object]):
+    """(path, create(path)) for a new name ``parent/{prefix}xxxxxxxx{suffix}``. Files and folders are created
+    with mode 0666 / 0777 and the kernel applies the umask: ordinary permissions, and no process-global
+    umask is read or changed (that would race with other threads)."""
     for _ in range(100):
         path = parent / f"{prefix}{secrets.token_hex(4)}{suffix}"
         try:
             return path, create(path)
         except FileExistsError:
             continue
-    raise FileExistsError(f"cannot find a free temporary name in {parent}")
-
-
-def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
-    """A new empty folder ``parent/{prefix}XXXXXXXX`` with ordinary permissions (not mkdtemp's 0700)."""
-    path, _ = _fresh(Path(parent), prefix, "", lambda p: os.mkdir(p, 0o777))
-    return path
+    raise FileExistsError(f"no free temporary name in {parent}")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
     """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
 
-    On any failure the temporary file is removed and ``path`` is untouched.
+    On any failure the temporary file is removed and ``path`` is untouched; a failure of the file
+    system (read-only folder, disk full) raises ``OutputError`` with one line.
     """
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
-    tmp, fd = _fresh(parent, f".{path.name}.", ".tmp", lambda p: os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        tmp, fd = _fresh(parent, f".{path.name}.", ".tmp", lambda p: os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}; nothing was written") from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OutputError):
+            raise
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}; {path} was left as it was") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
 
 
-__all__ = ["atomic_write", "temp_dir"]
+# ---- checking output paths before any work -------------------------------------------------------
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (the folder new folders would be created in)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable_folder(folder: Path, path: Path, what: str) -> None:
+    if not folder.is_dir():
+        raise OutputError(f"cannot write the {what} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write the {what} {path}: folder {folder} is not writable")
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output file", *, create_parents: bool = False) -> Path:
+    """Check, before any work, that ``path`` can be written as a file: not empty, not a folder, its
+    folder exists (or, with ``create_parents``, can be created) and is writable. Raises OutputError."""
+    if str(path) == "":
+        raise OutputError(f"the {what} path is empty; name a file")
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"the {what} {path} is a folder; name a file")
+    if path.exists() and not path.is_file():
+        raise OutputError(f"the {what} {path} exists and is not a regular file; name another file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.exists() and not create_parents:
+        raise OutputError(f"cannot write the {what} {path}: its folder does not exist ({folder}); create it first")
+    _writable_folder(nearest_existing(folder), path, what)
+    return path
+
+
+def check_output_folder(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """Check, before any work, that files can later be written into the folder ``path`` (existing, or
+    creatable in its closest existing ancestor). Nothing is created here. Raises OutputError."""
+    if str(path) == "":
+        raise OutputError(f"the {what} path is empty; name a folder")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"the {what} {path} exists and is not a folder; choose another path")
+    _writable_folder(nearest_existing(path), path, what)
+    return path
+
+
+def _inside(a: Path, b: Path) -> bool:
+    """a is b or lies inside b (both resolved)."""
+    return a == b or b in a.parents
+
+
+def export_files(folder: Path) -> list[str] | None:
+    """The entries of ``folder`` if it is an edgelin export -- an ``edgelin.json`` whose ``format`` is
+    edgelin's and nothing but the files it names and export files (``.onnx``, ``.json``, ``.data``) --
+    else None."""
+    import json
+
+    try:
+        entries = sorted(os.listdir(folder))
+        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not str(manifest.get("format", "")).startswith("edgelin/"):
+        return None
+    for name in entries:
+        p = folder / name
+        if p.is_symlink() or not p.is_file() or not name.endswith(EXPORT_FILE_SUFFIXES):
+            return None
+    return entries
+
+
+def describe_entries(folder: Path, limit: int = 3) -> str:
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        return "entries that cannot be listed"
+    shown = ", ".join(entries[:limit]) + (f", ... ({len(entries)} entries)" if len(entries) > limit else "")
+    return shown
+
+
+def check_output_dir(
+    path: str | os.PathLike, *, force: bool = False, protect: Iterable[str | os.PathLike] = (), what: str = "output folder",
+    flag: str = "--force",
+) -> str | None:
+    """Check, before any work, that a folder may be written (or replaced) at ``path``.
+
+    Refused: an empty path or ``.``, the current folder or one that holds it, a path that is, holds or
+    lies inside one of ``protect`` (e.g. the checkpoint), an existing file or symbolic link, an existing
+    folder without ``force``, and -- even with ``force`` -- an existing folder that is neither empty nor
+    an edgelin export. Returns what will be replaced ("an empty folder", "an edgelin export (3 files)")
+    or None when nothing exists at ``path``. Raises OutputError naming the folder and what it holds.
+    """
+    if str(path) in ("", "."):
+        raise OutputError(f"the {what} {str(path)!r} would be the current folder; name a new folder, e.g. -o out/")
+    path = Path(path)
+    resolved = Path(os.path.realpath(path))
+    if _inside(Path(os.path.realpath(Path.cwd())), resolved):
+        raise OutputError(f"the {what} {path} is the current folder or holds it; name a new folder")
+    for p in protect:
+        guarded = Path(os.path.realpath(p))
+        if _inside(resolved, guarded) or _inside(guarded, resolved):
+            raise OutputError(
+                f"the {what} {path} is, holds or lies inside the checkpoint {p}; write the export somewhere else"
+            )
+    _writable_folder(nearest_existing(path.parent if str(path.parent) else Path(".")), path, what)
+    if path.is_symlink():
+        raise OutputError(f"the {what} {path} is a symbolic link; name the folder itself or a new one")
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        raise OutputError(f"the {what} {path} exists and is not a folder; choose another path")
+    if not force:
+        raise OutputError(f"{path} already exists; pass {flag} to replace it (only an empty folder or an edgelin export is replaced)")
+    try:
+        empty = not os.listdir(path)
+    except OSError as exc:
+        raise OutputError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    if empty:
+        return "an empty folder"
+    files = export_files(path)
+    if files is None:
+        raise OutputError(
+            f"{path} holds {describe_entries(path)} and is not an edgelin export; {flag} replaces only an empty "
+            f"folder or an edgelin export -- choose another folder"
+        )
+    return f"an edgelin export ({len(files)} files)"
+
+
+# ---- creating, replacing, cleaning up ------------------------------------------------------------
+def make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing ancestors; return the ones created (outermost first) so that a
+    failure can remove them again (``remove_created``)."""
+    folder = Path(os.path.abspath(folder))
+    missing = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    missing.reverse()
+    try:
+        for p in missing:
+            p.mkdir()
+    except OSError as exc:
+        remove_created(missing)
+        raise OutputError(f"cannot create the folder {p}: {exc.strerror or exc}") from None
+    return missing
+
+
+def remove_created(folders: list[Path]) -> bool:
+    """Remove folders ``make_parents`` created, innermost first, if they are (still) empty; True if all are gone."""
+    for p in reversed(folders):
+        try:
+            p.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return True
+
+
+def temp_dir(folder: Path, name: str, kind: str = "tmp") -> Path:
+    """A new hidden folder ``.NAME.KIND.PID.xxxxxxxx`` in ``folder`` with ordinary permissions."""
+    path, _ = _fresh(Path(folder), f".{name}.{kind}.{os.getpid()}.", "", lambda p: os.mkdir(p, 0o777))
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, OSError):
+        return True
+    return True
+
+
+def _only_export_files(folder: Path, name: str) -> bool:
+    """The folder holds only export files, or (a ``.old`` folder) one subfolder ``name`` that does."""
+    for entry in os.scandir(folder):
+        if entry.is_symlink():
+            return False
+        if entry.is_dir():
+            if entry.name != name or not all(e.is_file(follow_symlinks=False) and e.name.endswith(EXPORT_FILE_SUFFIXES) for e in os.scandir(entry.path)):
+                return False
+        elif not entry.name.endswith(EXPORT_FILE_SUFFIXES):
+            return False
+    return True
+
+
+def remove_stale_temps(folder: Path, name: str) -> list[Path]:
+    """Remove ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders in ``folder`` left by an export that was
+    killed (its process is gone) and that hold only export files. Returns the folders removed."""
+    pattern = re.compile(rf"^\.{re.escape(name)}\.(tmp|old)\.(\d+)\.[A-Za-z0-9_]+$")
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or entry.is_symlink() or not entry.is_dir() or _pid_alive(int(m.group(2))):
+            continue
+        path = Path(entry.path)
+        try:
+            if _only_export_files(path, name):
+                shutil.rmtree(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def replace_dir(tmp: Path, out: Path, *, force: bool, protect: Iterable[str | os.PathLike] = ()) -> str | None:
+    """Move the finished folder ``tmp`` to ``out``. An existing ``out`` is checked again (it may have
+    changed while the work ran) and replaced only if ``check_output_dir`` allows it; if the final
+    rename fails, the old folder is put back. Returns what was replaced, as ``check_output_dir``."""
+    replaced = check_output_dir(out, force=force, protect=protect)
+    try:
+        if replaced is None:
+            os.replace(tmp, out)
+            return None
+        trash = temp_dir(out.parent if str(out.parent) else Path("."), out.name, "old")
+        os.replace(out, trash / out.name)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            os.replace(trash / out.name, out)
+            shutil.rmtree(trash, ignore_errors=True)
+            raise
+        shutil.rmtree(trash, ignore_errors=True)
+    except OSError as exc:
+        raise OutputError(f"cannot move the new export into {out}: {exc.strerror or exc}") from None
+    return replaced
+
+
+def json_ready(obj: Any) -> Any:
+    """``obj`` with numpy scalars made Python numbers, tuples made lists, and every NaN or infinity made
+    None: JSON has no non-finite numbers, and a result file must stay readable when one slips in."""
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    if type(obj).__module__ == "numpy" and hasattr(obj, "item"):  # a numpy scalar (no numpy import needed)
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    return obj
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically (``atomic_write``); non-finite numbers become null,
+    so the file is valid JSON (``allow_nan=False``) whatever the numbers."""
+    text = json.dumps(json_ready(obj), indent=indent, allow_nan=False) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+__all__ = [
+    "atomic_write", "json_ready", "write_json", "check_output_dir", "check_output_file", "check_output_folder", "export_files", "make_parents", "nearest_existing",
+    "remove_created", "remove_stale_temps", "replace_dir", "temp_dir",
+]

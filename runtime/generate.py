@@ -17,16 +17,17 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from edgelin.errors import ManifestError, RuntimeInputError
+from edgelin.errors import ManifestError, NonFiniteError, RuntimeInputError
+from edgelin.runtime.files import check_output_file
 from edgelin.runtime.sampling import Sampler
 from edgelin.runtime.session import Session, load
 from edgelin.runtime.state import State
 from edgelin.runtime.tokenizer import StreamDecoder
+from edgelin.runtime.options import check_int
 
 MAX_NEW_TOKENS = 1_000_000  # a sane cap: the state is constant-size, but a typo like 1e12 should not run for days
 DEFAULT_PREFILL_CHUNK = 1024
@@ -117,10 +118,8 @@ class _Sequence:
 
 
 def _check_options(max_new_tokens: Any, prefill_chunk: Any, stop: Any) -> list[str]:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise RuntimeInputError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, (int, np.integer)) or prefill_chunk < 1:
-        raise RuntimeInputError(f"prefill_chunk must be a positive integer, got {prefill_chunk!r}")
+    check_int("max_new_tokens", max_new_tokens, low=0, high=MAX_NEW_TOKENS)
+    check_int("prefill_chunk", prefill_chunk, low=1)
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
         raise RuntimeInputError(f"stop sequences must be non-empty strings, got {stop!r}")
@@ -234,12 +233,13 @@ class Generator:
         self.stats.prefill_s = time.perf_counter() - start
         state = states[0] if n == 1 else State.stack(states)  # [n, ...]
         logits = np.concatenate(last)  # [n, V]
+        _check_finite(logits, "after the prompt (prefill)", list(range(n)))
         rows = list(range(n))  # sequence index of each batch row
         rng = self.sampler.rng()
         if self.max_new_tokens == 0:
             self._finish(state, rows, None)
             return
-        first = None
+        first, step = None, 0
         while True:
             ids = self.sampler(logits, rng)  # [R]
             now = time.perf_counter()
@@ -259,6 +259,8 @@ class Generator:
                 self._finish(state, rows, ids)
                 return
             logits = session.decode(ids[:, None], state)[:, 0]  # [R, V]; finished rows take in their last token too
+            step += 1
+            _check_finite(logits[live], f"at decode step {step}", [rows[r] for r in live])
             if len(live) < len(rows):
                 done = [row for row in range(len(rows)) if row not in live]
                 self._final.update(zip((rows[r] for r in done), state.rows(done).split()))
@@ -288,6 +290,17 @@ class Generator:
                 self._final.update(zip(rows, state.split()))
                 self._after = State.stack([self._final[i] for i in range(len(self._seqs))])
         return self._after
+
+
+def _check_finite(logits: np.ndarray, when: str, seqs: list[int]) -> None:
+    """Stop with an error, not garbage tokens, when the model's logits [R, V] are NaN or infinite."""
+    bad = ~np.isfinite(logits).all(axis=-1)  # [R]
+    if bad.any():
+        seq = seqs[int(np.flatnonzero(bad)[0])]
+        raise NonFiniteError(
+            f"the logits became NaN/infinite {when} (sequence {seq}); the model or its state has overflowed -- "
+            "check the weights (edgelin validate) or start from a fresh state"
+        )
 
 
 def _optional_tokenizer(session: Session):
@@ -327,12 +340,12 @@ def generate_text(
         raise RuntimeInputError("the prompt is empty; give some text with --prompt")
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load
     _check_options(max_new_tokens, prefill_chunk, stop)
+    if state_out is not None:  # before any work: a bad path must not cost the generated text
+        check_output_file(state_out, "state file")
     t0 = time.perf_counter()
     session = export if isinstance(export, Session) else load(export, provider=provider, threads=threads)
     load_s = time.perf_counter() - t0
     state = session.load_state(state_in, batch=1) if state_in is not None else None
-    if state_out is not None and not Path(state_out).parent.is_dir():
-        raise RuntimeInputError(f"cannot write the state to {state_out}: its folder does not exist")
     gen = Generator(
         session, prompt, state=state, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
         top_p=top_p, seed=seed, stop=stop, prefill_chunk=prefill_chunk,

@@ -18,6 +18,8 @@ Standard library + numpy only.
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ BATCH = "batch"
 STATE_PREFIX, PRESENT_PREFIX = "state.", "present."  # graph input / output name of the state with key K
 DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
 GRAPHS = ("prefill", "decode")
+MAX_DIM = 1 << 31  # a fixed dim or vocabulary size beyond this is a corrupt manifest
+MAX_MANIFEST_BYTES = 16 << 20
 REQUIRED = (
     "format", "graphs", "input_ids", "logits", "states", "vocab_size", "tokenizer",
     "model", "opset", "precision", "edgelin_version", "source",
@@ -77,7 +81,7 @@ class StateSpec:
         return tuple(batch if d == BATCH else int(d) for d in self.shape)
 
     def nbytes(self, batch: int = 1) -> int:
-        return int(np.prod(self.concrete_shape(batch))) * self.np_dtype.itemsize
+        return math.prod(self.concrete_shape(batch)) * self.np_dtype.itemsize  # exact: no int64 overflow
 
     def to_dict(self) -> dict[str, Any]:
         return {"input": self.input, "output": self.output, "shape": list(self.shape), "dtype": self.dtype, "init": self.init}
@@ -85,20 +89,33 @@ class StateSpec:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "StateSpec":
         if not isinstance(d, dict):
-            raise ManifestError(f"{where} must be an object")
+            raise ManifestError(f"{where} must be an object, got {_kind(d)}")
         for key in ("input", "output", "shape", "dtype", "init"):
             if key not in d:
                 raise ManifestError(f"{where} has no {key!r}")
-        if d["dtype"] not in DTYPES:
-            raise ManifestError(f"{where} has dtype {d['dtype']!r}; supported: {', '.join(DTYPES)}")
+        for key in ("input", "output"):
+            if not _name_ok(d[key]):
+                raise ManifestError(f"{where}: {key!r} must be a non-empty name (text), got {_short(d[key])}")
+        if not isinstance(d["dtype"], str) or d["dtype"] not in DTYPES:
+            raise ManifestError(f"{where} has dtype {_short(d['dtype'])}; supported: {', '.join(DTYPES)}")
         shape = d["shape"]
-        if not isinstance(shape, list) or not all((isinstance(s, int) and s > 0) or isinstance(s, str) for s in shape):
-            raise ManifestError(f"{where} has shape {shape!r}; expected a list of positive ints and symbolic names")
-        if shape[:1] != [BATCH]:
-            raise ManifestError(f"{where} has shape {shape!r}; the first dim must be {BATCH!r}")
+        if not isinstance(shape, list) or not shape or not all(_dim_ok(s) for s in shape):
+            raise ManifestError(
+                f"{where} has shape {_short(shape)}; expected a list of positive integers (at most {MAX_DIM:,}) after {BATCH!r}"
+            )
+        if shape[0] != BATCH:
+            raise ManifestError(f"{where} has shape {_short(shape)}; the first dim must be {BATCH!r}")
         if any(isinstance(s, str) for s in shape[1:]):
-            raise ManifestError(f"{where} has shape {shape!r}; only the batch dim may be symbolic")
-        return cls(str(d["input"]), str(d["output"]), tuple(shape), d["dtype"], d["init"])
+            raise ManifestError(f"{where} has shape {_short(shape)}; only the batch dim may be symbolic")
+        init = d["init"]
+        if d["dtype"] == "int64":
+            if isinstance(init, bool) or not isinstance(init, int) or not -(2**63) <= init < 2**63:
+                raise ManifestError(f"{where}: 'init' must be an int64 integer for an int64 state, got {_short(init)}")
+        elif isinstance(init, bool) or not isinstance(init, (int, float)) or not math.isfinite(init):
+            raise ManifestError(f"{where}: 'init' must be a finite number, got {_short(init)}")
+        elif not _fits(init, d["dtype"]):
+            raise ManifestError(f"{where}: 'init' {init!r} does not fit in {d['dtype']}")
+        return cls(d["input"], d["output"], tuple(shape), d["dtype"], init)
 
 
 @dataclass(frozen=True)
@@ -147,10 +164,10 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: Any, where: str = MANIFEST_FILE) -> "Manifest":
         if not isinstance(d, dict):
-            raise ManifestError(f"{where} must hold a JSON object")
+            raise ManifestError(f"{where} must hold a JSON object, got {_kind(d)}")
         if d.get("format") != FORMAT:
             raise ManifestError(
-                f"{where} has format {d.get('format')!r}; this edgelin reads {FORMAT!r} -- re-export the model with this version"
+                f"{where} has format {_short(d.get('format'))}; this edgelin reads {FORMAT!r} -- re-export the model with this version"
             )
         missing = [k for k in REQUIRED if k not in d]
         if missing:
@@ -158,32 +175,46 @@ class Manifest:
         graphs = d["graphs"]
         if not isinstance(graphs, dict) or any(not isinstance(graphs.get(g), str) for g in GRAPHS):
             raise ManifestError(f"{where}: 'graphs' must name the files of {' and '.join(GRAPHS)}")
+        for g in GRAPHS:
+            if not plain_file_name(graphs[g]):
+                raise ManifestError(
+                    f"{where}: graphs.{g} is {_short(graphs[g])}; a graph must be a plain file name inside the export "
+                    "folder (no folder, no '..', no absolute path)"
+                )
+        if graphs["prefill"] == graphs["decode"]:
+            raise ManifestError(f"{where}: 'graphs' names one file, {graphs['prefill']!r}, for both graphs; re-export the model")
+        for key in ("input_ids", "logits"):
+            if not _name_ok(d[key]):
+                raise ManifestError(f"{where}: {key!r} must be a non-empty name (text), got {_short(d[key])}")
         states = d["states"]
         if not isinstance(states, list):
-            raise ManifestError(f"{where}: 'states' must be a list")
+            raise ManifestError(f"{where}: 'states' must be a list, got {_kind(states)}")
         specs = tuple(StateSpec.from_dict(s, f"{where}: states[{i}]") for i, s in enumerate(states))
-        names = [s.input for s in specs] + [s.output for s in specs]
+        names = [d["input_ids"], d["logits"]] + [s.input for s in specs] + [s.output for s in specs]
         if len(set(names)) != len(names):
-            raise ManifestError(f"{where}: state names are not unique")
-        if not isinstance(d["vocab_size"], int) or d["vocab_size"] < 1:
-            raise ManifestError(f"{where}: 'vocab_size' must be a positive integer, got {d['vocab_size']!r}")
+            raise ManifestError(f"{where}: input, output and state names are not unique")
+        if isinstance(d["vocab_size"], bool) or not isinstance(d["vocab_size"], int) or not 1 <= d["vocab_size"] <= MAX_DIM:
+            raise ManifestError(f"{where}: 'vocab_size' must be a positive integer (at most {MAX_DIM:,}), got {_short(d['vocab_size'])}")
         if not isinstance(d["tokenizer"], dict) or "kind" not in d["tokenizer"]:
             raise ManifestError(f"{where}: 'tokenizer' must be an object with a 'kind'")
+        if not isinstance(d["model"], dict):
+            raise ManifestError(f"{where}: 'model' must be an object (the model config), got {_kind(d['model'])}")
+        if isinstance(d["opset"], bool) or not isinstance(d["opset"], int) or not 1 <= d["opset"] <= 1000:
+            raise ManifestError(f"{where}: 'opset' must be an integer, got {_short(d['opset'])}")
+        for key in ("precision", "edgelin_version", "source"):
+            if not isinstance(d[key], str):
+                raise ManifestError(f"{where}: {key!r} must be text, got {_short(d[key])}")
         extra = {k: v for k, v in d.items() if k not in REQUIRED}
         return cls(
-            graphs={g: graphs[g] for g in GRAPHS}, input_ids=str(d["input_ids"]), logits=str(d["logits"]),
+            graphs={g: graphs[g] for g in GRAPHS}, input_ids=d["input_ids"], logits=d["logits"],
             states=specs, vocab_size=d["vocab_size"], tokenizer=dict(d["tokenizer"]), model=dict(d["model"]),
-            opset=int(d["opset"]), precision=str(d["precision"]), edgelin_version=str(d["edgelin_version"]),
-            source=str(d["source"]), extra=extra,
+            opset=d["opset"], precision=d["precision"], edgelin_version=d["edgelin_version"],
+            source=d["source"], extra=extra,
         )
 
     @classmethod
     def from_json(cls, text: str, where: str = MANIFEST_FILE) -> "Manifest":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ManifestError(f"{where} is not valid JSON ({exc})") from None
-        return cls.from_dict(data, where)
+        return cls.from_dict(parse_json(text, where), where)
 
     @classmethod
     def load(cls, export_dir: str | Path) -> "Manifest":
@@ -193,10 +224,101 @@ class Manifest:
         path = export_dir / MANIFEST_FILE
         if not path.is_file():
             raise ManifestError(f"{export_dir} is not an edgelin export: it has no {MANIFEST_FILE}; run `edgelin export` first")
-        return cls.from_json(path.read_text(encoding="utf-8"), str(path))
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{path} is {len(data):,} bytes; a manifest is at most {MAX_MANIFEST_BYTES:,} -- re-export the model")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"{path} is not UTF-8 text (byte {exc.start}); re-export the model") from None
+        return cls.from_json(text, str(path))
 
     def graph_path(self, export_dir: str | Path, graph: str) -> Path:
-        return Path(export_dir) / self.graphs[graph]
+        """The file of ``graph`` in ``export_dir``; ManifestError if it (through a symbolic link) lies outside."""
+        export_dir = Path(export_dir)
+        path = export_dir / self.graphs[graph]
+        real = Path(os.path.realpath(path))
+        if real.parent != Path(os.path.realpath(export_dir)):
+            raise ManifestError(
+                f"{path} leads outside the export folder (to {real}); a graph must be a file inside {export_dir}"
+            )
+        return path
 
 
-__all__ = ["BATCH", "DTYPES", "FORMAT", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "Manifest", "StateSpec", "state_io_names"]
+# ---- strict reading helpers ----------------------------------------------------------------------
+def _kind(x: Any) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null"}.get(type(x), type(x).__name__)
+
+
+def _short(x: Any, limit: int = 60) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _name_ok(x: Any) -> bool:
+    return isinstance(x, str) and 0 < len(x) <= 256 and "\x00" not in x
+
+
+def _dim_ok(x: Any) -> bool:
+    if isinstance(x, str):
+        return _name_ok(x)
+    return not isinstance(x, bool) and isinstance(x, int) and 1 <= x <= MAX_DIM
+
+
+def plain_file_name(name: Any) -> bool:
+    """A file name with no folder part: not empty, not '.' or '..', no '/' or '\\', no NUL."""
+    return (
+        isinstance(name, str) and 0 < len(name) <= 255 and name not in (".", "..")
+        and not any(c in name for c in ("/", "\\", "\x00")) and not os.path.isabs(name)
+    )
+
+
+def _fits(value: float, dtype: str) -> bool:
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.asarray(value, dtype=DTYPES[dtype])))
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: Any, where: str = MANIFEST_FILE) -> Any:
+    """Strict JSON: NaN / Infinity are refused, so are nesting deep enough to exhaust the stack."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"{where} is not UTF-8 text (byte {exc.start})") from None
+    if not isinstance(text, str):
+        raise ManifestError(f"{where} must be JSON text, got {type(text).__name__}")
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{where} is not valid JSON ({exc})") from None
+    except ValueError as exc:
+        raise ManifestError(f"{where} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ManifestError(f"{where} is nested too deeply to be a manifest") from None
+
+
+def canonical_json(text: str, where: str = MANIFEST_FILE) -> str:
+    """The manifest's content in one canonical form (sorted keys, no insignificant space)."""
+    return json.dumps(parse_json(text, where), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
+    """True if two manifest texts hold the same JSON content, whatever their indentation or key order.
+    Text that is not valid JSON equals nothing."""
+    try:
+        return canonical_json(a_text) == canonical_json(b_text)
+    except ManifestError:
+        return False
+
+
+__all__ = [
+    "BATCH", "DTYPES", "FORMAT", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "Manifest", "StateSpec", "state_io_names",
+    "canonical_json", "canonical_manifest_equal", "parse_json", "plain_file_name",
+]

@@ -5,13 +5,12 @@ Everything works on a batch: logits [B, V] -> token ids [B].
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.random  # noqa: F401  -- numpy imports it lazily; pay that here, not in time-to-first-token
 
-from edgelin.errors import RuntimeInputError
+from edgelin.runtime.options import check_int, check_number
 
 
 def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
@@ -56,15 +55,11 @@ class Sampler:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        t, k, p, s = self.temperature, self.top_k, self.top_p, self.seed
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 or t > 100:
-            raise RuntimeInputError(f"temperature must be a number in [0, 100] (0 = greedy), got {t!r}")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-            raise RuntimeInputError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise RuntimeInputError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
-        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0):
-            raise RuntimeInputError(f"seed must be an integer >= 0, got {s!r}")
+        check_number("temperature", self.temperature, low=0, high=100, hint="0 = greedy")
+        check_int("top_k", self.top_k, low=0, hint="0 = off")
+        check_number("top_p", self.top_p, low=0, high=1, open_low=True, hint="1 = off")
+        if self.seed is not None:
+            check_int("seed", self.seed, low=0)
 
     @property
     def greedy(self) -> bool:

@@ -26,6 +26,7 @@ from edgelin.runtime.check import check_graph, graph_io
 from edgelin.runtime.manifest import GRAPHS, Manifest
 from edgelin.runtime.state import CPU, Device, State, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
+from edgelin.runtime.options import check_int
 
 PROVIDERS = ("auto", "cpu", "cuda")
 CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -145,8 +146,8 @@ class Session:
         T = ids.shape[1]
         if chunk is None:
             chunk = T
-        elif isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
-            raise RuntimeInputError(f"prefill chunk must be a positive integer, got {chunk!r}")
+        else:
+            chunk = check_int("prefill chunk", chunk, low=1)
         pieces = []
         for start in range(0, T, chunk):
             logits = self._run("prefill", ids[:, start:start + chunk], state)  # [B, t, V]
@@ -270,8 +271,8 @@ def make_session_options(
     optimized_path: str | os.PathLike | None = None,
 ) -> ort.SessionOptions:
     """The one place ONNX Runtime session options are made (the Session, the exporter's check, the bench)."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024):
-        raise RuntimeInputError(f"threads must be an integer in [1, 1024] (or None for ONNX Runtime's default), got {threads!r}")
+    if threads is not None:
+        check_int("threads", threads, low=1, high=1024, hint="or None for ONNX Runtime's default")
     if optimization not in OPTIMIZATION:
         raise RuntimeInputError(f"optimization must be one of {', '.join(OPTIMIZATION)}, got {optimization!r}")
     so = ort.SessionOptions()

@@ -23,6 +23,8 @@ import onnxruntime as ort
 from edgelin.errors import RuntimeInputError
 from edgelin.runtime.files import atomic_write
 from edgelin.runtime.manifest import Manifest
+from edgelin.runtime.memory import check_bytes
+from edgelin.runtime.options import check_int
 
 SNAPSHOT_FORMAT = "edgelin-state/1"
 HEADER_KEY = "__edgelin_state__"
@@ -52,9 +54,8 @@ class State:
     @classmethod
     def fresh(cls, manifest: Manifest, batch: int, device: Device = CPU) -> "State":
         """Every state at its spec's ``init`` value: the state before the first token."""
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise RuntimeInputError(f"batch must be a positive integer, got {batch!r}")
-        batch = int(batch)
+        batch = check_int("batch", batch, low=1)
+        check_bytes(manifest.state_bytes(batch), f"a state of {batch:,} sequence(s)", "use a smaller batch")
         arrays = [np.full(s.concrete_shape(batch), s.init, dtype=s.np_dtype) for s in manifest.states]
         return cls(manifest, batch, [to_ortvalue(a, device) for a in arrays], device)
 
@@ -64,16 +65,24 @@ class State:
 
         With ``copy=False`` a CPU state shares the arrays' memory.
         """
+        if not isinstance(arrays, dict):
+            raise RuntimeInputError(f"state arrays must be a dict of state name -> array, got {type(arrays).__name__}")
         missing = [s.input for s in manifest.states if s.input not in arrays]
         extra = sorted(set(arrays) - {s.input for s in manifest.states})
         if missing or extra:
             raise RuntimeInputError(
                 f"state arrays do not match this model: missing {missing or 'none'}, unexpected {extra or 'none'}"
             )
-        batch = int(np.shape(arrays[manifest.states[0].input])[0]) if manifest.states else 1
+        first = np.shape(arrays[manifest.states[0].input]) if manifest.states else (1,)
+        if len(first) == 0 or first[0] < 1:
+            raise RuntimeInputError(f"state {manifest.states[0].input!r} has shape {list(first)}; the first dim is the batch (>= 1)")
+        batch = int(first[0])
         values = []
         for s in manifest.states:
-            a = np.asarray(arrays[s.input])
+            try:
+                a = np.asarray(arrays[s.input])
+            except (ValueError, TypeError) as exc:
+                raise RuntimeInputError(f"state {s.input!r} is not an array ({exc})") from None
             if a.shape != s.concrete_shape(batch) or a.dtype != s.np_dtype:
                 raise RuntimeInputError(
                     f"state {s.input!r} is {a.dtype}{list(a.shape)}; this model needs "
@@ -169,29 +178,91 @@ class State:
 
     @classmethod
     def load(cls, path: str | os.PathLike, manifest: Manifest, device: Device = CPU, *, batch: int | None = None) -> "State":
-        """Read a snapshot written by ``save``; refuse one from another model, or of another batch size if ``batch`` is given."""
+        """Read a snapshot written by ``save``; refuse one from another model, or of another batch size if
+        ``batch`` is given, and one that holds NaN or infinite values."""
         path = Path(path)
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except FileNotFoundError:
-            raise RuntimeInputError(f"state file {path} does not exist") from None
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-            raise RuntimeInputError(f"{path} is not an edgelin state file ({exc.__class__.__name__}); pass a file written by --state-out / State.save") from None
-        try:
-            header = json.loads(arrays.pop(HEADER_KEY).tobytes().decode("utf-8"))
-        except (KeyError, ValueError):
-            raise RuntimeInputError(f"{path} is not an edgelin state file (no header); pass a file written by --state-out / State.save") from None
-        if header.get("format") != SNAPSHOT_FORMAT:
-            raise RuntimeInputError(f"{path} has state format {header.get('format')!r}; this edgelin reads {SNAPSHOT_FORMAT!r}")
-        if header.get("source") != manifest.source or header.get("model") != manifest.model:
-            what = "weights" if header.get("source") != manifest.source else "config"
-            raise RuntimeInputError(
-                f"{path} was saved from another model (its {what} differ from this export's); a state only continues the model that made it"
-            )
-        if batch is not None and header.get("batch") != batch:
-            raise RuntimeInputError(f"{path} holds {header.get('batch')} sequence(s) but {batch} are needed here")
+        arrays = _read_snapshot(path, manifest, batch)
+        for s in manifest.states:
+            a = arrays.get(s.input)
+            if a is not None and np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                raise RuntimeInputError(
+                    f"{path}: state {s.input!r} holds {int((~np.isfinite(a)).sum())} NaN/infinite value(s); "
+                    "a state that went non-finite cannot be continued -- start a fresh one"
+                )
         return cls.from_arrays(manifest, arrays, device, copy=False)
+
+
+NOT_A_STATE = "pass a file written by --state-out / State.save"
+MAX_HEADER_BYTES = 1 << 20
+NPY_HEADER_ROOM = 1 << 16  # an .npy member is its array plus a header of at most this many bytes
+
+
+def _read_snapshot(path: Path, manifest: Manifest, batch: int | None) -> dict[str, np.ndarray]:
+    """The arrays of a snapshot, after its header was checked against ``manifest`` and every member's
+    size against the state it should hold (a corrupt file never makes numpy allocate more)."""
+    if path.is_dir():
+        raise RuntimeInputError(f"state file {path} is a folder; {NOT_A_STATE}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except FileNotFoundError:
+        raise RuntimeInputError(f"state file {path} does not exist") from None
+    except OSError as exc:
+        raise RuntimeInputError(f"cannot read state file {path}: {exc.strerror or exc}") from None
+    if magic.startswith(b"\x93NUMPY"):
+        raise RuntimeInputError(f"{path} is a single .npy array, not an edgelin state file (.npz with a header); {NOT_A_STATE}")
+    if not magic.startswith(b"PK"):
+        raise RuntimeInputError(f"{path} is not an edgelin state file (not an .npz archive); {NOT_A_STATE}")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = {i.filename: i for i in zf.infolist()}
+            head = infos.get(HEADER_KEY + ".npy")
+            if head is None:
+                raise RuntimeInputError(f"{path} is not an edgelin state file (no header); {NOT_A_STATE}")
+            if head.file_size > MAX_HEADER_BYTES:
+                raise RuntimeInputError(f"{path} has a {head.file_size:,}-byte header; not an edgelin state file")
+            with np.load(path, allow_pickle=False) as npz:
+                raw = npz[HEADER_KEY]
+                header = _check_header(path, raw, manifest, batch)
+                want = {s.input: s.nbytes(header["batch"]) for s in manifest.states}
+                members = {name[:-4] for name in infos if name.endswith(".npy")} - {HEADER_KEY}
+                unknown = sorted(members - set(want))
+                if unknown:
+                    raise RuntimeInputError(f"{path} holds arrays this model does not have: {', '.join(unknown[:4])}")
+                for name in members:
+                    if infos[name + ".npy"].file_size > want[name] + NPY_HEADER_ROOM:
+                        raise RuntimeInputError(f"{path}: array {name!r} is larger than this model's state; not an edgelin state file")
+                return {name: npz[name] for name in members}
+    except RuntimeInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- zip, zlib and numpy raise many kinds for a corrupt file
+        raise RuntimeInputError(f"{path} is not a readable edgelin state file ({exc.__class__.__name__}); {NOT_A_STATE}") from None
+
+
+def _check_header(path: Path, raw: np.ndarray, manifest: Manifest, batch: int | None) -> dict:
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise RuntimeInputError(f"{path} has a malformed header; {NOT_A_STATE}")
+    try:
+        header = json.loads(raw.tobytes().decode("utf-8"))
+    except (ValueError, RecursionError):
+        raise RuntimeInputError(f"{path} has a malformed header (not JSON); {NOT_A_STATE}") from None
+    if not isinstance(header, dict):
+        raise RuntimeInputError(f"{path} has a malformed header (not an object); {NOT_A_STATE}")
+    if header.get("format") != SNAPSHOT_FORMAT:
+        fmt = header.get("format")
+        raise RuntimeInputError(f"{path} has state format {str(fmt)[:40]!r}; this edgelin reads {SNAPSHOT_FORMAT!r}")
+    if header.get("source") != manifest.source or header.get("model") != manifest.model:
+        what = "weights" if header.get("source") != manifest.source else "config"
+        raise RuntimeInputError(
+            f"{path} was saved from another model (its {what} differ from this export's); a state only continues the model that made it"
+        )
+    held = header.get("batch")
+    if isinstance(held, bool) or not isinstance(held, int) or held < 1:
+        raise RuntimeInputError(f"{path} has a malformed header ('batch' is {str(held)[:40]!r}); {NOT_A_STATE}")
+    if batch is not None and held != batch:
+        raise RuntimeInputError(f"{path} holds {held} sequence(s) but {batch} are needed here")
+    check_bytes(manifest.state_bytes(held), f"the state in {path} ({held:,} sequences)", "it cannot be loaded on this machine")
+    return header
 
 
 __all__ = ["CPU", "SNAPSHOT_FORMAT", "State", "to_ortvalue"]

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Protocol
 import numpy as np
 
 from edgelin.errors import ManifestError, RuntimeInputError
+from edgelin.runtime.options import check_int
 
 REPLACEMENT = "\ufffd"
 
@@ -35,7 +36,12 @@ class StreamDecoder(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens: vocabulary of 256, no special tokens unless the manifest names an eos."""
+    """UTF-8 bytes as tokens: vocabulary of 256, no special tokens unless the manifest names an eos.
+
+    A prompt from the command line whose bytes are not valid UTF-8 (Python hands them over as lone
+    surrogates U+DC80..U+DCFF) is encoded as those raw bytes: a byte model reads any bytes. Any other
+    lone surrogate is not text and raises RuntimeInputError.
+    """
 
     vocab_size = 256
 
@@ -45,7 +51,15 @@ class ByteTokenizer:
     def encode(self, text: str) -> np.ndarray:
         if not isinstance(text, str):
             raise RuntimeInputError(f"the prompt must be text (str), got {type(text).__name__}")
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)  # [T]
+        try:
+            # surrogateescape: bytes of a command-line argument that were not UTF-8 come back as those bytes
+            data = text.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError as exc:
+            raise RuntimeInputError(
+                f"the prompt holds a lone surrogate {text[exc.start]!r} at character {exc.start}, which is not text; "
+                "pass valid Unicode text"
+            ) from None
+        return np.frombuffer(data, dtype=np.uint8).astype(np.int64)  # [T]
 
     def decode(self, ids: Iterable[int]) -> str:
         dec = self.decoder()
@@ -83,8 +97,8 @@ def make_tokenizer(spec: dict[str, Any]) -> Tokenizer:
             f"(known: {', '.join(TOKENIZERS)}); pass token ids instead of text"
         )
     eos = spec.get("eos_id")
-    if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or eos < 0):
-        raise ManifestError(f"tokenizer 'eos_id' must be a non-negative integer, got {eos!r}")
+    if eos is not None:
+        check_int("tokenizer 'eos_id'", eos, low=0, error=ManifestError)
     return TOKENIZERS[kind](eos_id=eos)
 
 

@@ -13,18 +13,18 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from edgelin.bench import SECTIONS, _finite, interleaved, stats, write_json_atomic, write_plots
 from edgelin.cli_bench import bench
+from edgelin.runtime.files import write_json
 
 STAT_KEYS = ("median", "p10", "p90", "min", "max")
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    import torch
-
     from edgelin.checkpoint import save_checkpoint
     from edgelin.config import ModelConfig
     from edgelin.model import LinearLM
@@ -205,6 +205,18 @@ def test_json_is_written_atomically(tmp_path):
     assert json.loads(path.read_text()) == {"x": 1.5, "bad": None, "n": 3}
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]
     assert _finite([float("inf"), 2.0]) == [None, 2.0]
+    write_json(tmp_path / "other.json", {"t": (1, np.float64("-inf")), "ok": np.bool_(True)})  # the one JSON writer
+    assert json.loads((tmp_path / "other.json").read_text()) == {"t": [1, None], "ok": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "other.json"]
+
+
+def test_package_worker_and_report_import_without_torch():
+    """edgelin.bench loads its submodules on use: the worker's and the report's imports never reach torch."""
+    code = ("import sys; sys.modules['torch'] = None; "
+            "import edgelin.bench, edgelin.bench.measure, edgelin.bench.report, edgelin.bench.__main__; "
+            "from edgelin.bench import stats, interleaved, machine_facts, format_table, BenchReport; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
 def test_prefill_worker_is_torch_free(tmp_path):
@@ -227,3 +239,57 @@ def test_prefill_worker_is_torch_free(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(result["times_s"]) >= 2 and result["peak_rss_bytes"] >= result["rss_before_bytes"] > 0
     assert result["providers"] == ["CPUExecutionProvider"]
+
+
+class Wrapped(torch.nn.Module):
+    """Follows edgelin.protocol without being a LinearLM: no cfg, init_state or with_chunk_size."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner = inner
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    @property
+    def chunk_size(self) -> int:
+        return self.inner.chunk_size
+
+    def forward(self, input_ids, state=None):
+        return self.inner(input_ids, state)
+
+    def step(self, input_ids, state):
+        return self.inner.step(input_ids, state)
+
+    def state_specs(self):
+        return self.inner.state_specs()
+
+    def model_config(self) -> dict:
+        return {"wrapped": self.inner.model_config()}
+
+
+def test_any_protocol_model_is_timed_without_the_softmax_twin(checkpoint, tmp_path):
+    """A model that is not a LinearLM: its export is timed through state_specs; the twin and the O(T^2) form are skipped, saying why."""
+    from edgelin.bench import run_bench
+    from edgelin.checkpoint import load_checkpoint
+
+    report = run_bench(Wrapped(load_checkpoint(checkpoint)), quick=True, threads=1, out_dir=tmp_path / "out", plots=False)
+    data = json.loads(report.json_path.read_text())
+    assert data["model"]["config"] == {"wrapped": load_checkpoint(checkpoint).model_config()} and data["model"]["parameters"] > 0
+    for B, row in data["decode"]["batches"].items():
+        for name in ("torch_eager", "ort_run", "ort_iobinding"):
+            positive_stats(row[name], f"decode[{B}].{name}")
+    position = data["position"]
+    assert position["softmax_baseline"].startswith("skipped: the model is not a LinearLM (Wrapped)")
+    for r in position["rows"]:
+        positive_stats(r["linear_ms"], "linear_ms")
+        assert r["linear_state_bytes"] == 2176 and "softmax_kv_ms" not in r and "kv_cache_bytes" not in r
+    prefill = data["prefill"]
+    assert {r["form"] for r in prefill["rows"] if r["status"] == "ok"} == {"chunk", "chunk_pieces"}, prefill["skipped"]
+    assert set(prefill["forms_not_run"]) == {"parallel", "softmax"} and set(prefill["forms"]) == {"chunk", "chunk_pieces"}
+    sweep = data["sweep"]
+    assert [r["chunk"] for r in sweep["rows"]] == [16] and "with_chunk_size" in sweep["note"]
+    assert data["method"]["verification"]["max_abs_error"] == {}  # nothing exported here besides the model's own (smoke-checked) export
+    table = report.table()
+    assert "softmax twin skipped" in table and "not run: the model is not a LinearLM" in table and "4. floor" in table

@@ -35,11 +35,12 @@ from torch import nn
 from edgelin.errors import CheckpointError
 from edgelin.feature_maps import Adjusted, FeatureMap, make_feature_map
 from edgelin.importers import CONFIG_FILE, read_config
-from edgelin.importers.weights import Renamer, load_weights, read_safetensors
+from edgelin.importers.weights import WEIGHTS_FILE, Renamer, load_weights, match, read_safetensors
 from edgelin.model import RMSNorm, SwiGLU
 from edgelin.ops import FORMS, State, recurrent_step, state_layout
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.runtime.manifest import StateSpec
+from edgelin.safety import expected_shapes, header_shapes
 from edgelin.state import fresh_state
 
 # Fields of any HF-style config that do not change what the model computes.
@@ -254,11 +255,19 @@ def load_fla(path: str | Path, model_type: str) -> FlaCausalLM:
     f = check_fields(source, family, path / CONFIG_FILE)
     common = Common.read(f)
     options = family.read(f, common)
-    model = FlaCausalLM(family, source, options, common)
     pairs = [(".mlp.gate_proj.", ".mlp.gate."), (".mlp.up_proj.", ".mlp.up."), (".mlp.down_proj.", ".mlp.down.")]
     if common.tie_embeddings:
         pairs.append(("lm_head.weight", "model.embeddings.weight"))  # a tied checkpoint may hold either copy
-    load_weights(model, read_safetensors(path), Renamer(pairs + family.renames(options)), path / "model.safetensors")
+    rename = Renamer(pairs + family.renames(options))
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
+    # names and shapes first, from the config (a model on the meta device) and the file's header: a config
+    # that disagrees with the weights is refused before memory is spent on either
+    expected = expected_shapes(lambda: FlaCausalLM(family, source, options, common))
+    groups = match(expected, header_shapes(weights), rename, weights)
+    model = FlaCausalLM(family, source, options, common)
+    load_weights(model, read_safetensors(path), groups, weights)
     return model.eval()
 
 

@@ -57,36 +57,40 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
 
 
-def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], rename: Renamer, where: Path) -> None:
-    """Copy ``tensors`` into ``model`` (as float32). CheckpointError naming the tensors if any is missing,
-    unexpected, misshaped, or a tied copy that differs from its twin."""
-    expected = model.state_dict()
-    found: dict[str, list[str]] = {}  # model name -> checkpoint names
+def match(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], rename: Renamer, where: Path) -> dict[str, list[str]]:
+    """Model name -> the checkpoint names that hold it, from shapes alone (a safetensors header is enough).
+    CheckpointError naming the tensor if one is unexpected, missing or misshaped."""
+    groups: dict[str, list[str]] = {}
     unexpected = []
-    for name in sorted(tensors):
+    for name in sorted(found):
         target = rename(name)
-        if target not in expected:
-            unexpected.append(name)
+        if target in expected:
+            groups.setdefault(target, []).append(name)
         else:
-            found.setdefault(target, []).append(name)
+            unexpected.append(name)
     if unexpected:
         raise CheckpointError(f"{where}: unexpected tensor(s) {_names(unexpected)}; the config does not describe them")
-    missing = [name for name in expected if name not in found]
+    missing = [name for name in expected if name not in groups]
     if missing:
         raise CheckpointError(f"{where}: missing tensor(s) {_names(sorted(rename.inverse(n) for n in missing))}")
-    for target, sources in found.items():
-        want = tuple(expected[target].shape)
+    for target, sources in groups.items():
         for source in sources:
-            got = tuple(tensors[source].shape)
-            if got != want:
-                raise CheckpointError(f"{where}: tensor {source} has shape {got}, the config expects {want}")
+            if tuple(found[source]) != tuple(expected[target]):
+                raise CheckpointError(f"{where}: tensor {source} has shape {tuple(found[source])}, the config expects {tuple(expected[target])}")
+    return groups
+
+
+def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], groups: dict[str, list[str]], where: Path) -> None:
+    """Copy ``tensors`` into ``model`` as float32 along ``groups`` (from ``match``). CheckpointError if a
+    tensor is not floating point or tied copies differ."""
+    for target, sources in groups.items():
         first = tensors[sources[0]]
+        if not first.is_floating_point():
+            raise CheckpointError(f"{where}: tensor {sources[0]} has dtype {first.dtype}, expected a floating-point tensor")
         for source in sources[1:]:
             if not torch.equal(first.to(torch.float32), tensors[source].to(torch.float32)):
                 raise CheckpointError(f"{where}: tied tensors {sources[0]} and {source} differ; the config ties them")
-        if not first.is_floating_point():
-            raise CheckpointError(f"{where}: tensor {sources[0]} has dtype {first.dtype}, expected a floating-point tensor")
-    model.load_state_dict({target: tensors[sources[0]].to(torch.float32) for target, sources in found.items()})
+    model.load_state_dict({target: tensors[sources[0]].to(torch.float32) for target, sources in groups.items()})
 
 
-__all__ = ["Renamer", "WEIGHTS_FILE", "load_weights", "read_safetensors"]
+__all__ = ["Renamer", "WEIGHTS_FILE", "load_weights", "match", "read_safetensors"]

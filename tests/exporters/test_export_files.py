@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from edgelin.errors import CheckpointError, ExportError
+from edgelin.errors import CheckpointError, ExportError, OutputError
 import edgelin.exporters.exporter as export_impl
 from edgelin.exporters import export
 from edgelin.parity import Errors
@@ -90,7 +91,7 @@ def test_refuses_to_overwrite_without_force(exported, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(ExportError, match="already exists; pass --force"):
+    with pytest.raises(OutputError, match="already exists; pass --force"):
         export(model, out, check=False)
     assert (out / "keep.txt").read_text() == "mine"
 
@@ -105,10 +106,10 @@ def test_failed_export_leaves_nothing(exported, tmp_path, monkeypatch):
 
 
 def test_failed_forced_export_keeps_the_old_one(exported, tmp_path, monkeypatch):
-    model, _ = exported("elu+1")
+    model, previous = exported("elu+1")
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    shutil.copytree(previous, out)  # --force replaces only an edgelin export (or an empty folder)
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def boom(*args, **kwargs):
         raise RuntimeError("exporter exploded\nwith a long story")
@@ -117,7 +118,7 @@ def test_failed_forced_export_keeps_the_old_one(exported, tmp_path, monkeypatch)
     with pytest.raises(ExportError, match=r"export failed \(RuntimeError: exporter exploded\); nothing was written"):
         export(model, out, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert (out / "old.txt").read_text() == "old"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old
 
 
 @pytest.mark.parametrize(

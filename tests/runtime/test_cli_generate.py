@@ -62,8 +62,8 @@ def test_help_teaches_with_examples():
     "args, match",
     [
         (["--temperature", "-1"], "temperature must be"),
-        (["--top-p", "0"], "top_p must be in (0, 1]"),
-        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--top-p", "0"], "top_p must be a number in (0, 1]"),
+        (["--top-p", "1.5"], "top_p must be a number in (0, 1]"),
         (["--top-k", "-2"], "top_k must be an integer >= 0"),
         (["--max-new-tokens", "-1"], "max_new_tokens must be"),
         (["--max-new-tokens", "10000000000"], "max_new_tokens must be"),

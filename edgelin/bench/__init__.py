@@ -1,0 +1,67 @@
+"""Benchmarks: how fast and how small an export is, next to the baselines it replaces.
+
+``run_bench(source, provider=..., threads=..., quick=...)`` measures five sections and returns a
+``BenchReport`` (JSON + a printed table + optional PNG plots); ``edgelin bench`` is its command line.
+
+    plan        the sections, sizes and caps (FULL, QUICK), the checked options, the model under test
+    measure     statistics, interleaved timing, machine facts, the torch-free prefill worker
+    baselines   the graphs exported here (softmax twin with a KV cache, O(T^2) form, chunk sweep) and
+                their check against PyTorch (edgelin.parity budgets)
+    sections    decode, position, prefill, sweep, floor
+    report      BenchReport, the JSON file, the table, the plots
+    run         run_bench
+
+Method (also written into the JSON):
+- Threads are set explicitly: ``torch.set_num_threads(threads)`` and ORT ``intra_op_num_threads=threads``
+  (``inter_op_num_threads=1``). On a small shared machine the default thread counts can make tiny ops
+  ~100x slower.
+- Every figure is a median over repeated calls after warm-up, with p10/p90 and the sample count. When
+  two things are compared, their calls are interleaved in rounds within this one process run (A, B,
+  C, then B, C, A, ...), so a change in machine load hits all of them alike; the ratio of medians is
+  reported.
+- Peak memory of a prefill case is measured in a fresh subprocess that imports only numpy and
+  onnxruntime (``measure``). The baselines are exported here and each is checked against PyTorch
+  once before it is timed.
+
+Exports run first (in up to two worker processes), then the measurements, one at a time.
+
+This package's ``__init__`` imports nothing: the prefill worker (``python -m edgelin.bench --worker
+SPEC``) imports the package and must stay torch-free, so the public names below are loaded on first
+use (PEP 562 ``__getattr__``); ``from edgelin.bench import run_bench`` works as for any module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    # name: submodule that defines it
+    "run_bench": "run",
+    "BenchReport": "report", "format_table": "report", "write_plots": "report", "write_json_atomic": "report", "_finite": "report",
+    "BenchError": "plan", "Plan": "plan", "FULL": "plan", "QUICK": "plan", "SECTIONS": "plan", "PROVIDERS": "plan",
+    "FORMAT": "plan", "JSON_FILE": "plan", "DEFAULT_OUT": "plan", "DEFAULT_MODEL": "plan", "Subject": "plan",
+    "resolve_subject": "plan",
+    "stats": "measure", "interleaved": "measure", "machine_facts": "measure",
+}
+_RENAMED = {"_cuda_is_active": ("plan", "cuda_is_active")}  # older private names still in use
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        module, attr = _PUBLIC[name], name
+    elif name in _RENAMED:
+        module, attr = _RENAMED[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
+
+
+__all__ = ["BenchError", "BenchReport", "FULL", "QUICK", "Plan", "SECTIONS", "format_table", "interleaved",
+           "machine_facts", "run_bench", "stats"]

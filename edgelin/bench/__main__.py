@@ -1,0 +1,30 @@
+"""The bench's internal worker processes (use ``edgelin bench``):
+
+    python -m edgelin.bench --worker SPEC_JSON   one prefill case; prints its result as JSON (torch-free)
+    python -m edgelin.bench --export JOBS_JSON   export a list of graphs (torch)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from edgelin.bench.measure import worker_main  # torch-free
+
+USAGE = "usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON (internal; use `edgelin bench`)"
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 2 and argv[0] == "--worker":
+        print(json.dumps(worker_main(json.loads(argv[1]))))
+    elif len(argv) == 2 and argv[0] == "--export":
+        # imported here, not at the top: the --worker branch must never import torch (its memory is measured)
+        from edgelin.bench.baselines import export_worker_main
+
+        export_worker_main(argv[1])
+    else:
+        sys.exit(USAGE)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

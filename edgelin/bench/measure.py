@@ -1,0 +1,239 @@
+"""Measuring: statistics, interleaved timing, facts about the machine, and the prefill worker.
+
+Torch-free (numpy, onnxruntime and the runtime only): the prefill worker runs from this module in a
+fresh process (``python -m edgelin.bench --worker SPEC``), so that its resident memory is the graph's
+and not torch's. Nothing here may import torch, directly or through another edgelin module.
+
+Peak memory of a prefill case: after the session is created and the inputs are allocated, the
+kernel's high-water mark of resident memory is reset (``/proc/self/clear_refs``), the graph runs once,
+and the new high-water mark (VmHWM) minus the resident size before the run is the run's peak increment
+(activations, ORT's arena, outputs). Python's tracemalloc cannot see ORT's native allocations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from edgelin import __version__
+from edgelin.runtime.manifest import StateSpec
+from edgelin.runtime.session import make_session_options, open_session
+
+INPUT_IDS = "input_ids"  # the graphs' token input (edgelin.exporters.graphs.INPUT_IDS, which imports torch)
+SESSION_EXTRA = {"inter_op_num_threads": 1}  # with intra_op_num_threads = --threads: every thread count explicit
+
+
+# ---- statistics and timing ------------------------------------------------------------------------
+def stats(seconds: list[float], unit: str = "ms") -> dict[str, Any]:
+    """Median, p10, p90, min, max of samples given in seconds, converted to ``unit`` (ms or s)."""
+    scale = {"ms": 1e3, "s": 1.0}[unit]
+    a = np.asarray(seconds, dtype=np.float64) * scale
+    p10, med, p90 = np.percentile(a, [10, 50, 90])
+    return {"unit": unit, "median": float(med), "p10": float(p10), "p90": float(p90),
+            "min": float(a.min()), "max": float(a.max()), "n": int(a.size)}
+
+
+def interleaved(cases: dict[str, Callable[[], Any]], *, warmup: int, rounds: int, per_round: int) -> dict[str, list[float]]:
+    """Time each callable ``rounds * per_round`` times (seconds per call), after ``warmup`` calls each.
+
+    The contenders take turns in blocks of ``per_round`` calls, and the order rotates every round, so a
+    change in machine load during the measurement falls on all of them alike.
+    """
+    names = list(cases)
+    for name in names:
+        for _ in range(warmup):
+            cases[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    clock = time.perf_counter
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            fn, out = cases[name], samples[name]
+            for _ in range(per_round):
+                t0 = clock()
+                fn()
+                out.append(clock() - t0)
+    return samples
+
+
+def ratio(a: dict, b: dict) -> float:
+    """Ratio of the medians of two ``stats`` results."""
+    return a["median"] / b["median"]
+
+
+def extrapolate(points: list[tuple[int, float]], T: int, power: int) -> float:
+    """Predict a cost at length T from measured (length, cost) points, assuming cost = a + b * length**power.
+
+    Two points fit a and b (a fixed overhead is not scaled up); one point scales proportionally (an
+    over-estimate, on the safe side); none predicts 0.
+    """
+    if not points:
+        return 0.0
+    t2, c2 = points[-1]
+    if len(points) == 1:
+        return c2 * (T / t2) ** power
+    t1, c1 = points[-2]
+    slope = (c2 - c1) / (t2**power - t1**power)
+    if slope <= 0:  # noise at small sizes: fall back to proportional scaling
+        return c2 * (T / t2) ** power
+    return c2 + slope * (T**power - t2**power)
+
+
+def session_options(threads: int) -> ort.SessionOptions:
+    """The options of every ONNX Runtime session the bench opens itself (the runtime's factory)."""
+    return make_session_options(threads, extra=SESSION_EXTRA)
+
+
+# ---- machine facts --------------------------------------------------------------------------------
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _proc_bytes(path: str, key: str) -> int | None:
+    """A "Key: N kB" line of a /proc file, in bytes."""
+    for line in _read(path).splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def meminfo(key: str) -> int | None:
+    return _proc_bytes("/proc/meminfo", key)
+
+
+def caches() -> dict[str, str]:
+    """CPU 0's caches, e.g. {"L1d": "48K", "L2": "2048K", "L3": "260M"}."""
+    found = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(base.glob("index*")) if base.is_dir() else []:
+        level, kind, size = (_read(index / f).strip() for f in ("level", "type", "size"))
+        if level and size:
+            found[f"L{level}{'' if kind == 'Unified' else kind[0].lower()}"] = size
+    return found
+
+
+def cache_bytes(text: str) -> int | None:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip()
+    try:
+        return int(float(text[:-1]) * units[text[-1].upper()]) if text and text[-1].upper() in units else int(text)
+    except ValueError:
+        return None
+
+
+VERSIONED = (("onnxruntime", ("onnxruntime-gpu", "onnxruntime")), ("torch", ("torch",)), ("onnx", ("onnx",)),
+             ("onnxscript", ("onnxscript",)), ("matplotlib", ("matplotlib",)))
+
+
+def machine_facts() -> dict[str, Any]:
+    """Cores, CPU model, caches, memory, load and library versions (read from metadata: nothing imported)."""
+    model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")), platform.processor())
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count()
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "edgelin": __version__}
+    for name, dists in VERSIONED:
+        versions[name] = None
+        for dist in dists:
+            try:
+                versions[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return {
+        "cpu_model": model or "unknown", "cores": os.cpu_count(), "usable_cores": usable, "caches": caches(),
+        "memory_total_bytes": meminfo("MemTotal"), "memory_available_bytes": meminfo("MemAvailable"),
+        "platform": platform.platform(), "versions": versions, "ort_available_providers": ort.get_available_providers(),
+        "load_average_start": load_average(),
+    }
+
+
+def load_average() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+# ---- the prefill worker (one case per fresh, torch-free process) ---------------------------------
+def run_worker(spec: dict[str, Any], threads: int, timeout: float) -> dict[str, Any]:
+    """Run one prefill case in ``python -m edgelin.bench --worker SPEC``; {"status": "ok", ...} or
+    {"status": "failed", "reason": ...}."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "edgelin.bench", "--worker", json.dumps(spec)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "reason": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        why = f"killed by signal {-proc.returncode} (out of memory?)" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        return {"status": "failed", "reason": f"worker {why}{': ' + tail if tail else ''}"}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["status"] = "ok"
+    return result
+
+
+def _rusage_peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
+def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """One prefill case: ``spec["T"]`` tokens (in pieces of ``spec["piece"]``, the state carried between
+    them) through ``spec["graph"]``; returns the timings and the peak memory of the first run.
+
+    ``spec["states"]`` lists the graph's state specs (``StateSpec.to_dict()``; none for a graph without
+    state): each starts at its init value and each piece's ``output`` feeds the next piece's ``input``.
+    """
+    sess = open_session(spec["graph"], spec["provider"], options=session_options(spec["threads"]))
+    B, T, piece = spec["batch"], spec["T"], spec["piece"] or spec["T"]
+    rng = np.random.default_rng(spec["seed"])
+    ids = rng.integers(0, spec["vocab"], (B, T), dtype=np.int64)
+    specs = [StateSpec.from_dict(d, f"worker state {i}") for i, d in enumerate(spec.get("states", []))]
+    fresh = {s.input: np.full(s.concrete_shape(B), s.init, dtype=s.np_dtype) for s in specs}
+    names = [o.name for o in sess.get_outputs()]
+
+    def run_once():
+        state = fresh
+        for start in range(0, T, piece):
+            outs = dict(zip(names, sess.run(None, {INPUT_IDS: ids[:, start:start + piece], **state})))
+            state = {s.input: outs[s.output] for s in specs}
+
+    rss_before = _proc_bytes("/proc/self/status", "VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the resident high-water mark (VmHWM) to the current RSS
+        method = "VmHWM after clear_refs reset"
+    except OSError:
+        method = "ru_maxrss (lifetime peak; the increment is a lower bound)"
+    if rss_before is None:
+        rss_before = _rusage_peak()
+    t0 = time.perf_counter()
+    run_once()
+    first = time.perf_counter() - t0
+    peak = _proc_bytes("/proc/self/status", "VmHWM") if method.startswith("VmHWM") else None
+    if peak is None:
+        peak = _rusage_peak()
+    repeats = int(min(spec["max_repeats"], max(spec["min_repeats"], spec["budget_s"] // max(first, 1e-9))))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run_once()
+        times.append(time.perf_counter() - t0)
+    return {"first_s": first, "times_s": times, "rss_before_bytes": rss_before, "peak_rss_bytes": peak,
+            "peak_increment_bytes": max(0, peak - rss_before), "memory_method": method, "providers": sess.get_providers()}
+
+
+__all__ = ["caches", "cache_bytes", "extrapolate", "interleaved", "machine_facts", "meminfo", "ratio", "run_worker",
+           "session_options", "stats", "worker_main"]

@@ -1,0 +1,213 @@
+"""What one bench run measures: the sections, the sizes and repeat counts (``FULL``, ``QUICK``), the caps,
+the checked options, and the model under test (``Subject``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from onnx import TensorProto, helper
+from torch import nn
+
+from edgelin import protocol
+from edgelin.checkpoint import load_checkpoint
+from edgelin.config import ModelConfig
+from edgelin.errors import EdgelinError
+from edgelin.exporters.exporter import DEFAULT_OPSET
+from edgelin.model import LinearLM
+from edgelin.models import bundled_checkpoint
+from edgelin.runtime.files import check_output_folder
+from edgelin.runtime.manifest import MANIFEST_FILE, Manifest
+from edgelin.runtime.session import open_session
+
+from .measure import meminfo
+
+SECTIONS = ("decode", "position", "prefill", "sweep", "floor")
+PROVIDERS = ("cpu", "auto", "cuda")
+FORMAT = "edgelin-bench/1"
+JSON_FILE = "bench.json"
+DEFAULT_OUT = "bench-results"
+MAX_THREADS = 1024
+
+# The documented default model when no checkpoint is given and none is bundled (speed does not depend on weights).
+DEFAULT_MODEL = {"vocab_size": 256, "d_model": 256, "n_layers": 4, "n_heads": 4, "head_dim": 64}
+MODEL_SEED, SOFTMAX_SEED, DATA_SEED = 0, 1, 2
+
+Progress = Callable[[str], None]
+
+
+class BenchError(EdgelinError):
+    """A benchmark could not be set up (bad option, unusable model path, a baseline that failed its check)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes and repeat counts of one benchmark run (``FULL`` or ``QUICK``)."""
+
+    decode_batches: tuple[int, ...]
+    decode_warmup: int  # calls per contender before timing
+    decode_rounds: int  # interleaved rounds ...
+    decode_per_round: int  # ... of this many timed calls per contender
+    positions: tuple[int, ...]
+    position_warmup: int
+    position_rounds: int
+    position_per_round: int
+    prefill_lengths: tuple[int, ...]
+    piece: int  # piece length of the state-carried chunked prefill
+    piece_from: int  # ... measured for T >= this
+    case_budget_s: float  # timed seconds per prefill case (after its first run)
+    min_repeats: int
+    max_repeats: int
+    case_time_cap_s: float  # skip a prefill case predicted to take longer than this per run
+    sweep_length: int
+    sweep_chunks: tuple[int, ...]  # the model's own chunk size is always added
+    bandwidth_bytes: int
+    bandwidth_repeats: int
+    floor_calls: int
+
+
+FULL = Plan(
+    decode_batches=(1, 8), decode_warmup=20, decode_rounds=10, decode_per_round=30,
+    positions=(128, 1024, 4096, 16384), position_warmup=5, position_rounds=5, position_per_round=10,
+    prefill_lengths=(256, 1024, 4096, 16384, 65536), piece=4096, piece_from=16384,
+    case_budget_s=3.0, min_repeats=3, max_repeats=20, case_time_cap_s=20.0,
+    sweep_length=4096, sweep_chunks=(16, 32, 64, 128, 256),
+    bandwidth_bytes=256 << 20, bandwidth_repeats=10, floor_calls=300,
+)
+QUICK = Plan(
+    decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8,
+    positions=(32, 128), position_warmup=2, position_rounds=2, position_per_round=4,
+    prefill_lengths=(64, 256), piece=64, piece_from=256,
+    case_budget_s=0.2, min_repeats=2, max_repeats=5, case_time_cap_s=5.0,
+    sweep_length=256, sweep_chunks=(32,),
+    bandwidth_bytes=32 << 20, bandwidth_repeats=3, floor_calls=30,
+)
+
+
+# ---- options --------------------------------------------------------------------------------------
+NOT_A_MODEL = "pass a checkpoint folder (config.json + model.safetensors) or an export folder (edgelin.json)"
+
+
+def check_options(source: Any, provider: str, threads: Any, sections: Any) -> tuple[Path | nn.Module | None, tuple[str, ...]]:
+    """The checked source (a folder, a model, or None) and the sections in canonical order; BenchError otherwise."""
+    if provider not in PROVIDERS:
+        raise BenchError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise BenchError(f"threads must be an integer in 1..{MAX_THREADS}, got {threads!r}")
+    sections = tuple(SECTIONS if not sections else sections)
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        raise BenchError(f"unknown section(s) {', '.join(map(repr, unknown))}; choose from {', '.join(SECTIONS)}")
+    sections = tuple(s for s in SECTIONS if s in sections)  # canonical order, no duplicates
+    if source is None:
+        return None, sections
+    if isinstance(source, nn.Module):
+        protocol.check_model(source)  # ExportError naming what is missing
+        return source, sections
+    path = Path(source)
+    if not path.exists():
+        raise BenchError(f"{path} does not exist; {NOT_A_MODEL}")
+    if not path.is_dir():
+        raise BenchError(f"{path} is not a folder; {NOT_A_MODEL}")
+    if not (path / MANIFEST_FILE).is_file() and not (path / "config.json").is_file():
+        raise BenchError(f"{path} is neither a checkpoint folder (config.json + model.safetensors) nor an export folder (edgelin.json)")
+    return path, sections
+
+
+def memory_cap(memory_cap_gb: Any) -> int:
+    """Bytes: prefill cases predicted to need more are skipped (default: half the available memory)."""
+    if memory_cap_gb is None:
+        return int((meminfo("MemAvailable") or (16 << 30)) // 2)
+    if isinstance(memory_cap_gb, bool) or not isinstance(memory_cap_gb, (int, float)) or not (memory_cap_gb > 0 and math.isfinite(memory_cap_gb)):
+        raise BenchError(f"memory cap must be a positive number of GB, got {memory_cap_gb!r}")
+    return int(memory_cap_gb * 1e9)
+
+
+def out_folder(out_dir: str | os.PathLike) -> Path:
+    """The output folder, checked now (kind, writable) and created only when there is something to write
+    (``make_parents`` in run_bench): a failed run leaves no folder."""
+    return check_output_folder(out_dir)
+
+
+def _probe_graph() -> bytes:
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10).SerializeToString()
+
+
+def require_cuda() -> None:
+    """ProviderError (from the runtime's session factory) unless ONNX Runtime really runs a one-node graph
+    on CUDA here: onnxruntime-gpu lists CUDA even without a GPU."""
+    with tempfile.TemporaryDirectory(prefix="edgelin-cuda-probe-") as work:
+        path = Path(work) / "probe.onnx"
+        path.write_bytes(_probe_graph())
+        open_session(path, "cuda")
+
+
+def cuda_is_active() -> bool:
+    try:
+        require_cuda()
+    except EdgelinError:
+        return False
+    return True
+
+
+# ---- the model under test -------------------------------------------------------------------------
+@dataclass
+class Subject:
+    """The model being measured, where its export comes from, and how to describe it."""
+
+    model: nn.Module  # follows edgelin.protocol (eval mode); a LinearLM also gets the softmax twin and the O(T^2) form
+    label: str  # e.g. "random weights (default-size LinearLM, seed 0)"
+    random_weights: bool
+    export_dir: Path | None  # a given export, else None (exported here)
+    opset: int
+
+    @property
+    def is_linear_lm(self) -> bool:
+        return isinstance(self.model, LinearLM)
+
+    def config(self) -> dict[str, Any]:
+        return self.model.model_config()
+
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def _random_model(cfg: ModelConfig) -> LinearLM:
+    torch.manual_seed(MODEL_SEED)
+    return LinearLM(cfg).float().eval()
+
+
+def resolve_subject(source: Path | nn.Module | None) -> Subject:
+    """The model to measure: a given model, an export folder, a checkpoint folder, the bundled model, or the
+    default random model."""
+    if isinstance(source, nn.Module):
+        return Subject(source.eval(), f"{type(source).__name__} given in Python", False, None, DEFAULT_OPSET)
+    if source is not None and (source / MANIFEST_FILE).is_file():
+        manifest = Manifest.load(source)
+        cfg = ModelConfig.from_dict(manifest.model)
+        return Subject(_random_model(cfg), f"export {source} (ORT rows run its graphs; PyTorch and baseline rows use random weights of its config)",
+                       True, source, int(manifest.opset))
+    if source is None:
+        source = bundled_checkpoint()
+        if source is None:
+            cfg = ModelConfig(**DEFAULT_MODEL)
+            return Subject(_random_model(cfg), f"random weights (default-size LinearLM {describe(cfg)}, seed {MODEL_SEED}; speed does not depend on weights)",
+                           True, None, DEFAULT_OPSET)
+        return Subject(load_checkpoint(source).float().eval(), f"bundled checkpoint {source.name}", False, None, DEFAULT_OPSET)
+    return Subject(load_checkpoint(source).float().eval(), f"checkpoint {source}", False, None, DEFAULT_OPSET)
+
+
+def describe(cfg: ModelConfig) -> str:
+    return f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x {cfg.head_dim}, vocab {cfg.vocab_size}, {cfg.feature_map}, chunk {cfg.chunk_size}"
+
+
+__all__ = ["BenchError", "DATA_SEED", "FULL", "PROVIDERS", "Plan", "QUICK", "SECTIONS", "Subject", "check_options",
+           "cuda_is_active", "memory_cap", "out_folder", "require_cuda", "resolve_subject"]

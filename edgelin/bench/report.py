@@ -1,0 +1,256 @@
+"""The bench's results: ``BenchReport``, the JSON file, the printed table and the PNG plots.
+
+Torch-free. matplotlib is optional (the ``plots`` extra): without it the plots are skipped and the
+report says so.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgelin.runtime.files import atomic_write, json_ready, write_json
+
+
+@dataclass
+class BenchReport:
+    data: dict[str, Any]
+    json_path: Path | None = None
+    plots: list[Path] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+    def table(self) -> str:
+        return format_table(self.data)
+
+
+_finite = json_ready  # the bench's former name for the one JSON clean-up (edgelin.runtime.files)
+
+
+def write_json_atomic(data: dict, path: Path) -> Path:
+    """``edgelin.runtime.files.write_json`` with the bench's argument order: atomic, non-finite -> null."""
+    return write_json(path, data)
+
+
+# ---- plots (optional: matplotlib is the `plots` extra) --------------------------------------------
+def write_plots(data: dict, out: Path) -> tuple[list[Path], dict[str, Any]]:
+    """One PNG per section in ``data`` (atomically), and the report's "plots" entry."""
+    try:  # an optional extra, imported only to plot: importing the bench must not pick a matplotlib backend
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return [], {"files": [], "skipped": "matplotlib is not installed (pip install 'edgelin[plots]')"}
+    files = []
+    title = "\n".join(textwrap.wrap(data["model"]["label"], 110)[:2])
+    title += f"\n{data['machine']['cpu_model']}, threads {data['settings']['threads']}, {data['settings']['provider_active']}"
+    if data.get("quick") or data["busy"]["busy"]:
+        title += "  [" + ", ".join(x for x in ("QUICK" if data.get("quick") else "", "BUSY MACHINE" if data["busy"]["busy"] else "") if x) + "]"
+
+    def save(fig, name):
+        fig.suptitle(title, fontsize=8)
+        fig.tight_layout()
+        try:
+            files.append(atomic_write(out / name, lambda f: fig.savefig(f, format="png", dpi=120)))
+        finally:
+            plt.close(fig)
+
+    def err(s):  # asymmetric error bars p10..p90 around the median
+        return [[s["median"] - s["p10"]], [s["p90"] - s["median"]]]
+
+    def log_ticks(ax, values):  # label the measured lengths themselves: 128, 1k, 16k, 64k
+        ax.set_xticks(values, [f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v) for v in values])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+    if "decode" in data:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        batches = list(data["decode"]["batches"])
+        names = ["torch_eager", "ort_run", "ort_iobinding"]
+        width = 0.8 / len(names)
+        for j, name in enumerate(names):
+            for i, B in enumerate(batches):
+                s = data["decode"]["batches"][B][name]
+                ax.bar(i + j * width, s["median"] / int(B), width, yerr=np.array(err(s)) / int(B), capsize=3,
+                       color=f"C{j}", label=name if i == 0 else None)
+        ax.set_xticks([i + width for i in range(len(batches))], [f"batch {B}" for B in batches])
+        ax.set_ylabel("ms per token (median, p10-p90)")
+        ax.set_title("decode latency per token")
+        ax.legend()
+        save(fig, "decode.png")
+    if "position" in data:
+        rows = data["position"]["rows"]
+        P = [r["position"] for r in rows]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        for key, label, c in (("linear_ms", "linear (state)", "C0"), ("softmax_kv_ms", "softmax (KV cache)", "C1")):
+            if key not in rows[0]:  # no softmax twin for this model
+                continue
+            med = [r[key]["median"] for r in rows]
+            a1.plot(P, med, "o-", color=c, label=label)
+            a1.fill_between(P, [r[key]["p10"] for r in rows], [r[key]["p90"] for r in rows], color=c, alpha=0.2)
+        a1.set_xscale("log")
+        a1.set_yscale("log")
+        log_ticks(a1, P)
+        a1.set_xlabel("position (tokens already seen)")
+        a1.set_ylabel("ms per decode step")
+        a1.set_title("decode latency vs position")
+        a1.legend()
+        a2.plot(P, [r["linear_state_bytes"] / 1e6 for r in rows], "o-", label="linear state")
+        if "kv_cache_bytes" in rows[0]:
+            a2.plot(P, [r["kv_cache_bytes"] / 1e6 for r in rows], "o-", label="softmax KV cache")
+        a2.set_xscale("log")
+        a2.set_yscale("log")
+        log_ticks(a2, P)
+        a2.set_xlabel("position")
+        a2.set_ylabel("MB per sequence (fp32)")
+        a2.set_title("memory per sequence")
+        a2.legend()
+        save(fig, "position.png")
+    if "prefill" in data:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        for i, form in enumerate(data["prefill"]["forms"]):
+            ok = [r for r in data["prefill"]["rows"] if r["form"] == form and r["status"] == "ok"]
+            if not ok:
+                continue
+            T = [r["T"] for r in ok]
+            a1.errorbar(T, [r["tokens_per_s"] for r in ok], fmt="o-", color=f"C{i}", label=form,
+                        yerr=[[r["tokens_per_s"] - r["T"] / r["seconds"]["p90"] for r in ok], [r["T"] / r["seconds"]["p10"] - r["tokens_per_s"] for r in ok]])
+            a2.plot(T, [r["peak_increment_bytes"] / 1e6 for r in ok], "o-", color=f"C{i}", label=form)
+        skipped = data["prefill"]["skipped"]
+        for a in (a1, a2):
+            a.set_xscale("log")
+            a.set_yscale("log")
+            log_ticks(a, list(data["prefill"]["lengths"]))
+            a.set_xlabel("prompt length T")
+            a.legend(fontsize=7)
+        a1.set_ylabel("tokens/s (median, p10-p90)")
+        a1.set_title("prefill throughput")
+        a2.set_ylabel("peak memory increment, MB")
+        a2.set_title("prefill peak memory (subprocess VmHWM)")
+        if skipped:
+            a2.text(0.01, 0.99, "skipped:\n" + "\n".join(skipped)[:600], transform=a2.transAxes, fontsize=5, va="top")
+        save(fig, "prefill.png")
+    if "sweep" in data:
+        ok = [r for r in data["sweep"]["rows"] if r["status"] == "ok"]
+        if ok:
+            fig, a1 = plt.subplots(figsize=(6, 4))
+            C = [r["chunk"] for r in ok]
+            a1.plot(C, [r["tokens_per_s"] for r in ok], "o-", color="C0")
+            a1.set_xscale("log", base=2)
+            log_ticks(a1, C)
+            a1.set_xlabel("chunk size")
+            a1.set_ylabel("prefill tokens/s", color="C0")
+            a2 = a1.twinx()
+            a2.plot(C, [r["peak_increment_bytes"] / 1e6 for r in ok], "s--", color="C1")
+            a2.set_ylabel("peak memory increment, MB", color="C1")
+            a1.set_title(f"chunk size sweep at T={data['sweep']['length']:,}")
+            save(fig, "sweep.png")
+    if "floor" in data:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        rows = data["floor"]["batches"]
+        labels = list(rows)
+        ax.bar([i - 0.2 for i in range(len(labels))], [rows[b]["floor_ms_per_token"] for b in labels], 0.4, label="floor (bytes / bandwidth)")
+        ax.bar([i + 0.2 for i in range(len(labels))], [rows[b]["measured_ms_per_token"] for b in labels], 0.4, label="measured (ORT IO binding)")
+        ax.set_xticks(range(len(labels)), [f"batch {b}" for b in labels])
+        ax.set_ylabel("ms per token")
+        ax.set_title(f"decode floor at {data['floor']['bandwidth_GBps']['max']:.1f} GB/s copy bandwidth")
+        ax.legend()
+        save(fig, "floor.png")
+    return files, {"files": [p.name for p in files], "skipped": None}
+
+
+# ---- the printed table ----------------------------------------------------------------------------
+def _ms(s: dict) -> str:
+    return f"{s['median']:8.3f} [{s['p10']:.3f}-{s['p90']:.3f}]"
+
+
+def mb(n: float) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:,.2f} GB"
+    return f"{n / 1e6:,.2f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
+
+
+def format_table(d: dict) -> str:
+    m, s = d["machine"], d["settings"]
+    v = m["versions"]
+    lines = [
+        f"edgelin bench{' --quick (smoke run: sizes too small to mean anything)' if d['quick'] else ''}",
+        f"machine: {m['cpu_model']}, {m['usable_cores']} usable core(s) of {m['cores']}, caches {', '.join(f'{k} {x}' for k, x in m['caches'].items()) or 'n/a'}, "
+        f"memory {(m['memory_total_bytes'] or 0) / 2**30:.1f} GiB",
+        f"software: onnxruntime {v['onnxruntime']}, torch {v['torch']}, numpy {v['numpy']}, onnx {v['onnx']}, python {v['python']}",
+        f"settings: threads {s['threads']} (torch and ORT intra-op), provider {s['provider_requested']} -> active {s['provider_active']}",
+        f"model: {d['model']['label']}; {d['model']['parameters']:,} parameters; state {d['model']['state_bytes_per_sequence']:,} bytes per sequence",
+        f"load average at start {d['busy']['load_1min_start']:.2f} on {d['busy']['cores']} core(s)"
+        + (": BUSY machine, numbers are not representative" if d["busy"]["busy"] else ""),
+        "figures: median [p10-p90] over repeated calls after warm-up; decode contenders interleaved in one process, "
+        "prefill forms run back to back per length, all in this one bench run",
+    ]
+    if "decode" in d:
+        lines += ["", "1. decode latency per call (ms), median [p10-p90]"]
+        for B, row in d["decode"]["batches"].items():
+            for name in ("torch_eager", "ort_run", "ort_iobinding"):
+                lines.append(f"  batch {B:>2}  {name:14s} {_ms(row[name])}  {row[name]['tokens_per_s']:>10,.0f} tok/s")
+            r = row["ratios"]
+            lines.append(f"            eager / ORT run {r['torch_eager_over_ort_run']:.2f}x, eager / ORT binding {r['torch_eager_over_ort_iobinding']:.2f}x, "
+                         f"run / binding {r['ort_run_over_ort_iobinding']:.2f}x")
+    if "position" in d:
+        lines += ["", "2. decode at position P (ms per step) and memory per sequence",
+                  f"  {'P':>7}  {'linear':>26}  {'softmax + KV cache':>26}  {'sm/lin':>6}  {'state':>10}  {'KV cache':>10}"]
+        for r in d["position"]["rows"]:
+            if "softmax_kv_ms" in r:
+                lines.append(f"  {r['position']:>7,}  {_ms(r['linear_ms']):>26}  {_ms(r['softmax_kv_ms']):>26}  {r['softmax_over_linear']:5.2f}x  "
+                             f"{mb(r['linear_state_bytes']):>10}  {mb(r['kv_cache_bytes']):>10}")
+            else:
+                lines.append(f"  {r['position']:>7,}  {_ms(r['linear_ms']):>26}  {'-':>26}  {'-':>6}  {mb(r['linear_state_bytes']):>10}  {'-':>10}")
+        if d["position"]["softmax_baseline"].startswith("skipped"):
+            lines.append(f"  softmax twin {d['position']['softmax_baseline']}")
+    if "prefill" in d:
+        p = d["prefill"]
+        lines += ["", f"3. prefill, batch 1: tokens/s and peak memory increment (memory cap {mb(p['memory_cap_bytes'])}, time cap {p['time_cap_s']:.0f} s per run)"]
+        for r in p["rows"]:
+            name = r["form"] + (f"/{r['piece']}" if r.get("piece") else "")
+            if r["status"] == "ok":
+                lines.append(f"  {name:18s} T={r['T']:>6,}  {r['tokens_per_s']:>12,.0f} tok/s  [{r['T'] / r['seconds']['p90']:,.0f}-{r['T'] / r['seconds']['p10']:,.0f}]  "
+                             f"n={r['seconds']['n']:<2}  peak +{mb(r['peak_increment_bytes'])} (RSS {mb(r['peak_rss_bytes'])})")
+            else:
+                lines.append(f"  {name:18s} T={r['T']:>6,}  {r['status']}: {r['reason']}")
+        for form, why in (p.get("forms_not_run") or {}).items():
+            lines.append(f"  {form:18s} not run: {why}")
+        for r in p["ratios"]:
+            parts = [f"{k} {x:.2f}x" for k, x in r.items() if k != "T"]
+            if parts:
+                lines.append(f"  T={r['T']:>6,}: " + ", ".join(parts))
+    if "sweep" in d:
+        w = d["sweep"]
+        lines += ["", f"3b. chunk size sweep, prefill T={w['length']:,} (model's chunk {w['model_chunk']}, best {w['best_chunk']})"]
+        if w.get("note"):
+            lines.append(f"  note: {w['note']}")
+        for r in w["rows"]:
+            if r["status"] == "ok":
+                lines.append(f"  chunk {r['chunk']:>4}  {r['tokens_per_s']:>12,.0f} tok/s  ({r['over_best']:.2f} of best)  peak +{mb(r['peak_increment_bytes'])}")
+            else:
+                lines.append(f"  chunk {r['chunk']:>4}  {r['status']}: {r['reason']}")
+    if "floor" in d:
+        f = d["floor"]
+        bw = f["bandwidth_GBps"]
+        lines += ["", f"4. floor: copy bandwidth {bw['median']:.1f} GB/s median, {bw['max']:.1f} best; decode weights {mb(f['weight_bytes'])}, "
+                      f"state {mb(f['state_bytes_per_sequence'])} per sequence"]
+        for B, r in f["batches"].items():
+            lines.append(f"  batch {B:>2}: floor {r['floor_ms_per_token']:.4f} ms/token (weights alone {r['weights_only_floor_ms_per_token']:.4f}), "
+                         f"measured {r['measured_ms_per_token']:.4f} ms/token "
+                         f"-> measured / floor {r['measured_over_floor']:.1f}x")
+        if f["weights_fit_in_cache"]:
+            lines.append(f"  note: weights + state fit in the last-level cache ({mb(f['last_level_cache_bytes'])}): the DRAM floor is not binding")
+    plots = d.get("plots") or {}
+    lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
+              f"total {d['seconds']:.1f} s"]
+    return "\n".join(lines)
+
+
+__all__ = ["BenchReport", "format_table", "mb", "write_json_atomic", "write_plots"]

@@ -1,0 +1,121 @@
+"""``run_bench``: check the options, resolve the model, export and check the graphs, run the sections,
+and write the report (JSON, plots)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import baselines
+from .measure import load_average, machine_facts
+from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, Progress, check_options, memory_cap, out_folder,
+                   require_cuda, resolve_subject)
+from edgelin.runtime.files import make_parents
+
+from .report import BenchReport, write_json_atomic, write_plots
+from .sections import Bench
+
+METHOD = {
+    "timing": "median over repeated calls after warm-up, with p10/p90 and n; decode contenders are interleaved "
+              "in rotating rounds in this one process, and ratios are of medians; prefill cases run one after another "
+              "(all forms at one length back to back) in subprocesses of this same bench run",
+    "memory": "each prefill case runs in a fresh torch-free subprocess: after session creation and input allocation "
+              "the resident high-water mark is reset (/proc/self/clear_refs), the graph runs once, and "
+              "VmHWM - VmRSS(before) is the run's peak increment (falls back to ru_maxrss where /proc is missing); "
+              "tracemalloc cannot see ONNX Runtime's native allocations",
+    "threads": "torch.set_num_threads and ORT intra_op_num_threads set to --threads; ORT inter_op_num_threads 1",
+}
+
+
+def run_bench(
+    source: str | os.PathLike | nn.Module | None = None,
+    *,
+    provider: str = "cpu",
+    threads: int = 1,
+    quick: bool = False,
+    out_dir: str | os.PathLike = DEFAULT_OUT,
+    sections: tuple[str, ...] | list[str] | None = None,
+    memory_cap_gb: float | None = None,
+    plots: bool = True,
+    progress: Progress | None = None,
+) -> BenchReport:
+    """Run the benchmark; write ``out_dir/bench.json`` (atomically) and PNG plots (if matplotlib is installed).
+
+    source: a checkpoint folder, an export folder, a model that follows ``edgelin.protocol`` (put in
+        eval mode; exported here), or None (the bundled model, else the documented default-size LinearLM
+        with random weights: speed does not depend on weights). The softmax twin and the O(T^2) form are
+        measured for a LinearLM only.
+    provider: "cpu", "auto" or "cuda" for ONNX Runtime (PyTorch eager always runs on CPU).
+    threads: torch and ONNX Runtime intra-op threads (set explicitly, and reported).
+    quick: tiny lengths and few repeats (a smoke run for CI); numbers are not meaningful.
+    sections: a subset of SECTIONS (default all).
+    memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
+    """
+    say = progress or (lambda _msg: None)
+    source, sections = check_options(source, provider, threads, sections)
+    cap = memory_cap(memory_cap_gb)
+    out = out_folder(out_dir)
+    if provider == "cuda":  # say so now, not after a minute of exports
+        require_cuda()
+
+    plan = QUICK if quick else FULL
+    t_start = time.perf_counter()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        say(f"edgelin bench{' --quick' if quick else ''}: threads {threads}, provider {provider}, sections {', '.join(sections)}")
+        machine = machine_facts()
+        subject = resolve_subject(source)
+        say(f"model: {subject.label}")
+        with tempfile.TemporaryDirectory(prefix="edgelin-bench-") as work:
+            bench = Bench(subject, provider, threads, plan, Path(work), cap, say)
+            bench.prepare(sections)
+            results = {name: getattr(bench, name)() for name in sections}
+            active = bench.active_provider
+            state_bytes = bench.session.manifest.state_bytes(1)
+            exports = {k: {"seconds": v["seconds"], "nodes": v["nodes"]} for k, v in bench.exports.items()}
+            verification = baselines.verification_record(bench.checks)
+            bench.session = None
+    finally:
+        torch.set_num_threads(before)
+    machine["load_average_end"] = load_average()
+    data = {
+        "format": FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "quick": bool(quick),
+        "settings": {"threads": threads, "provider_requested": provider, "provider_active": active,
+                     "torch_threads": threads, "ort_intra_op_threads": threads, "ort_inter_op_threads": 1, "sections": list(sections)},
+        "machine": machine,
+        "busy": busy(machine),
+        "model": {"label": subject.label, "random_weights": subject.random_weights, "config": subject.config(),
+                  "parameters": subject.parameters(), "state_bytes_per_sequence": state_bytes,
+                  "export": str(subject.export_dir) if subject.export_dir else "exported here"},
+        "method": {**METHOD, "verification": verification},
+        "exports": exports,
+        **results,
+        "seconds": time.perf_counter() - t_start,
+    }
+    report = BenchReport(data)
+    make_parents(out)
+    if plots:
+        report.plots, data["plots"] = write_plots(data, out)
+    else:
+        data["plots"] = {"files": [], "skipped": "plots=False"}
+    report.json_path = write_json_atomic(data, out / JSON_FILE)
+    return report
+
+
+def busy(machine: dict) -> dict[str, Any]:
+    load = machine.get("load_average_start") or [0.0]
+    cores = machine.get("usable_cores") or 1
+    return {"load_1min_start": load[0], "cores": cores, "busy": load[0] > 0.5 * cores,
+            "note": "numbers from a busy machine are not representative" if load[0] > 0.5 * cores else ""}
+
+
+__all__ = ["run_bench"]

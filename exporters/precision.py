@@ -1,0 +1,289 @@
+"""fp32 graphs -> fp16, int8 or int4 graphs: the post-processing behind ``edgelin export --precision``.
+
+The exporter traces the model in fp32 and checks the graphs; this module then rewrites each graph with
+ONNX Runtime's own tooling and writes by hand only the choice of what stays in fp32:
+
+    fp32   the traced graphs, unchanged
+    fp16   weights and activations in fp16 (``onnxruntime.transformers.float16``). The recurrent state
+           S, the denominator z and everything computed from them up to the normalising division stay
+           in fp32 (they are running sums: |z| grows linearly with the tokens read and passes fp16's
+           65504 after some tens of thousands of tokens), as do the prefill's cumulative sums over
+           chunks. Graph state IO is fp32; ``state_dtype="float16"`` stores the float states as fp16
+           between steps (the sums are still formed in fp32, then rounded for storage).
+    int8   per-channel int8 weights for every MatMul with a constant weight
+           (``onnxruntime.quantization.quantize_dynamic``); activations are quantised at run time, one
+           scale per tensor.
+    int4   4-bit symmetric block-quantised weights, block 32 (``MatMulNBitsQuantizer``: MatMulNBits, the
+           op onnxruntime-genai runs on CPU), every other op in fp32.
+
+Embedding and tied head (int8, int4): they share one [vocab, d_model] matrix, read by a Gather (rows)
+and, transposed, by the head's MatMul. ONNX Runtime's MatMul quantisers need the weight as a constant
+[K, N] initializer, so quantising the head means storing a second, transposed copy; the shared fp32
+matrix is vocab * d_model * 4 bytes (256 KB for the bundled model, 2 % of its weights), less than an
+int8 copy plus the fp32 rows the Gather still needs. So both stay fp32, exact, and are reported as
+kept. The logits output stays fp32 in every precision.
+
+``convert(proto, precision, state_dtype=...)`` returns the new graph and ``Conversion`` notes (what was
+kept in higher precision and why); ``state_dtypes`` gives the manifest's state dtypes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tempfile
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+import onnx
+
+from edgelin.errors import ExportError
+from edgelin.runtime.manifest import STATE_PREFIX, StateSpec
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+STATE_DTYPES = ("float32", "float16")
+ACCUMULATORS = ("S", "z")  # state names (the part after "{layer}.") that are running sums
+INT4_BLOCK = 32
+_STOP = {"Div"}  # the normalising division: its output is a convex mix of values, safe in fp16
+_INTEGER_OPS = {"Shape", "Size"}  # read a tensor's shape, not its values: not part of the fp32 region
+_FLOAT = onnx.TensorProto.FLOAT
+
+
+@dataclass
+class Conversion:
+    precision: str
+    kept: list[str] = field(default_factory=list)  # "what (why)": tensors/nodes left in higher precision
+    fp32_nodes: int = 0  # fp16: nodes kept in fp32 (the accumulator region)
+
+
+def check_precision(precision: str, state_dtype: str = "float32") -> None:
+    if precision not in PRECISIONS:
+        raise ExportError(f"precision {precision!r} is not supported; choose one of {', '.join(PRECISIONS)}")
+    if state_dtype not in STATE_DTYPES:
+        raise ExportError(f"state dtype {state_dtype!r} is not supported; choose one of {', '.join(STATE_DTYPES)}")
+    if state_dtype != "float32" and precision != "fp16":
+        raise ExportError(f"a {state_dtype} state needs --precision fp16 (got {precision}); drop --state-dtype")
+
+
+def state_dtypes(specs: Iterable[StateSpec], precision: str, state_dtype: str = "float32") -> tuple[StateSpec, ...]:
+    """The manifest's states for this precision: float states take ``state_dtype`` (fp16 exports only)."""
+    check_precision(precision, state_dtype)
+    return tuple(replace(s, dtype=state_dtype) if s.dtype == "float32" else s for s in specs)
+
+
+def accumulator_region(graph: onnx.GraphProto) -> set[str]:
+    """Names of the nodes that carry the running sums: everything reachable from an accumulator state
+    input (S, z) or from a CumSum, up to and including the normalising Div; shape reads excluded."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    sources = [i.name for i in graph.input if i.name.startswith(STATE_PREFIX) and i.name.rsplit(".", 1)[-1] in ACCUMULATORS]
+    region = {n.name for n in graph.node if n.op_type == "CumSum"}
+    frontier = sources + [o for n in graph.node if n.op_type == "CumSum" for o in n.output]
+    while frontier:
+        tensor = frontier.pop()
+        for node in consumers.get(tensor, []):
+            if node.op_type in _INTEGER_OPS or (node.name in region and node.op_type != "CumSum"):
+                continue
+            if node.op_type == "CumSum" and tensor in sources:
+                continue
+            region.add(node.name)
+            if node.op_type not in _STOP:
+                frontier.extend(node.output)
+    return region
+
+
+def norm_region(graph: onnx.GraphProto) -> set[str]:
+    """Names of the nodes of each RMS norm's statistic, from its Pow (x^2) to the Reciprocal/Div of the
+    root: x^2 overflows fp16 once |x| > 256. A guard: the bundled model's residual stream stayed below
+    that in the streams measured, the running sums did not (see _drop_round_trips)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    region, frontier = set(), []
+    for node in graph.node:
+        if node.op_type == "Pow":
+            region.add(node.name)
+            frontier.extend(node.output)
+    while frontier:
+        for node in consumers.get(frontier.pop(), []):
+            if node.name in region or node.op_type in _INTEGER_OPS:
+                continue
+            region.add(node.name)
+            if node.op_type not in {"Reciprocal", "Div", "Mul"}:
+                frontier.extend(node.output)
+    return region
+
+
+def _unnamed_nodes(graph: onnx.GraphProto) -> None:
+    """The float16 converter blocks nodes by name: give every node a unique one."""
+    seen: set[str] = set()
+    for i, node in enumerate(graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+
+
+def _dedupe_casts(graph: onnx.GraphProto) -> None:
+    """The float16 converter names its Casts after the tensor they cast; a tensor read by two blocked nodes
+    gets two identical Casts defining one name. Keep the first of each identical pair."""
+    defined: dict[str, tuple] = {}
+    keep = []
+    for node in graph.node:
+        sig = (node.op_type, tuple(node.input), tuple(a.SerializeToString() for a in node.attribute))
+        clash = [o for o in node.output if o in defined]
+        if clash and node.op_type == "Cast" and all(defined[o] == sig for o in clash) and len(clash) == len(node.output):
+            continue
+        if clash:
+            raise ExportError(f"the fp16 conversion defined {clash[0]!r} twice; export in fp32 and report this model")
+        defined.update((o, sig) for o in node.output)
+        keep.append(node)
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def _drop_round_trips(graph: onnx.GraphProto, blocked: set[str]) -> None:
+    """The float16 converter casts each blocked node's output to fp16 and back to fp32 for the next blocked
+    node: a round trip through fp16 that overflows exactly the running sums the block protects (measured:
+    the normaliser's numerator reached 7e4 after ~450 tokens). Read the fp32 value directly instead."""
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:  # Cast(fp32 -> fp16 -> fp32): read the fp32 source (a Cast to fp32 of fp32 is a copy)
+        if node.op_type != "Cast" or _cast_to(node) != _FLOAT:
+            continue
+        down = producer.get(node.input[0])
+        if down is None or down.op_type != "Cast" or _cast_to(down) != onnx.TensorProto.FLOAT16:
+            continue
+        src = producer.get(down.input[0])
+        if src is not None and src.name in blocked:
+            node.input[0] = down.input[0]
+    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    keep = [n for n in graph.node if not (n.op_type == "Cast" and all(o not in used for o in n.output))]
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "to"), -1)
+
+
+def _toposort(graph: onnx.GraphProto) -> None:
+    """Order the nodes so each comes after the producers of its inputs (stable: keeps the order otherwise)."""
+    ready = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(name in ready for name in node.input):
+                ordered.append(node)
+                ready.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            raise ExportError(f"the converted graph has a cycle or an undefined input at node {rest[0].name!r}; export in fp32 and report this model")
+        pending = rest
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _weights_by_matmul(proto: onnx.ModelProto) -> tuple[list[str], list[str]]:
+    """(MatMul nodes with a constant weight, MatMul nodes without one)."""
+    inits = {i.name for i in proto.graph.initializer}
+    const, other = [], []
+    for node in proto.graph.node:
+        if node.op_type == "MatMul":
+            (const if node.input[1] in inits else other).append(node.name)
+    return const, other
+
+
+def _kept_matmuls(proto: onnx.ModelProto, why: str) -> list[str]:
+    """MatMuls a quantiser left in fp32, each with the reason."""
+    const, other = _weights_by_matmul(proto)
+    return [f"MatMul {n} (fp32: {why})" for n in const] + [f"MatMul {n} (fp32: its weight is not a constant, e.g. the tied head)" for n in other]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """ORT's quantisers log per-node progress and warn about pre-processing; keep the terminal ours."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+
+
+# ---- the converters ------------------------------------------------------------------------------
+def _fp32(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+    return proto, Conversion("fp32")
+
+
+def _fp16(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    _unnamed_nodes(proto.graph)
+    region = accumulator_region(proto.graph)
+    norms = norm_region(proto.graph) - region
+    logits = proto.graph.output[0].name
+    states = [i.name for i in proto.graph.input if i.name.startswith(STATE_PREFIX)] + [o.name for o in proto.graph.output[1:]]
+    # the converter turns every float graph input/output it is not told to keep into fp16, and puts a
+    # Cast in front of each blocked (fp32) node that reads one
+    keep_io = [logits] + ([] if state_dtype == "float16" else states)
+    with _quiet():
+        out = convert_float_to_float16(proto, keep_io_types=keep_io, node_block_list=sorted(region | norms), disable_shape_infer=False)
+    _dedupe_casts(out.graph)
+    _drop_round_trips(out.graph, region | norms)
+    _unnamed_nodes(out.graph)
+    _toposort(out.graph)  # the converter appends its Casts at the end; onnx.checker wants producers first
+    del out.graph.value_info[:]  # some intermediate types it left are stale; they are optional, ORT infers them
+    note = Conversion("fp16", fp32_nodes=len(region) + len(norms))
+    note.kept.append(f"{len(region)} nodes of the state accumulation and normaliser (fp32: running sums outgrow fp16)")
+    note.kept.append(f"{len(norms)} nodes of the RMS norms' mean of squares (fp32: x^2 overflows fp16 for |x| > 256)")
+    return out, note
+
+
+def _int8(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory() as tmp, _quiet():
+        src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        onnx.save(proto, str(src))
+        quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8)
+        out = onnx.load(str(dst))
+    note = Conversion("int8", kept=_kept_matmuls(out, "not quantised by quantize_dynamic"))
+    note.kept.append("embedding Gather (fp32: shared with the tied head; see exporters/precision.py)")
+    return out, note
+
+
+def _int4(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    with _quiet():
+        quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",))
+        quant.process()
+        out = quant.model.model
+    note = Conversion("int4", kept=_kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}"))
+    note.kept.append("embedding Gather (fp32: shared with the tied head; see exporters/precision.py)")
+    return out, note
+
+
+CONVERTERS: dict[str, Callable[[onnx.ModelProto, str], tuple[onnx.ModelProto, Conversion]]] = {
+    "fp32": _fp32, "fp16": _fp16, "int8": _int8, "int4": _int4,
+}
+
+
+def convert(proto: onnx.ModelProto, precision: str, *, state_dtype: str = "float32") -> tuple[onnx.ModelProto, Conversion]:
+    """One fp32 graph (prefill or decode, as the exporter writes it) in ``precision``."""
+    check_precision(precision, state_dtype)
+    return CONVERTERS[precision](proto, state_dtype)
+
+
+__all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "INT4_BLOCK", "PRECISIONS", "STATE_DTYPES", "accumulator_region",
+           "check_precision", "convert", "state_dtypes"]
