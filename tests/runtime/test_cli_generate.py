@@ -89,7 +89,7 @@ def test_not_an_export(tmp_path):
 
 def test_a_manifest_of_another_version(export_copy):
     path = export_copy / "edgelin.json"
-    path.write_text(path.read_text().replace('"edgelin/1"', '"edgelin/9"'))
+    path.write_text(path.read_text().replace('"edgelin/2"', '"edgelin/9"'))
     assert_one_line_error(invoke(export_copy, "--prompt", "Hi", "--provider", "cpu"), "format 'edgelin/9'")
 
 
