@@ -275,6 +275,7 @@ class Manifest:
             raise ManifestError(
                 f"{where} has format {_short(d.get('format'))}; this edgelin reads {FORMAT!r} and {FORMAT_V1!r} -- re-export the model with this version"
             )
+        _from_v1(d, where)  # the fields edgelin/1 had, with the messages it gave; then the schema for all the rest
         hashes_given = "sha256" in d
         checked = d if (hashes_given or not embedded) else {**d, "sha256": {g: "0" * 64 for g in GRAPHS}}
         errors = validate_schema(checked)
@@ -358,6 +359,18 @@ class Manifest:
                 f"{path} leads outside the export folder (to {real}); a graph must be a file inside {export_dir}"
             )
         return path
+
+
+def sync_io(d: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the ``io`` of a manifest dict from its input_ids, logits, vocab_size and states, in place (for
+    tools and tests that edit a manifest by hand); the logits dtype is kept. Returns ``d``."""
+    logits_dtype = d.get("io", {}).get("prefill", {}).get("outputs", [{}])[0].get("dtype", "float32")
+    for g, seq in SEQUENCE_DIM.items():
+        d.setdefault("io", {})[g] = {
+            "inputs": [tensor(d["input_ids"], "int64", [BATCH, seq])] + [tensor(s["input"], s["dtype"], s["shape"]) for s in d["states"]],
+            "outputs": [tensor(d["logits"], logits_dtype, [BATCH, seq, d["vocab_size"]])] + [tensor(s["output"], s["dtype"], s["shape"]) for s in d["states"]],
+        }
+    return d
 
 
 def _int(x: Any) -> int:
@@ -509,5 +522,5 @@ def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
 __all__ = [
     "BATCH", "DTYPES", "FORMAT", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "PREFILL_PIECE", "SEQUENCE",
     "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "canonical_json", "canonical_manifest_equal",
-    "file_sha256", "normalize_tokenizer", "parse_json", "plain_file_name",
+    "file_sha256", "normalize_tokenizer", "parse_json", "plain_file_name", "sync_io",
 ]
