@@ -125,7 +125,7 @@ def write_site(
     export_dir, out = Path(export_dir), Path(out_dir)
     manifest = _check_export(export_dir)
     dist = find_ort_web(ort_web)
-    check = dict(force=force, protect=(export_dir,), ours=site_files, kind="a site written by edgelin web", guarded="the export")
+    check = dict(force=force, protect=(export_dir,), ours=site_files, kind="a site written by edgelin web", protected="the export")
     replacing = check_output_dir(out, what="site folder", **check)
     source = web_dir()
     for name in (MODULE, PAGE):

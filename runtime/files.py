@@ -148,7 +148,7 @@ def describe_entries(folder: Path, limit: int = 3) -> str:
 def check_output_dir(
     path: str | os.PathLike, *, force: bool = False, protect: Iterable[str | os.PathLike] = (), what: str = "output folder",
     flag: str = "--force", ours: Callable[[Path], list[str] | None] = export_files, kind: str = "an edgelin export",
-    guarded: str = "the checkpoint",
+    protected: str = "the checkpoint",
 ) -> str | None:
     """Check, before any work, that a folder may be written (or replaced) at ``path``.
 
@@ -168,7 +168,7 @@ def check_output_dir(
         guarded = Path(os.path.realpath(p))
         if _inside(resolved, guarded) or _inside(guarded, resolved):
             raise OutputError(
-                f"the {what} {path} is, holds or lies inside {guarded} {p}; write it somewhere else"
+                f"the {what} {path} is, holds or lies inside {protected} {p}; write it somewhere else"
             )
     _writable_folder(nearest_existing(path.parent if str(path.parent) else Path(".")), path, what)
     if path.is_symlink():
@@ -282,12 +282,12 @@ def remove_stale_temps(folder: Path, name: str) -> list[Path]:
 
 def replace_dir(
     tmp: Path, out: Path, *, force: bool, protect: Iterable[str | os.PathLike] = (),
-    ours: Callable[[Path], list[str] | None] = export_files, kind: str = "an edgelin export", guarded: str = "the checkpoint",
+    ours: Callable[[Path], list[str] | None] = export_files, kind: str = "an edgelin export", protected: str = "the checkpoint",
 ) -> str | None:
     """Move the finished folder ``tmp`` to ``out``. An existing ``out`` is checked again (it may have
     changed while the work ran) and replaced only if ``check_output_dir`` allows it; if the final
     rename fails, the old folder is put back. Returns what was replaced, as ``check_output_dir``."""
-    replaced = check_output_dir(out, force=force, protect=protect, ours=ours, kind=kind, guarded=guarded)
+    replaced = check_output_dir(out, force=force, protect=protect, ours=ours, kind=kind, protected=protected)
     try:
         if replaced is None:
             os.replace(tmp, out)
