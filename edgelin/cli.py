@@ -167,6 +167,10 @@ from edgelin.cli_bench import bench  # noqa: E402
 
 main.add_command(bench)
 
+from edgelin.cli_web import web  # noqa: E402
+
+main.add_command(web)
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -27,13 +27,13 @@ import onnx
 import torch
 
 from edgelin import __version__, parity, protocol
-from edgelin.checkpoint import WEIGHTS_FILE, load_checkpoint, model_sha256, weights_sha256
+from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
 from edgelin.runtime.files import check_output_dir, make_parents, remove_created, remove_stale_temps, replace_dir, temp_dir
-from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, Manifest
+from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest
 from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
 
@@ -95,12 +95,17 @@ def _resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, st
     return model.float().eval(), digest
 
 
-def build_manifest(model, *, opset: int, source: str, precision: str = "fp32", extra: dict | None = None) -> Manifest:
-    """The manifest of ``model``'s export: states straight from its state contract."""
+def build_manifest(
+    model, *, opset: int, source: str, precision: str = "fp32", extra: dict | None = None, logits_dtype: str | None = None,
+) -> Manifest:
+    """The manifest of ``model``'s export (edgelin/2): states straight from its state contract, the io of
+    both graphs, the runtime's prefill piece. The graph hashes are added once the files are final
+    (``Manifest.with_hashes``)."""
     return Manifest(
         graphs=dict(GRAPH_FILES), input_ids=INPUT_IDS, logits=LOGITS, states=tuple(model.state_specs()),
         vocab_size=model.vocab_size, tokenizer=protocol.tokenizer(model), model=model.model_config(),
         opset=opset, precision=precision, edgelin_version=__version__, source=source, extra=dict(extra or {}),
+        logits_dtype=logits_dtype or "float32", prefill_piece=PREFILL_PIECE,  # every precision keeps fp32 logits
     )
 
 
@@ -230,20 +235,21 @@ def export(
         op_types = {g: _op_histogram(p) for g, p in protos.items()}
         manifest = build_manifest(
             model, opset=opset, source=digest,
-            extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0, "weights_file": WEIGHTS_FILE},
+            extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0},
         )
         manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype))
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
-        manifest_json = manifest.to_json()
+        embedded_json = manifest.to_json(embedded=True)  # the graphs' copy: no hashes (a file cannot hold its own)
         say("checking the graphs (onnx.checker, full check) ...")
         for graph in GRAPH_FILES:
-            _finalize(tmp / GRAPH_FILES[graph], manifest_json, graph)
+            _finalize(tmp / GRAPH_FILES[graph], embedded_json, graph)
         if precision != "fp32":
             nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say)
-            manifest_json = manifest.to_json()
+            embedded_json = manifest.to_json(embedded=True)
             for graph in GRAPH_FILES:
-                _finalize(tmp / GRAPH_FILES[graph], manifest_json, graph)
-        (tmp / MANIFEST_FILE).write_text(manifest_json, encoding="utf-8")
+                _finalize(tmp / GRAPH_FILES[graph], embedded_json, graph)
+        manifest = manifest.with_hashes(tmp)
+        (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
 
         smoke = None
         if check:

@@ -11,11 +11,10 @@ from typing import Any
 import onnxruntime as ort
 
 from edgelin.errors import ManifestError
-from edgelin.runtime.manifest import METADATA_KEY, Manifest
+from edgelin.runtime.manifest import METADATA_KEY, SEQUENCE_DIM, Manifest
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
-FLOAT_TYPES = {"tensor(float)", "tensor(float16)"}
-SEQUENCE = {"prefill": "sequence", "decode": 1}  # the token dim of input_ids and logits, per graph role
+SEQUENCE = SEQUENCE_DIM  # the token dim of input_ids and logits, per graph role
 
 
 def graph_io(sess: ort.InferenceSession, outputs: bool) -> dict[str, Any]:
@@ -47,9 +46,9 @@ def check_graph(role: str, file: str, sess: ort.InferenceSession, m: Manifest, *
     shapes (input_ids and logits per role, so swapped graphs are named), extra inputs, and the manifest
     embedded in the graph's metadata — ``metadata="source"``: from the same model; ``"content"``: the same
     manifest (compared as parsed JSON, so formatting does not matter); ``"ignore"``."""
-    seq = SEQUENCE[role]
-    want_in = {m.input_ids: ("int64", ["batch", seq])} | {s.input: (s.dtype, list(s.shape)) for s in m.states}
-    want_out = {m.logits: ("float", ["batch", seq, m.vocab_size])} | {s.output: (s.dtype, list(s.shape)) for s in m.states}
+    io = m.io(role)  # every input and output the manifest lists for this graph
+    want_in = {t["name"]: (t["dtype"], t["shape"]) for t in io["inputs"]}
+    want_out = {t["name"]: (t["dtype"], t["shape"]) for t in io["outputs"]}
     role_found = graph_role(sess, m)
     if role_found is not None and role_found != role:
         return [f"{file} is the {role_found} graph but edgelin.json names it as the {role} graph (were the files swapped or renamed?)"]
@@ -61,8 +60,7 @@ def check_graph(role: str, file: str, sess: ort.InferenceSession, m: Manifest, *
             if arg is None:
                 problems.append(f"{file} has no {kind} {name!r}")
                 continue
-            ok_types = FLOAT_TYPES if dtype == "float" else {ORT_TYPES[dtype]}
-            if arg.type not in ok_types:
+            if arg.type != ORT_TYPES[dtype]:
                 problems.append(f"{file} {kind} {name!r} is {arg.type}, the manifest says {dtype}")
             elif len(arg.shape) != len(shape):
                 problems.append(f"{file} {kind} {name!r} has rank {len(arg.shape)}, the manifest says {len(shape)}")
@@ -80,11 +78,11 @@ def _metadata_problems(file: str, sess: ort.InferenceSession, m: Manifest, how: 
     if meta is None:
         return [f"{file} has no '{METADATA_KEY}' metadata"] if how == "content" else []
     try:
-        own = Manifest.from_json(meta, f"{file} metadata")
+        own = Manifest.from_json(meta, f"{file} metadata", embedded=True)
     except ManifestError as exc:
         return [str(exc)]
     if how == "content":
-        mine, theirs = own.to_dict(), m.to_dict()
+        mine, theirs = own.to_dict(embedded=True), m.to_dict(embedded=True)  # a graph cannot hold its own hash
         differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         if differ:  # compared as parsed JSON: formatting and key order do not matter
             return [f"{file}: its '{METADATA_KEY}' metadata differs from edgelin.json in {', '.join(differ)} (graph and manifest come from different exports)"]

@@ -149,7 +149,8 @@ def describe_entries(folder: Path, limit: int = 3) -> str:
 
 def check_output_dir(
     path: str | os.PathLike, *, force: bool = False, protect: Iterable[str | os.PathLike] = (), what: str = "output folder",
-    flag: str = "--force",
+    flag: str = "--force", ours: Callable[[Path], list[str] | None] = export_files, kind: str = "an edgelin export",
+    protected: str = "the checkpoint",
 ) -> str | None:
     """Check, before any work, that a folder may be written (or replaced) at ``path``.
 
@@ -169,7 +170,7 @@ def check_output_dir(
         guarded = Path(os.path.realpath(p))
         if _inside(resolved, guarded) or _inside(guarded, resolved):
             raise OutputError(
-                f"the {what} {path} is, holds or lies inside the checkpoint {p}; write the export somewhere else"
+                f"the {what} {path} is, holds or lies inside {protected} {p}; write it somewhere else"
             )
     _writable_folder(nearest_existing(path.parent if str(path.parent) else Path(".")), path, what)
     if path.is_symlink():
@@ -179,20 +180,20 @@ def check_output_dir(
     if not path.is_dir():
         raise OutputError(f"the {what} {path} exists and is not a folder; choose another path")
     if not force:
-        raise OutputError(f"{path} already exists; pass {flag} to replace it (only an empty folder or an edgelin export is replaced)")
+        raise OutputError(f"{path} already exists; pass {flag} to replace it (only an empty folder or {kind} is replaced)")
     try:
         empty = not os.listdir(path)
     except OSError as exc:
         raise OutputError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
     if empty:
         return "an empty folder"
-    files = export_files(path)
+    files = ours(path)
     if files is None:
         raise OutputError(
-            f"{path} holds {describe_entries(path)} and is not an edgelin export; {flag} replaces only an empty "
-            f"folder or an edgelin export -- choose another folder"
+            f"{path} holds {describe_entries(path)} and is not {kind}; {flag} replaces only an empty "
+            f"folder or {kind} -- choose another folder"
         )
-    return f"an edgelin export ({len(files)} files)"
+    return f"{kind} ({len(files)} files)"
 
 
 # ---- creating, replacing, cleaning up ------------------------------------------------------------
@@ -281,11 +282,14 @@ def remove_stale_temps(folder: Path, name: str) -> list[Path]:
     return removed
 
 
-def replace_dir(tmp: Path, out: Path, *, force: bool, protect: Iterable[str | os.PathLike] = ()) -> str | None:
+def replace_dir(
+    tmp: Path, out: Path, *, force: bool, protect: Iterable[str | os.PathLike] = (),
+    ours: Callable[[Path], list[str] | None] = export_files, kind: str = "an edgelin export", protected: str = "the checkpoint",
+) -> str | None:
     """Move the finished folder ``tmp`` to ``out``. An existing ``out`` is checked again (it may have
     changed while the work ran) and replaced only if ``check_output_dir`` allows it; if the final
     rename fails, the old folder is put back. Returns what was replaced, as ``check_output_dir``."""
-    replaced = check_output_dir(out, force=force, protect=protect)
+    replaced = check_output_dir(out, force=force, protect=protect, ours=ours, kind=kind, protected=protected)
     try:
         if replaced is None:
             os.replace(tmp, out)

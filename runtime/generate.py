@@ -23,6 +23,7 @@ import numpy as np
 
 from edgelin.errors import ManifestError, NonFiniteError, RuntimeInputError
 from edgelin.runtime.files import check_output_file
+from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.runtime.sampling import Sampler
 from edgelin.runtime.session import Session, load
 from edgelin.runtime.state import State
@@ -30,7 +31,7 @@ from edgelin.runtime.tokenizer import StreamDecoder
 from edgelin.runtime.options import check_int
 
 MAX_NEW_TOKENS = 1_000_000  # a sane cap: the state is constant-size, but a typo like 1e12 should not run for days
-DEFAULT_PREFILL_CHUNK = 1024
+DEFAULT_PREFILL_CHUNK = PREFILL_PIECE  # the manifest's recommended prefill piece, written by the exporter
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,52 @@
 """The export manifest (``edgelin.json``): everything a runtime needs to drive the two graphs.
 
-The schema lives here, in the runtime, because the runtime is what must read it on a device.
-Standard library + numpy only.
+The format lives here, in the runtime, because the runtime is what must read it on a device. Its JSON
+Schema ships beside this module (``schema/edgelin-2.schema.json``; docs/manifest.md explains every field);
+manifests are checked against it when written and when read. Standard library + numpy only.
 
     {
-      "format": "edgelin/1",
+      "format": "edgelin/2",
       "graphs": {"prefill": "prefill.onnx", "decode": "decode.onnx"},
+      "sha256": {"prefill": "<hex>", "decode": "<hex>"},
+      "symbols": {"batch": "...", "sequence": "..."},
+      "io": {"prefill": {"inputs": [{"name": "input_ids", "dtype": "int64", "shape": ["batch", "sequence"]}, ...],
+                         "outputs": [{"name": "logits", "dtype": "float32", "shape": ["batch", "sequence", 256]}, ...]},
+             "decode": {... the same with 1 for "sequence" ...}},
       "input_ids": "input_ids", "logits": "logits",
+      "logits_layout": {"axes": ["batch", "sequence", "vocab"], "positions": "every", "next_token": "last"},
+      "min_sequence": 1, "prefill_piece": 1024,
       "states": [{"input": "state.0.S", "output": "present.0.S", "shape": ["batch", 4, 64, 64],
                   "dtype": "float32", "init": 0.0}, ...],
-      "vocab_size": 256, "tokenizer": {"kind": "bytes"}, "model": {...config...},
-      "opset": 18, "precision": "fp32", "edgelin_version": "0.1.0", "source": "<sha256 of the weights>",
-      ... extra fields (chunk_size, node counts) are allowed ...
+      "vocab_size": 256,
+      "tokenizer": {"kind": "bytes", "encoding": "utf-8", "offset": 0, "bos_id": null, "eos_id": null, "pad_id": null},
+      "model": {...config...}, "opset": 18, "precision": "fp32", "edgelin_version": "0.1.0",
+      "source": "<sha256 of the weights>",
+      ... extension fields (chunk_size, nodes, state_bytes_per_sequence) ...
     }
+
+An ``edgelin/1`` manifest (no io, symbols, hashes, layout; tokenizer ``{"kind": "bytes"}``) is still read:
+it is upgraded in memory and ``Manifest.load`` warns (``FormatWarning``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgelin.errors import ManifestError
+from edgelin.runtime.schema import json_equal
+from edgelin.runtime.schema import validate as validate_schema
 
-FORMAT = "edgelin/1"
+FORMAT = "edgelin/2"
+FORMAT_V1 = "edgelin/1"  # still read, upgraded in memory
 MANIFEST_FILE = "edgelin.json"
 METADATA_KEY = "edgelin"  # key of the manifest in each graph's metadata_props
 BATCH = "batch"
@@ -37,10 +55,23 @@ DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
 GRAPHS = ("prefill", "decode")
 MAX_DIM = 1 << 31  # a fixed dim or vocabulary size beyond this is a corrupt manifest
 MAX_MANIFEST_BYTES = 16 << 20
-REQUIRED = (
+REQUIRED_V1 = (
     "format", "graphs", "input_ids", "logits", "states", "vocab_size", "tokenizer",
     "model", "opset", "precision", "edgelin_version", "source",
 )
+DROPPED_V1 = ("weights_file",)  # named a file that is not in the export
+FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece")
+SEQUENCE = "sequence"
+SYMBOLS = {
+    BATCH: "sequences run together (>= 1); the same for every input and output of one call",
+    SEQUENCE: "tokens in one prefill call (>= min_sequence); decode takes exactly 1",
+}
+SEQUENCE_DIM = {"prefill": SEQUENCE, "decode": 1}  # the token dim of input_ids and logits, per graph
+LOGITS_LAYOUT = {"axes": (BATCH, SEQUENCE, "vocab"), "positions": "every", "next_token": "last"}
+LOGITS_DTYPES = ("float32", "float16")
+TOKEN_INTS = ("offset", "bos_id", "eos_id", "pad_id")
+PREFILL_PIECE = 1024  # the runtime's default longest prefill call (tokens); bounds memory for any prompt length
+HASH_BLOCK = 1 << 20
 
 
 def state_io_names(key: str) -> tuple[str, str]:
@@ -118,6 +149,28 @@ class StateSpec:
         return cls(d["input"], d["output"], tuple(shape), d["dtype"], init)
 
 
+class FormatWarning(UserWarning):
+    """An export in an older manifest format was read and upgraded in memory."""
+
+
+def tensor(name: str, dtype: str, shape: list) -> dict[str, Any]:
+    return {"name": name, "dtype": dtype, "shape": list(shape)}
+
+
+def normalize_tokenizer(spec: Any, where: str = "tokenizer") -> dict[str, Any]:
+    """A tokenizer entry in the edgelin/2 form: kind, encoding, offset, bos/eos/pad ids (null if none).
+    ``{"kind": "bytes"}`` (edgelin/1, or a model's own short form) becomes UTF-8 bytes at offset 0."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        raise ManifestError(f"{where} must be an object with a 'kind'")
+    kind = spec["kind"]
+    out = {"kind": kind, "encoding": "utf-8" if kind == "bytes" else None, "offset": 0, "bos_id": None, "eos_id": None, "pad_id": None}
+    unknown = sorted(set(spec) - set(out))
+    if unknown:
+        raise ManifestError(f"{where} has unknown field(s) {', '.join(map(str, unknown))}; known: {', '.join(out)}")
+    out.update(spec)
+    return out
+
+
 @dataclass(frozen=True)
 class Manifest:
     graphs: dict[str, str]
@@ -133,91 +186,145 @@ class Manifest:
     source: str
     format: str = FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
+    sha256: dict[str, str] | None = None  # graph -> sha256 of its file; None in the copy a graph embeds, or read from edgelin/1
+    logits_dtype: str = "float32"
+    min_sequence: int = 1
+    prefill_piece: int = PREFILL_PIECE
+    read_from: str = field(default=FORMAT, compare=False)  # the format the manifest was read in (edgelin/1 is upgraded)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokenizer", normalize_tokenizer(self.tokenizer))
 
     # ---- sizes ---------------------------------------------------------------------------------
     def state_bytes(self, batch: int = 1) -> int:
         """Bytes of the whole recurrent state for ``batch`` sequences (constant in sequence length)."""
         return sum(s.nbytes(batch) for s in self.states)
 
+    # ---- the graphs' inputs and outputs --------------------------------------------------------
+    def io(self, graph: str) -> dict[str, list[dict[str, Any]]]:
+        """Every input and output of ``graph`` ("prefill" or "decode"): name, dtype, shape, in graph order."""
+        seq = SEQUENCE_DIM[graph]
+        return {
+            "inputs": [tensor(self.input_ids, "int64", [BATCH, seq])] + [tensor(s.input, s.dtype, s.shape) for s in self.states],
+            "outputs": [tensor(self.logits, self.logits_dtype, [BATCH, seq, self.vocab_size])] + [tensor(s.output, s.dtype, s.shape) for s in self.states],
+        }
+
+    def with_hashes(self, export_dir: str | Path) -> "Manifest":
+        """This manifest with the sha256 of the graph files in ``export_dir``."""
+        return replace(self, sha256={g: file_sha256(Path(export_dir) / self.graphs[g]) for g in GRAPHS})
+
+    def file_problems(self, export_dir: str | Path) -> list[str]:
+        """Graph files whose sha256 differs from the manifest's (none when the manifest has no hashes)."""
+        if self.sha256 is None:
+            return []
+        problems = []
+        for g in GRAPHS:
+            path = self.graph_path(export_dir, g)
+            if path.is_file() and file_sha256(path) != self.sha256[g]:
+                problems.append(f"{path.name} is not the file edgelin.json describes (its sha256 differs); re-export the model")
+        return problems
+
     # ---- JSON ----------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, embedded: bool = False) -> dict[str, Any]:
+        """The manifest as JSON data. ``embedded``: the copy stored in each graph's metadata (no ``sha256``)."""
         d = {
-            "format": self.format,
+            "format": FORMAT,
             "graphs": dict(self.graphs),
+            "sha256": None if self.sha256 is None else dict(self.sha256),
+            "symbols": dict(SYMBOLS),
+            "io": {g: self.io(g) for g in GRAPHS},
             "input_ids": self.input_ids,
             "logits": self.logits,
+            "logits_layout": dict(LOGITS_LAYOUT, axes=list(LOGITS_LAYOUT["axes"])),
+            "min_sequence": self.min_sequence,
+            "prefill_piece": self.prefill_piece,
             "states": [s.to_dict() for s in self.states],
             "vocab_size": self.vocab_size,
-            "tokenizer": self.tokenizer,
+            "tokenizer": dict(self.tokenizer),
             "model": self.model,
             "opset": self.opset,
             "precision": self.precision,
             "edgelin_version": self.edgelin_version,
             "source": self.source,
         }
+        if embedded or self.sha256 is None:
+            del d["sha256"]
         d.update(self.extra)
         return d
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+    def to_json(self, *, embedded: bool = False) -> str:
+        """The manifest as JSON text, checked against the schema and the reader first (ManifestError if
+        it would not read back). edgelin.json needs the graph hashes: see ``with_hashes``."""
+        if not embedded and self.sha256 is None:
+            raise ManifestError("this manifest has no graph hashes (sha256); add them with with_hashes(export_dir) before writing edgelin.json")
+        d = self.to_dict(embedded=embedded)
+        Manifest.from_dict(json.loads(json.dumps(d)), "the manifest being written", embedded=embedded)
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = MANIFEST_FILE) -> "Manifest":
+    def from_dict(cls, d: Any, where: str = MANIFEST_FILE, *, embedded: bool = False) -> "Manifest":
+        """Read a manifest: edgelin/2 is checked against the schema, then for what a schema cannot say
+        (unique names, io equal to what the states imply, init values that fit their dtype); edgelin/1
+        is read strictly and upgraded in memory (``read_from`` tells). ``embedded``: the graph-metadata
+        copy, which has no ``sha256``."""
         if not isinstance(d, dict):
             raise ManifestError(f"{where} must hold a JSON object, got {_kind(d)}")
+        if d.get("format") == FORMAT_V1:
+            return _from_v1(d, where)
         if d.get("format") != FORMAT:
             raise ManifestError(
-                f"{where} has format {_short(d.get('format'))}; this edgelin reads {FORMAT!r} -- re-export the model with this version"
+                f"{where} has format {_short(d.get('format'))}; this edgelin reads {FORMAT!r} and {FORMAT_V1!r} -- re-export the model with this version"
             )
-        missing = [k for k in REQUIRED if k not in d]
-        if missing:
-            raise ManifestError(f"{where} lacks field(s) {', '.join(missing)}; re-export the model")
-        graphs = d["graphs"]
-        if not isinstance(graphs, dict) or any(not isinstance(graphs.get(g), str) for g in GRAPHS):
-            raise ManifestError(f"{where}: 'graphs' must name the files of {' and '.join(GRAPHS)}")
-        for g in GRAPHS:
-            if not plain_file_name(graphs[g]):
-                raise ManifestError(
-                    f"{where}: graphs.{g} is {_short(graphs[g])}; a graph must be a plain file name inside the export "
-                    "folder (no folder, no '..', no absolute path)"
-                )
-        if graphs["prefill"] == graphs["decode"]:
-            raise ManifestError(f"{where}: 'graphs' names one file, {graphs['prefill']!r}, for both graphs; re-export the model")
-        for key in ("input_ids", "logits"):
-            if not _name_ok(d[key]):
-                raise ManifestError(f"{where}: {key!r} must be a non-empty name (text), got {_short(d[key])}")
-        states = d["states"]
-        if not isinstance(states, list):
-            raise ManifestError(f"{where}: 'states' must be a list, got {_kind(states)}")
-        specs = tuple(StateSpec.from_dict(s, f"{where}: states[{i}]") for i, s in enumerate(states))
-        names = [d["input_ids"], d["logits"]] + [s.input for s in specs] + [s.output for s in specs]
+        _from_v1(d, where)  # the fields edgelin/1 had, with the messages it gave; then the schema for all the rest
+        hashes_given = "sha256" in d
+        checked = d if (hashes_given or not embedded) else {**d, "sha256": {g: "0" * 64 for g in GRAPHS}}
+        errors = validate_schema(checked)
+        if errors:
+            raise ManifestError(f"{where} does not follow the {FORMAT} schema: {'; '.join(errors)} -- re-export the model")
+        for g in GRAPHS:  # the schema's file pattern cannot say "not an absolute path" on every system
+            if not plain_file_name(d["graphs"][g]):
+                raise ManifestError(f"{where}: graphs.{g} is {_short(d['graphs'][g])}; a graph must be a plain file name inside the export folder")
+        if d["graphs"]["prefill"] == d["graphs"]["decode"]:
+            raise ManifestError(f"{where}: 'graphs' names one file, {d['graphs']['prefill']!r}, for both graphs; re-export the model")
+        states = []
+        for i, s in enumerate(d["states"]):
+            s = dict(s, shape=[_int(x) for x in s["shape"]])
+            if s["dtype"] == "int64" and isinstance(s["init"], float) and s["init"].is_integer() and abs(s["init"]) < 2**64:
+                s["init"] = int(s["init"])
+            states.append(StateSpec.from_dict(s, f"{where}: states[{i}]"))
+        vocab = _int(d["vocab_size"])
+        names = [d["input_ids"], d["logits"]] + [s.input for s in states] + [s.output for s in states]
         if len(set(names)) != len(names):
             raise ManifestError(f"{where}: input, output and state names are not unique")
-        if isinstance(d["vocab_size"], bool) or not isinstance(d["vocab_size"], int) or not 1 <= d["vocab_size"] <= MAX_DIM:
-            raise ManifestError(f"{where}: 'vocab_size' must be a positive integer (at most {MAX_DIM:,}), got {_short(d['vocab_size'])}")
-        if not isinstance(d["tokenizer"], dict) or "kind" not in d["tokenizer"]:
-            raise ManifestError(f"{where}: 'tokenizer' must be an object with a 'kind'")
-        if not isinstance(d["model"], dict):
-            raise ManifestError(f"{where}: 'model' must be an object (the model config), got {_kind(d['model'])}")
-        if isinstance(d["opset"], bool) or not isinstance(d["opset"], int) or not 1 <= d["opset"] <= 1000:
-            raise ManifestError(f"{where}: 'opset' must be an integer, got {_short(d['opset'])}")
-        for key in ("precision", "edgelin_version", "source"):
-            if not isinstance(d[key], str):
-                raise ManifestError(f"{where}: {key!r} must be text, got {_short(d[key])}")
-        extra = {k: v for k, v in d.items() if k not in REQUIRED}
-        return cls(
-            graphs={g: graphs[g] for g in GRAPHS}, input_ids=d["input_ids"], logits=d["logits"],
-            states=specs, vocab_size=d["vocab_size"], tokenizer=dict(d["tokenizer"]), model=dict(d["model"]),
-            opset=d["opset"], precision=d["precision"], edgelin_version=d["edgelin_version"],
-            source=d["source"], extra=extra,
+        logits_out = d["io"]["prefill"]["outputs"][0] if d["io"]["prefill"]["outputs"] else {}
+        logits_dtype = logits_out.get("dtype")
+        if logits_dtype not in LOGITS_DTYPES:
+            raise ManifestError(f"{where}: the logits must be one of {', '.join(LOGITS_DTYPES)}, io says {_short(logits_dtype)}")
+        tok = dict(d["tokenizer"], **{k: _int(v) for k, v in d["tokenizer"].items() if k in TOKEN_INTS and v is not None})
+        _check_tokenizer(tok, vocab, where)
+        extra = {k: v for k, v in d.items() if k not in FIELDS}
+        m = cls(
+            graphs=dict(d["graphs"]), input_ids=d["input_ids"], logits=d["logits"], states=tuple(states),
+            vocab_size=vocab, tokenizer=tok, model=dict(d["model"]), opset=_int(d["opset"]),
+            precision=d["precision"], edgelin_version=d["edgelin_version"], source=d["source"], extra=extra,
+            sha256=dict(d["sha256"]) if hashes_given else None, logits_dtype=logits_dtype,
+            min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]),
         )
+        for g in GRAPHS:
+            if not json_equal(d["io"][g], m.io(g)):
+                raise ManifestError(
+                    f"{where}: io.{g} does not list what input_ids, logits, vocab_size and states imply "
+                    f"({_short(d['io'][g], 80)}); re-export the model"
+                )
+        return m
 
     @classmethod
-    def from_json(cls, text: str, where: str = MANIFEST_FILE) -> "Manifest":
-        return cls.from_dict(parse_json(text, where), where)
+    def from_json(cls, text: str, where: str = MANIFEST_FILE, *, embedded: bool = False) -> "Manifest":
+        return cls.from_dict(parse_json(text, where), where, embedded=embedded)
 
     @classmethod
     def load(cls, export_dir: str | Path) -> "Manifest":
+        """Read ``export_dir/edgelin.json``. An edgelin/1 manifest is upgraded in memory, with a FormatWarning."""
         export_dir = Path(export_dir)
         if not export_dir.is_dir():
             raise ManifestError(f"{export_dir} is not a folder; pass the folder that `edgelin export` wrote")
@@ -234,7 +341,13 @@ class Manifest:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ManifestError(f"{path} is not UTF-8 text (byte {exc.start}); re-export the model") from None
-        return cls.from_json(text, str(path))
+        m = cls.from_json(text, str(path))
+        if m.read_from != FORMAT:
+            warnings.warn(
+                f"{path} is in the older format {m.read_from}; read as {FORMAT} in memory (its graph files have no "
+                "hashes to check) -- re-export the model to upgrade it", FormatWarning, stacklevel=2,
+            )
+        return m
 
     def graph_path(self, export_dir: str | Path, graph: str) -> Path:
         """The file of ``graph`` in ``export_dir``; ManifestError if it (through a symbolic link) lies outside."""
@@ -246,6 +359,85 @@ class Manifest:
                 f"{path} leads outside the export folder (to {real}); a graph must be a file inside {export_dir}"
             )
         return path
+
+
+def sync_io(d: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the ``io`` of a manifest dict from its input_ids, logits, vocab_size and states, in place (for
+    tools and tests that edit a manifest by hand); the logits dtype is kept. Returns ``d``."""
+    logits_dtype = d.get("io", {}).get("prefill", {}).get("outputs", [{}])[0].get("dtype", "float32")
+    for g, seq in SEQUENCE_DIM.items():
+        d.setdefault("io", {})[g] = {
+            "inputs": [tensor(d["input_ids"], "int64", [BATCH, seq])] + [tensor(s["input"], s["dtype"], s["shape"]) for s in d["states"]],
+            "outputs": [tensor(d["logits"], logits_dtype, [BATCH, seq, d["vocab_size"]])] + [tensor(s["output"], s["dtype"], s["shape"]) for s in d["states"]],
+        }
+    return d
+
+
+def _int(x: Any) -> int:
+    """A JSON integer (the schema already said so): 4.0 is 4."""
+    return int(x) if not isinstance(x, str) else x
+
+
+def _check_tokenizer(tok: dict[str, Any], vocab: int, where: str) -> None:
+    if tok["kind"] == "bytes":
+        if tok["encoding"] != "utf-8":
+            raise ManifestError(f"{where}: a 'bytes' tokenizer needs encoding 'utf-8', got {_short(tok['encoding'])}")
+        if tok["offset"] + 256 > vocab:
+            raise ManifestError(f"{where}: a 'bytes' tokenizer at offset {tok['offset']} needs a vocabulary of {tok['offset'] + 256}, vocab_size is {vocab}")
+    for key in ("bos_id", "eos_id", "pad_id"):
+        if tok[key] is not None and tok[key] >= vocab:
+            raise ManifestError(f"{where}: tokenizer {key} {tok[key]} is outside the vocabulary [0, {vocab})")
+
+
+def _from_v1(d: dict[str, Any], where: str) -> Manifest:
+    """An edgelin/1 manifest, read strictly as before, upgraded to the edgelin/2 model in memory."""
+    missing = [k for k in REQUIRED_V1 if k not in d]
+    if missing:
+        raise ManifestError(f"{where} lacks field(s) {', '.join(missing)}; re-export the model")
+    graphs = d["graphs"]
+    if not isinstance(graphs, dict) or any(not isinstance(graphs.get(g), str) for g in GRAPHS):
+        raise ManifestError(f"{where}: 'graphs' must name the files of {' and '.join(GRAPHS)}")
+    for g in GRAPHS:
+        if not plain_file_name(graphs[g]):
+            raise ManifestError(
+                f"{where}: graphs.{g} is {_short(graphs[g])}; a graph must be a plain file name inside the export "
+                "folder (no folder, no '..', no absolute path)"
+            )
+    if graphs["prefill"] == graphs["decode"]:
+        raise ManifestError(f"{where}: 'graphs' names one file, {graphs['prefill']!r}, for both graphs; re-export the model")
+    for key in ("input_ids", "logits"):
+        if not _name_ok(d[key]):
+            raise ManifestError(f"{where}: {key!r} must be a non-empty name (text), got {_short(d[key])}")
+    states = d["states"]
+    if not isinstance(states, list):
+        raise ManifestError(f"{where}: 'states' must be a list, got {_kind(states)}")
+    specs = tuple(StateSpec.from_dict(s, f"{where}: states[{i}]") for i, s in enumerate(states))
+    names = [d["input_ids"], d["logits"]] + [s.input for s in specs] + [s.output for s in specs]
+    if len(set(names)) != len(names):
+        raise ManifestError(f"{where}: input, output and state names are not unique")
+    if isinstance(d["vocab_size"], bool) or not isinstance(d["vocab_size"], int) or not 1 <= d["vocab_size"] <= MAX_DIM:
+        raise ManifestError(f"{where}: 'vocab_size' must be a positive integer (at most {MAX_DIM:,}), got {_short(d['vocab_size'])}")
+    if not isinstance(d["tokenizer"], dict) or not isinstance(d["tokenizer"].get("kind"), str):
+        raise ManifestError(f"{where}: 'tokenizer' must be an object with a 'kind'")
+    tok = dict(d["tokenizer"])
+    eos = tok.get("eos_id")
+    if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or eos < 0):
+        raise ManifestError(f"{where}: tokenizer 'eos_id' must be a non-negative integer, got {_short(eos)}")
+    tok = {k: v for k, v in tok.items() if k in ("kind", "eos_id")}  # edgelin/1 knew no other tokenizer fields
+    if not isinstance(d["model"], dict):
+        raise ManifestError(f"{where}: 'model' must be an object (the model config), got {_kind(d['model'])}")
+    if isinstance(d["opset"], bool) or not isinstance(d["opset"], int) or not 1 <= d["opset"] <= 1000:
+        raise ManifestError(f"{where}: 'opset' must be an integer, got {_short(d['opset'])}")
+    for key in ("precision", "edgelin_version", "source"):
+        if not isinstance(d[key], str):
+            raise ManifestError(f"{where}: {key!r} must be text, got {_short(d[key])}")
+    extra = {k: v for k, v in d.items() if k not in REQUIRED_V1 and k not in DROPPED_V1}
+    return Manifest(
+        graphs={g: graphs[g] for g in GRAPHS}, input_ids=d["input_ids"], logits=d["logits"],
+        states=specs, vocab_size=d["vocab_size"], tokenizer=tok, model=dict(d["model"]),
+        opset=d["opset"], precision=d["precision"], edgelin_version=d["edgelin_version"],
+        source=d["source"], extra=extra, read_from=FORMAT_V1,
+    )
 
 
 # ---- strict reading helpers ----------------------------------------------------------------------
@@ -279,6 +471,15 @@ def plain_file_name(name: Any) -> bool:
 def _fits(value: float, dtype: str) -> bool:
     with np.errstate(over="ignore"):
         return bool(np.isfinite(np.asarray(value, dtype=DTYPES[dtype])))
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (lowercase hex) of a file, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(HASH_BLOCK), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _no_constants(name: str) -> Any:
@@ -319,6 +520,7 @@ def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
 
 
 __all__ = [
-    "BATCH", "DTYPES", "FORMAT", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "Manifest", "StateSpec", "state_io_names",
-    "canonical_json", "canonical_manifest_equal", "parse_json", "plain_file_name",
+    "BATCH", "DTYPES", "FORMAT", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "PREFILL_PIECE", "SEQUENCE",
+    "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "canonical_json", "canonical_manifest_equal",
+    "file_sha256", "normalize_tokenizer", "parse_json", "plain_file_name", "sync_io",
 ]

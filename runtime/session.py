@@ -148,9 +148,16 @@ class Session:
             chunk = T
         else:
             chunk = check_int("prefill chunk", chunk, low=1)
+        least = self.manifest.min_sequence
+        if T < least:
+            raise RuntimeInputError(f"prefill takes at least {least} token(s) (the manifest's min_sequence), got {T}")
+        starts = list(range(0, T, max(chunk, least)))
+        if len(starts) > 1 and T - starts[-1] < least:  # never a last piece shorter than the graph accepts
+            starts.pop()
+        ends = starts[1:] + [T]
         pieces = []
-        for start in range(0, T, chunk):
-            logits = self._run("prefill", ids[:, start:start + chunk], state)  # [B, t, V]
+        for start, end in zip(starts, ends):
+            logits = self._run("prefill", ids[:, start:end], state)  # [B, t, V]
             pieces.append(logits[:, -1].copy() if last_only else logits)  # keep [B, V], not the whole piece
         return pieces[-1] if last_only else np.concatenate(pieces, axis=1)  # [B, V] or [B, T, V]
 

@@ -36,7 +36,8 @@ class StreamDecoder(Protocol):
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens: vocabulary of 256, no special tokens unless the manifest names an eos.
+    """UTF-8 bytes as tokens: id = byte + offset (the manifest's ``offset``, usually 0), no special tokens
+    unless the manifest names an eos.
 
     A prompt from the command line whose bytes are not valid UTF-8 (Python hands them over as lone
     surrogates U+DC80..U+DCFF) is encoded as those raw bytes: a byte model reads any bytes. Any other
@@ -45,8 +46,9 @@ class ByteTokenizer:
 
     vocab_size = 256
 
-    def __init__(self, eos_id: int | None = None) -> None:
+    def __init__(self, eos_id: int | None = None, offset: int = 0) -> None:
         self.eos_id = eos_id
+        self.offset = offset
 
     def encode(self, text: str) -> np.ndarray:
         if not isinstance(text, str):
@@ -59,24 +61,25 @@ class ByteTokenizer:
                 f"the prompt holds a lone surrogate {text[exc.start]!r} at character {exc.start}, which is not text; "
                 "pass valid Unicode text"
             ) from None
-        return np.frombuffer(data, dtype=np.uint8).astype(np.int64)  # [T]
+        return np.frombuffer(data, dtype=np.uint8).astype(np.int64) + self.offset  # [T]
 
     def decode(self, ids: Iterable[int]) -> str:
         dec = self.decoder()
         return "".join(dec.feed(i) for i in ids) + dec.flush()
 
     def decoder(self) -> "ByteStreamDecoder":
-        return ByteStreamDecoder()
+        return ByteStreamDecoder(self.offset)
 
 
 class ByteStreamDecoder:
-    """Feeds one byte id at a time; returns only complete characters. Ids >= 256 decode as U+FFFD."""
+    """Feeds one byte id at a time; returns only complete characters. Ids that are no byte decode as U+FFFD."""
 
-    def __init__(self) -> None:
+    def __init__(self, offset: int = 0) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.offset = offset
 
     def feed(self, token_id: int) -> str:
-        token_id = int(token_id)
+        token_id = int(token_id) - self.offset
         if not 0 <= token_id < 256:
             return self._utf8.decode(b"", final=True) + REPLACEMENT  # end any partial char, then mark the bad id
         return self._utf8.decode(bytes((token_id,)))
@@ -99,7 +102,8 @@ def make_tokenizer(spec: dict[str, Any]) -> Tokenizer:
     eos = spec.get("eos_id")
     if eos is not None:
         check_int("tokenizer 'eos_id'", eos, low=0, error=ManifestError)
-    return TOKENIZERS[kind](eos_id=eos)
+    offset = check_int("tokenizer 'offset'", spec.get("offset", 0), low=0, error=ManifestError)
+    return TOKENIZERS[kind](eos_id=eos, offset=offset)
 
 
 __all__ = ["ByteTokenizer", "ByteStreamDecoder", "TOKENIZERS", "Tokenizer", "make_tokenizer"]

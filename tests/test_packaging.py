@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # source folder -> installed package folder (pyproject's [tool.setuptools.package-dir])
 PACKAGE_DIRS = {"edgelin": "edgelin", "exporters": "edgelin/exporters", "runtime": "edgelin/runtime", "models": "edgelin/models"}
-IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "out", "*.onnx")
+IGNORED = shutil.ignore_patterns(".git", ".venv", "node_modules", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "out", "*.onnx")
 
 PROBE_MODEL = "_packaging_probe"
 PROBE_FILES = ("config.json", "model.safetensors", "README.md")
@@ -66,6 +66,10 @@ def expected_files() -> list[str]:
             if "__pycache__" in rel.parts:
                 continue
             expected.append(f"{dest}/{rel.as_posix()}")
+    runtime = ROOT / "runtime"
+    for pattern in ("schema/*.json", "web/*.mjs", "web/*.html"):  # the runtime's package-data
+        for path in sorted(runtime.glob(pattern)):
+            expected.append(f"edgelin/runtime/{path.relative_to(runtime).as_posix()}")
     models = ROOT / "models"
     for pattern in ("*/config.json", "*/model.safetensors", "*/*.md"):  # pyproject's package-data
         for path in sorted(models.glob(pattern)):
@@ -75,7 +79,7 @@ def expected_files() -> list[str]:
 
 def test_the_expectation_covers_the_known_modules():
     files = expected_files()
-    for known in ("edgelin/model.py", "edgelin/ops/chunk.py", "edgelin/runtime/manifest.py", "edgelin/exporters/__init__.py", "edgelin/models/__init__.py"):
+    for known in ("edgelin/runtime/schema/edgelin-2.schema.json", "edgelin/runtime/web/edgelin.mjs", "edgelin/runtime/web/index.html", "edgelin/model.py", "edgelin/ops/chunk.py", "edgelin/runtime/manifest.py", "edgelin/exporters/__init__.py", "edgelin/models/__init__.py"):
         assert known in files
 
 

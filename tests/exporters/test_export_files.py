@@ -32,7 +32,7 @@ MANIFEST_ONLY_DRIVER = textwrap.dedent(
     out = pathlib.Path(sys.argv[1])
     prompt = json.loads(sys.argv[2])
     m = json.loads((out / "edgelin.json").read_text())
-    assert m["format"] == "edgelin/1"
+    assert m["format"] == "edgelin/2"
     sess = {g: ort.InferenceSession(str(out / f), providers=["CPUExecutionProvider"]) for g, f in m["graphs"].items()}
     dtypes = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
     state = {s["input"]: np.full([1 if d == "batch" else d for d in s["shape"]], s["init"], dtypes[s["dtype"]]) for s in m["states"]}

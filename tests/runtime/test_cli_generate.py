@@ -2,6 +2,8 @@
 
 import json
 
+from edgelin.runtime.manifest import sync_io
+
 import pytest
 from click.testing import CliRunner
 
@@ -89,7 +91,7 @@ def test_not_an_export(tmp_path):
 
 def test_a_manifest_of_another_version(export_copy):
     path = export_copy / "edgelin.json"
-    path.write_text(path.read_text().replace('"edgelin/1"', '"edgelin/9"'))
+    path.write_text(path.read_text().replace('"edgelin/2"', '"edgelin/9"'))
     assert_one_line_error(invoke(export_copy, "--prompt", "Hi", "--provider", "cpu"), "format 'edgelin/9'")
 
 
@@ -97,7 +99,7 @@ def test_graphs_that_do_not_match_the_manifest(export_copy):
     path = export_copy / "edgelin.json"
     data = json.loads(path.read_text())
     data["states"][0]["dtype"] = "float16"
-    path.write_text(json.dumps(data))
+    path.write_text(json.dumps(sync_io(data)))
     assert_one_line_error(invoke(export_copy, "--prompt", "Hi", "--provider", "cpu"), "input 'state.0.S' is tensor(float)")
 
 

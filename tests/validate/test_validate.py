@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+from edgelin.runtime.manifest import sync_io
 import shutil
 
 import numpy as np
@@ -121,7 +123,7 @@ def test_manifest_with_an_edited_state_shape(base, broken):
     ckpt, _ = base
     manifest = json.loads((broken / "edgelin.json").read_text())
     manifest["states"][0]["shape"][-1] = 8
-    (broken / "edgelin.json").write_text(json.dumps(manifest))
+    (broken / "edgelin.json").write_text(json.dumps(sync_io(manifest)))
 
     report = validate(broken, ckpt, steps=8)
     fails = failed(report)

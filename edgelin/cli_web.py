@@ -1,0 +1,56 @@
+"""``edgelin web``: write (and optionally serve) a static site that runs an export in the browser (torch-free)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import click
+
+from edgelin.cli_common import progress, user_errors
+
+
+@click.command("web", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("export_dir", type=click.Path(path_type=str))
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Folder to write the site to (must not exist unless --force). Required unless --serve.")
+@click.option("--force", is_flag=True, help="Replace OUT if it is empty or a site edgelin web wrote; any other folder is refused.")
+@click.option("--ort-web", type=click.Path(path_type=str), default=None,
+              help="The installed npm package onnxruntime-web [default: $EDGELIN_ORT_WEB, else node_modules/onnxruntime-web here or above].")
+@click.option("--serve", is_flag=True, help="Serve the site on 127.0.0.1 until Ctrl-C (a temporary folder without -o).")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port for --serve (0: any free port).")
+@user_errors
+def web(export_dir, out_dir, force, ort_web, serve, port):
+    """Write a static web site that generates text from EXPORT_DIR in the browser (ONNX Runtime Web, WASM).
+
+    The site holds index.html, the JavaScript runtime edgelin.mjs, the export and the ONNX Runtime Web
+    files; nothing is fetched from the internet when it runs. Open index.html?prompt=TEXT&n=N to
+    generate N tokens greedily at load (the text lands in #output).
+
+    \b
+    Examples:
+      edgelin web out/ -o site/
+      edgelin web out/ --serve --port 8080
+    """
+    from edgelin.errors import RuntimeInputError
+    from edgelin.web import make_server, write_site
+
+    if out_dir is None and not serve:
+        raise RuntimeInputError("name the site folder with -o SITE (or pass --serve to serve a temporary one)")
+    scratch = None
+    if out_dir is None:
+        scratch = tempfile.mkdtemp(prefix="edgelin-web-")
+        out_dir = f"{scratch}/site"
+    try:
+        result = write_site(export_dir, out_dir, ort_web=ort_web, force=force, progress=progress)
+        click.echo(result.summary())
+        if serve:
+            server = make_server(out_dir, port)
+            click.echo(f"serving {out_dir} on http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops)")
+            try:
+                server.serve_forever()
+            finally:
+                server.server_close()
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)

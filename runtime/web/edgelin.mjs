@@ -1,0 +1,500 @@
+// edgelin.mjs: run an edgelin export (edgelin.json + prefill.onnx + decode.onnx) in JavaScript.
+//
+// One ES module, no dependencies: the caller passes in the ONNX Runtime object -- onnxruntime-web in a
+// browser, onnxruntime-node in node. Everything (names, dtypes, shapes, state layout, tokenizer, the
+// prefill piece size) comes from the manifest, format edgelin/2 (docs/manifest.md).
+//
+//   import * as ort from "./ort/ort.min.mjs";              // or: import ort from "onnxruntime-node"
+//   import { loadExport } from "./edgelin.mjs";
+//   const model = await loadExport(ort, "export/");          // a URL (fetched) or async name => Uint8Array
+//   const chat = model.conversation();                       // holds the recurrent state between calls
+//   for await (const tok of chat.generate("Hello", { maxNewTokens: 32 })) out.textContent += tok.text;
+//   await chat.generate(" and then", { temperature: 0.8, topP: 0.9, seed: 1 }).toArray();   // continues
+//
+// The contract is the Python runtime's (edgelin.runtime): a prompt is prefilled in pieces of at most
+// manifest.prefill_piece tokens with the state carried between them; the first new token comes from
+// the prompt's last logits, each next one from a decode step; the state after a call continues the
+// text exactly where it ends (the last token is fed at the start of the next call). Greedy decoding
+// reproduces the Python runtime's tokens. Sampling (temperature, top-k, top-p) follows the same
+// rules but draws from a small seeded generator of its own (sfc32): a seed gives the same stream
+// every time in JavaScript, but not the stream numpy gives for that seed in Python.
+// Batch 1 only.
+
+export const FORMAT = "edgelin/2";
+export const VERSION = "0.1.0";
+const GRAPHS = ["prefill", "decode"];
+const TYPED = {
+  float32: (n) => new Float32Array(n),
+  float16: (n) => new Uint16Array(n),
+  int64: (n) => new BigInt64Array(n),
+};
+
+export class EdgelinError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "EdgelinError";
+  }
+}
+
+// ---- the manifest ---------------------------------------------------------------------------------
+/** Check what this runtime relies on in an edgelin/2 manifest; throws EdgelinError with one line. */
+export function checkManifest(m) {
+  const fail = (what) => { throw new EdgelinError(`edgelin.json: ${what}; re-export the model with edgelin`); };
+  if (m === null || typeof m !== "object" || Array.isArray(m)) fail("not a JSON object");
+  if (m.format !== FORMAT) {
+    throw new EdgelinError(`edgelin.json has format ${JSON.stringify(m.format)}; this runtime reads ${FORMAT} (re-export, or read it with the Python runtime)`);
+  }
+  for (const key of ["graphs", "io", "states", "tokenizer", "logits_layout"]) {
+    if (m[key] === null || typeof m[key] !== "object") fail(`'${key}' is missing`);
+  }
+  for (const g of GRAPHS) {
+    const f = m.graphs[g];
+    if (typeof f !== "string" || !f || f === "." || f === ".." || /[\/\\\0]/.test(f)) fail(`graphs.${g} must be a plain file name`);
+    if (!m.io[g] || !Array.isArray(m.io[g].inputs) || !Array.isArray(m.io[g].outputs)) fail(`io.${g} must list inputs and outputs`);
+  }
+  if (!Number.isInteger(m.vocab_size) || m.vocab_size < 1) fail("'vocab_size' must be a positive integer");
+  if (!Number.isInteger(m.prefill_piece) || m.prefill_piece < 1) fail("'prefill_piece' must be a positive integer");
+  if (!Number.isInteger(m.min_sequence) || m.min_sequence < 1) fail("'min_sequence' must be a positive integer");
+  if (m.logits_layout.next_token !== "last" || m.logits_layout.positions !== "every") fail("unknown logits_layout");
+  for (const s of m.states) {
+    if (!TYPED[s.dtype]) fail(`state ${s.input} has dtype ${s.dtype}`);
+    if (s.shape[0] !== "batch" || !s.shape.slice(1).every((d) => Number.isInteger(d) && d > 0)) fail(`state ${s.input} has shape ${JSON.stringify(s.shape)}`);
+  }
+  for (const g of GRAPHS) {
+    const names = (list) => list.map((t) => t.name).sort().join(",");
+    const wantIn = [m.input_ids, ...m.states.map((s) => s.input)].sort().join(",");
+    const wantOut = [m.logits, ...m.states.map((s) => s.output)].sort().join(",");
+    if (names(m.io[g].inputs) !== wantIn || names(m.io[g].outputs) !== wantOut) fail(`io.${g} does not match input_ids, logits and states`);
+  }
+  const logits = m.io.prefill.outputs.find((t) => t.name === m.logits);
+  if (logits.dtype !== "float32" && logits.dtype !== "float16") fail(`logits dtype ${logits.dtype}`);
+  return m;
+}
+
+// ---- float16 <-> float32 ----------------------------------------------------------------------
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+
+/** float -> IEEE half bits, round to nearest even. */
+export function toHalf(x) {
+  f32[0] = x;
+  const b = u32[0];
+  const sign = (b >>> 16) & 0x8000;
+  const exp = (b >>> 23) & 0xff;
+  let mant = b & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  let e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    mant |= 0x800000;
+    const shift = 14 - e;
+    let half = mant >>> shift;
+    const rest = mant & ((1 << shift) - 1);
+    const mid = 1 << (shift - 1);
+    if (rest > mid || (rest === mid && (half & 1))) half += 1;
+    return sign | half;
+  }
+  let half = (e << 10) | (mant >>> 13);
+  const rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest === 0x1000 && (half & 1))) half += 1;
+  return sign | half;
+}
+
+/** IEEE half bits -> float. */
+export function fromHalf(h) {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >>> 10) & 0x1f;
+  const mant = h & 0x3ff;
+  if (exp === 0) return sign * mant * 2 ** -24;
+  if (exp === 0x1f) return mant ? NaN : sign * Infinity;
+  return sign * (1 + mant / 1024) * 2 ** (exp - 15);
+}
+
+// ---- tokenizer --------------------------------------------------------------------------------
+/** The byte tokenizer: id = UTF-8 byte + offset. Text decodes incrementally: a character split across
+ * tokens is held back until complete; bytes that are not UTF-8, and ids that are no byte, give U+FFFD. */
+export class ByteTokenizer {
+  constructor(spec, vocabSize) {
+    if (spec.kind !== "bytes" || spec.encoding !== "utf-8") {
+      throw new EdgelinError(`tokenizer kind ${JSON.stringify(spec.kind)} is not known to this runtime (known: bytes); pass token ids instead of text`);
+    }
+    this.offset = spec.offset ?? 0;
+    this.eosId = spec.eos_id ?? null;
+    this.vocabSize = vocabSize;
+  }
+
+  encode(text) {
+    if (typeof text !== "string") throw new EdgelinError(`the prompt must be text, got ${typeof text}`);
+    return Array.from(new TextEncoder().encode(text), (b) => b + this.offset);
+  }
+
+  decoder() {
+    const utf8 = new TextDecoder("utf-8", { fatal: false });
+    const offset = this.offset;
+    return {
+      feed(id) {
+        const b = id - offset;
+        if (!(b >= 0 && b < 256)) return utf8.decode() + "\ufffd";
+        return utf8.decode(Uint8Array.of(b), { stream: true });
+      },
+      flush() {
+        return utf8.decode();
+      },
+    };
+  }
+
+  decode(ids) {
+    const d = this.decoder();
+    return ids.map((i) => d.feed(i)).join("") + d.flush();
+  }
+}
+
+// ---- sampling ---------------------------------------------------------------------------------
+/** A small seeded generator (sfc32, state from splitmix32 of the seed): uniform floats in [0, 1). */
+export function rng(seed) {
+  let s = (seed ?? Math.floor(Math.random() * 2 ** 32)) >>> 0;
+  const splitmix = () => {
+    s = (s + 0x9e3779b9) >>> 0;
+    let z = s;
+    z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
+    z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
+    return (z ^ (z >>> 16)) >>> 0;
+  };
+  let a = splitmix(), b = splitmix(), c = splitmix(), d = splitmix();
+  const next = () => {
+    const t = (((a + b) >>> 0) + d) >>> 0;
+    d = (d + 1) >>> 0;
+    a = b ^ (b >>> 9);
+    b = (c + (c << 3)) >>> 0;
+    c = ((c << 21) | (c >>> 11)) >>> 0;
+    c = (c + t) >>> 0;
+    return t;
+  };
+  for (let i = 0; i < 12; i++) next();
+  return () => (next() * 2 ** 21 + (next() >>> 11)) / 2 ** 53; // 53 random bits
+}
+
+/** Check sampling options as the Python Sampler does; returns them filled in. */
+export function samplingOptions({ temperature = 0, topK = 0, topP = 1, seed = undefined } = {}) {
+  if (!(Number.isFinite(temperature) && temperature >= 0 && temperature <= 100)) throw new EdgelinError(`temperature must be in [0, 100] (0 = greedy), got ${temperature}`);
+  if (!(Number.isInteger(topK) && topK >= 0)) throw new EdgelinError(`topK must be an integer >= 0 (0 = off), got ${topK}`);
+  if (!(Number.isFinite(topP) && topP > 0 && topP <= 1)) throw new EdgelinError(`topP must be in (0, 1] (1 = off), got ${topP}`);
+  if (seed !== undefined && seed !== null && !(Number.isInteger(seed) && seed >= 0)) throw new EdgelinError(`seed must be an integer >= 0, got ${seed}`);
+  return { temperature, topK, topP, seed: seed ?? undefined };
+}
+
+/** Index of the largest logit (the first one on ties, as numpy's argmax). */
+export function argmax(logits) {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+  return best;
+}
+
+/** The distribution sampled from (float64, zeros where masked): temperature, then top-k (ties with the
+ * k-th value kept), then top-p (the smallest set of most likely tokens reaching p; the top one always). */
+export function probabilities(logits, { temperature, topK, topP }) {
+  const V = logits.length;
+  const x = Float64Array.from(logits, (v) => v / temperature);
+  const keep = new Uint8Array(V).fill(1);
+  if (topK > 0 && topK < V) {
+    const kth = Float64Array.from(x).sort()[V - topK];
+    for (let i = 0; i < V; i++) if (x[i] < kth) keep[i] = 0;
+  }
+  if (topP < 1) {
+    const p = softmax(x);
+    const order = Array.from(p.keys()).sort((i, j) => p[j] - p[i] || i - j); // most likely first, stable
+    let before = 0;
+    const inNucleus = new Uint8Array(V);
+    for (const i of order) {
+      if (before < topP) inNucleus[i] = 1;
+      before += p[i];
+    }
+    for (let i = 0; i < V; i++) keep[i] &= inNucleus[i];
+  }
+  for (let i = 0; i < V; i++) if (!keep[i]) x[i] = -Infinity;
+  return softmax(x);
+}
+
+function softmax(x) {
+  let max = -Infinity;
+  for (const v of x) if (v > max) max = v;
+  const e = Float64Array.from(x, (v) => Math.exp(v - max));
+  let sum = 0;
+  for (const v of e) sum += v;
+  return e.map((v) => v / sum);
+}
+
+/** Next token id from one position's logits. */
+export function sample(logits, options, random) {
+  if (options.temperature === 0) return argmax(logits);
+  const p = probabilities(logits, options);
+  let total = 0;
+  const cdf = p.map((v) => (total += v));
+  const u = random() * total;
+  let id = 0;
+  while (id < cdf.length && cdf[id] <= u) id++;
+  return Math.min(id, cdf.length - 1);
+}
+
+// ---- loading ----------------------------------------------------------------------------------
+async function sha256Hex(bytes) {
+  const subtle = globalThis.crypto && globalThis.crypto.subtle;
+  if (!subtle) return null;
+  const digest = new Uint8Array(await subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function reader(source) {
+  if (typeof source === "function") return source;
+  const base = new URL(String(source).endsWith("/") ? String(source) : `${source}/`, globalThis.location ? globalThis.location.href : undefined);
+  return async (name) => {
+    const url = new URL(name, base);
+    const response = await fetch(url);
+    if (!response.ok) throw new EdgelinError(`cannot fetch ${url}: HTTP ${response.status}`);
+    return new Uint8Array(await response.arrayBuffer());
+  };
+}
+
+/**
+ * Load an export. `source`: the folder's URL (files are fetched), or an async function name -> Uint8Array.
+ * options: `sessionOptions` (passed to ort.InferenceSession.create, e.g. {executionProviders: ["wasm"],
+ * intraOpNumThreads: 1}), `verify` (default true: check each graph file's sha256 against the manifest
+ * where crypto.subtle exists).
+ */
+export async function loadExport(ort, source, { sessionOptions = {}, verify = true } = {}) {
+  const read = reader(source);
+  let manifest;
+  try {
+    manifest = JSON.parse(new TextDecoder().decode(await read("edgelin.json")));
+  } catch (err) {
+    if (err instanceof EdgelinError) throw err;
+    throw new EdgelinError(`cannot read edgelin.json: ${err.message}`);
+  }
+  checkManifest(manifest);
+  const sessions = {};
+  for (const g of GRAPHS) {
+    const bytes = await read(manifest.graphs[g]);
+    if (verify && manifest.sha256) {
+      const got = await sha256Hex(bytes);
+      if (got !== null && got !== manifest.sha256[g]) {
+        throw new EdgelinError(`${manifest.graphs[g]} is not the file edgelin.json describes (its sha256 differs); re-export the model`);
+      }
+    }
+    sessions[g] = await ort.InferenceSession.create(bytes, { graphOptimizationLevel: "all", ...sessionOptions });
+    const missing = [
+      ...manifest.io[g].inputs.filter((t) => !sessions[g].inputNames.includes(t.name)),
+      ...manifest.io[g].outputs.filter((t) => !sessions[g].outputNames.includes(t.name)),
+    ];
+    const extra = sessions[g].inputNames.filter((n) => !manifest.io[g].inputs.some((t) => t.name === n));
+    if (missing.length || extra.length) {
+      throw new EdgelinError(`${manifest.graphs[g]} does not match edgelin.json (missing ${missing.map((t) => t.name).join(", ") || "none"}, unexpected ${extra.join(", ") || "none"})`);
+    }
+  }
+  return new Model(ort, manifest, sessions);
+}
+
+// ---- running ----------------------------------------------------------------------------------
+/** The recurrent state of one sequence: one ort.Tensor per manifest state, keyed by its input name. */
+export class State {
+  constructor(tensors) {
+    this.tensors = tensors;
+    this.pending = null; // a generated token not yet fed to the model (fed at the start of the next call)
+  }
+}
+
+export class Model {
+  constructor(ort, manifest, sessions) {
+    this.ort = ort;
+    this.manifest = manifest;
+    this.sessions = sessions;
+    this.vocabSize = manifest.vocab_size;
+    this.logitsHalf = manifest.io.prefill.outputs.find((t) => t.name === manifest.logits).dtype === "float16";
+    this._tokenizer = null;
+  }
+
+  get tokenizer() {
+    if (this._tokenizer === null) this._tokenizer = new ByteTokenizer(this.manifest.tokenizer, this.vocabSize);
+    return this._tokenizer;
+  }
+
+  /** Bytes of the state of `batch` sequences (constant in sequence length). */
+  stateBytes(batch = 1) {
+    const size = { float32: 4, float16: 2, int64: 8 };
+    return this.manifest.states.reduce((n, s) => n + batch * s.shape.slice(1).reduce((a, b) => a * b, 1) * size[s.dtype], 0);
+  }
+
+  /** A fresh state: every element at its spec's init. */
+  newState() {
+    const tensors = {};
+    for (const s of this.manifest.states) {
+      const dims = [1, ...s.shape.slice(1)];
+      const data = TYPED[s.dtype](dims.reduce((a, b) => a * b, 1));
+      data.fill(s.dtype === "int64" ? BigInt(s.init) : s.dtype === "float16" ? toHalf(s.init) : s.init);
+      tensors[s.input] = new this.ort.Tensor(s.dtype, data, dims);
+    }
+    return new State(tensors);
+  }
+
+  _checkIds(ids) {
+    for (let t = 0; t < ids.length; t++) {
+      const id = ids[t];
+      if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) {
+        throw new EdgelinError(`token id ${id} at position ${t} is outside the vocabulary [0, ${this.vocabSize})`);
+      }
+    }
+  }
+
+  async _run(graph, ids, state) {
+    const m = this.manifest;
+    const feeds = { ...state.tensors };
+    feeds[m.input_ids] = new this.ort.Tensor("int64", BigInt64Array.from(ids, (i) => BigInt(i)), [1, ids.length]);
+    const out = await this.sessions[graph].run(feeds);
+    for (const s of m.states) state.tensors[s.input] = out[s.output];
+    const data = out[m.logits].data;
+    return this.logitsHalf ? Float32Array.from(data, fromHalf) : data; // [1, t, V] flat
+  }
+
+  /**
+   * Feed `ids` through the prefill graph in pieces of at most `piece` tokens (default: the manifest's
+   * prefill_piece), advancing `state`. Returns the last position's logits (Float32Array [V]), or with
+   * `all: true` every position's (Float32Array [T * V]).
+   */
+  async prefill(ids, state, { piece = this.manifest.prefill_piece, all = false } = {}) {
+    const least = this.manifest.min_sequence;
+    if (ids.length < least) throw new EdgelinError(`prefill takes at least ${least} token(s), got ${ids.length}`);
+    this._checkIds(ids);
+    const step = Math.max(piece, least);
+    const starts = [];
+    for (let s = 0; s < ids.length; s += step) starts.push(s);
+    if (starts.length > 1 && ids.length - starts[starts.length - 1] < least) starts.pop();
+    const V = this.vocabSize;
+    const kept = [];
+    let last = null;
+    for (let i = 0; i < starts.length; i++) {
+      const end = i + 1 < starts.length ? starts[i + 1] : ids.length;
+      const logits = await this._run("prefill", ids.slice(starts[i], end), state);
+      last = logits.slice(logits.length - V);
+      if (all) kept.push(logits);
+    }
+    if (!all) return last;
+    const out = new Float32Array(ids.length * V);
+    let at = 0;
+    for (const k of kept) { out.set(k, at); at += k.length; }
+    return out;
+  }
+
+  /** One token through the decode graph; returns its logits (Float32Array [V]). */
+  async decode(id, state) {
+    this._checkIds([id]);
+    return this._run("decode", [id], state);
+  }
+
+  /** A conversation: generate() calls that continue one another through the kept state. */
+  conversation(state = this.newState()) {
+    return new Conversation(this, state);
+  }
+
+  /** Generate from a fresh state (see Conversation.generate). */
+  generate(prompt, options = {}) {
+    return this.conversation().generate(prompt, options);
+  }
+}
+
+function now() {
+  return globalThis.performance ? globalThis.performance.now() : Date.now();
+}
+
+export class Conversation {
+  constructor(model, state) {
+    this.model = model;
+    this.state = state;
+    this.stats = null;
+    this.text = "";
+    this.ids = [];
+    this.stopReason = null;
+  }
+
+  /**
+   * Stream the continuation of `prompt` (text, or an array of token ids): an async iterable of
+   * {id, text} (text is "" while a character is incomplete). options: maxNewTokens (default 256),
+   * temperature (0 = greedy), topK (0 = off), topP (1 = off), seed, eosId (default: the tokenizer's),
+   * piece (prefill piece). Afterwards: this.text, this.ids, this.stopReason ("eos" | "length"),
+   * this.stats ({promptTokens, prefillMs, firstTokenMs, newTokens, decodeTokens, decodeMs, decodeTokensPerS}).
+   * The returned object also has toArray() (all tokens) and done() (the text).
+   */
+  generate(prompt, options = {}) {
+    const conv = this;
+    const iterable = {
+      [Symbol.asyncIterator]: () => conv._stream(prompt, options),
+      async toArray() {
+        const out = [];
+        for await (const t of iterable) out.push(t);
+        return out;
+      },
+      async done() {
+        await iterable.toArray();
+        return conv.text;
+      },
+    };
+    return iterable;
+  }
+
+  async *_stream(prompt, { maxNewTokens = 256, eosId, piece, ...sampling } = {}) {
+    const model = this.model;
+    const opts = samplingOptions(sampling);
+    if (!(Number.isInteger(maxNewTokens) && maxNewTokens >= 0)) throw new EdgelinError(`maxNewTokens must be an integer >= 0, got ${maxNewTokens}`);
+    const textPrompt = typeof prompt === "string";
+    const ids = textPrompt ? model.tokenizer.encode(prompt) : Array.from(prompt ?? []);
+    if (ids.length === 0) throw new EdgelinError("the prompt is empty: give at least one token");
+    model._checkIds(ids);
+    let tokenizer = null;
+    try { tokenizer = model.tokenizer; } catch (err) { if (textPrompt) throw err; }
+    const eos = eosId ?? (tokenizer ? tokenizer.eosId : null);
+    const decoder = tokenizer ? tokenizer.decoder() : null;
+    const random = rng(opts.seed);
+    this.text = "";
+    this.ids = [];
+    this.stopReason = null;
+    const stats = (this.stats = { promptTokens: ids.length, prefillMs: 0, firstTokenMs: NaN, newTokens: 0, decodeTokens: 0, decodeMs: 0, decodeTokensPerS: NaN });
+    const start = now();
+    if (this.state.pending !== null) { // the last token of the previous call, not yet through the model
+      const pending = this.state.pending;
+      this.state.pending = null;
+      await model.decode(pending, this.state);
+    }
+    let logits = await model.prefill(ids, this.state, { piece: piece ?? model.manifest.prefill_piece });
+    stats.prefillMs = now() - start;
+    if (maxNewTokens === 0) { this.stopReason = "length"; return; }
+    let first = null;
+    for (;;) {
+      if (!logits.every(Number.isFinite)) throw new EdgelinError("the logits became NaN/infinite; the model or its state has overflowed -- start from a fresh state");
+      const id = sample(logits, opts, random);
+      const t = now();
+      if (first === null) { first = t; stats.firstTokenMs = t - start; }
+      stats.decodeMs = t - first;
+      stats.newTokens += 1;
+      stats.decodeTokens = stats.newTokens - 1;
+      stats.decodeTokensPerS = stats.decodeMs > 0 ? (stats.decodeTokens * 1000) / stats.decodeMs : NaN;
+      this.state.pending = id;
+      if (id === eos) {
+        this.stopReason = "eos";
+        const rest = decoder ? decoder.flush() : "";
+        this.text += rest;
+        if (rest) yield { id: null, text: rest };
+        return;
+      }
+      this.ids.push(id);
+      let text = decoder ? decoder.feed(id) : "";
+      if (this.ids.length >= maxNewTokens) {
+        this.stopReason = "length";
+        if (decoder) text += decoder.flush();
+      }
+      this.text += text;
+      yield { id, text };
+      if (this.stopReason !== null) return;
+      this.state.pending = null;
+      logits = await model.decode(id, this.state);
+    }
+  }
+}

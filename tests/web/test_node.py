@@ -1,0 +1,118 @@
+"""The JavaScript runtime (runtime/web/edgelin.mjs) in node with onnxruntime-node, against the Python runtime.
+
+Python writes the cases (prompts, its greedy ids, text and logits; tokenizer and sampler expectations)
+to a JSON file; ``node --test tests/web/edgelin.test.mjs`` checks the module against them: greedy ids
+equal, logits within 1e-4 (one ONNX Runtime thread on each side), on the bundled model's export and on a
+cosFormer export (an int64 state). Skipped, with the reason, where node or onnxruntime-node is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_FILE = ROOT / "tests" / "web" / "edgelin.test.mjs"
+
+# (name, text, prefill piece): 1 token, a 17-byte prompt, multi-byte characters, a prompt longer than
+# two pieces with a short last piece
+PROMPTS = [
+    ("one-token", "T", 1024),
+    ("17-bytes", "The for statement", 1024),
+    ("utf8", "Größe: 10 € — naïve", 4),
+    ("pieces", "def f(x):\n    return x * 2\n" * 10, 129),
+]
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def _export_case(name, export_dir, python_greedy, n, prompts):
+    from edgelin.runtime import Generator, load
+
+    out = {"name": name, "dir": str(export_dir), "prompts": []}
+    for pname, ids, piece in prompts:
+        r = python_greedy(export_dir, ids, n, piece)
+        out["prompts"].append({
+            "name": pname, "ids": ids, "piece": piece, "greedy_ids": r["greedy_ids"], "text": r["text"],
+            "prefill_logits": r["prefill_logits"].astype(float).tolist(),
+            "decode_logits": [x.astype(float).tolist() for x in r["decode_logits"]],
+        })
+    s = load(export_dir, provider="cpu", threads=1)
+    first, second = prompts[1][1], _bytes(" and then")
+    g1 = Generator(s, [first], max_new_tokens=12).run()
+    g2 = Generator(s, [second], state=g1.state, max_new_tokens=9).run()
+    out["continuation"] = {"first_ids": first, "first_n": 12, "first_out": g1.results[0].ids,
+                           "second_ids": second, "second_n": 9, "second_out": g2.results[0].ids}
+    out["state_bytes"] = s.manifest.state_bytes(1)
+    return out
+
+
+def _tokenizer_cases():
+    from edgelin.runtime.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    streams = [
+        _bytes("plain"), _bytes("€uro"), _bytes("😀!"),
+        [0xE2, 0x82], [0xFF, 0x41], [0xE2, 0x41, 0x82, 0xAC], [0xF0, 0x9F, 0x98], [0xC0, 0xAF, 0x41], [0xED, 0xA0, 0x80],
+    ]
+    decoding = []
+    for ids in streams:
+        dec = tok.decoder()
+        decoding.append({"ids": ids, "pieces": [dec.feed(i) for i in ids] + [dec.flush()]})
+    encoding = [{"text": t, "ids": tok.encode(t).tolist()} for t in ("", "a", "Größe €", "😀")]
+    return decoding, encoding
+
+
+def _sampling_cases():
+    from edgelin.runtime.sampling import Sampler
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for options in ({"temperature": 1.0}, {"temperature": 0.7, "topK": 5}, {"temperature": 1.3, "topP": 0.9},
+                    {"temperature": 0.5, "topK": 40, "topP": 0.8}, {"temperature": 2.0, "topK": 1}, {"temperature": 1.0, "topP": 0.05}):
+        logits = (rng.standard_normal(256) * 3).astype(np.float32)
+        logits[7] = logits[9]  # a tie
+        sampler = Sampler(options["temperature"], options.get("topK", 0), options.get("topP", 1.0))
+        cases.append({"options": options, "logits": logits.astype(float).tolist(), "probs": sampler.probs(logits[None])[0].tolist()})
+    return cases
+
+
+def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundled_export, exported, python_greedy, tmp_path):
+    _, cos_dir = exported("cosformer")
+    from edgelin.runtime.manifest import Manifest
+
+    assert any(s.dtype == "int64" for s in Manifest.load(cos_dir).states), "the cosFormer export should carry an int64 state"
+    prompts = [(n, _bytes(t), piece) for n, t, piece in PROMPTS]
+    decoding, encoding = _tokenizer_cases()
+    cases = {
+        "exports": [
+            _export_case("bundled", bundled_export, python_greedy, 40, prompts),
+            _export_case("cosformer", cos_dir, python_greedy, 24, prompts),
+        ],
+        "decoding": decoding, "encoding": encoding, "sampling": _sampling_cases(),
+    }
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(cases))
+    env = dict(os.environ, EDGELIN_WEB_CASES=str(path), EDGELIN_ORT_NODE=str(ort_node))
+    result = subprocess.run([node, "--test", "--test-reporter=spec", str(TEST_FILE)], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report[-6000:]
+    # every test ran: none was skipped, none was silently empty
+    counts = {k: int(v) for k, v in re.findall(r"ℹ (pass|fail|skipped|tests) (\d+)", report)}
+    assert counts.get("fail") == 0 and counts.get("skipped") == 0 and counts.get("pass", 0) >= 6, report[-3000:]
+
+
+def test_without_cases_node_skips_and_says_why(node):
+    """The node file run alone (no cases) skips its runtime tests and names the reason."""
+    env = {k: v for k, v in os.environ.items() if k not in ("EDGELIN_WEB_CASES", "EDGELIN_ORT_NODE")}
+    result = subprocess.run([node, "--test", "--test-reporter=spec", str(TEST_FILE)], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "EDGELIN_WEB_CASES is not set" in result.stdout

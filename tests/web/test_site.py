@@ -1,0 +1,83 @@
+"""`edgelin web` without a browser: what the site holds, output-folder safety, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+
+from edgelin.cli import main
+from edgelin.errors import ManifestError, OutputError, RuntimeInputError
+from edgelin.web import find_ort_web, serve_in_thread, site_files, write_site
+
+
+@pytest.fixture
+def tiny_export(exported):
+    return exported("elu+1")[1]
+
+
+def test_the_site_holds_page_module_export_and_ort(tiny_export, ort_web, tmp_path):
+    r = write_site(tiny_export, tmp_path / "site", ort_web=ort_web)
+    names = set(r.files)
+    assert {"index.html", "edgelin.mjs", "export/edgelin.json", "export/prefill.onnx", "export/decode.onnx",
+            "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", "ort/ort-wasm-simd-threaded.mjs"} == names
+    assert site_files(r.out_dir) is not None
+    m = json.loads((r.out_dir / "export" / "edgelin.json").read_text())
+    assert m["format"] == "edgelin/2" and not r.upgraded
+    server, base = serve_in_thread(r.out_dir)
+    try:
+        with urllib.request.urlopen(base + "ort/ort-wasm-simd-threaded.wasm") as resp:
+            assert resp.headers["Content-Type"] == "application/wasm"
+        with urllib.request.urlopen(base + "edgelin.mjs") as resp:
+            assert resp.headers["Content-Type"].startswith("text/javascript")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_force_replaces_only_a_site_edgelin_wrote(tiny_export, ort_web, tmp_path):
+    out = tmp_path / "site"
+    write_site(tiny_export, out, ort_web=ort_web)
+    with pytest.raises(OutputError, match="already exists"):
+        write_site(tiny_export, out, ort_web=ort_web)
+    write_site(tiny_export, out, ort_web=ort_web, force=True)
+    (out / "notes.txt").write_text("mine")  # the user's file: no longer a site edgelin wrote
+    with pytest.raises(OutputError, match="not a site written by edgelin web"):
+        write_site(tiny_export, out, ort_web=ort_web, force=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "index.html").write_text("someone's page")
+    with pytest.raises(OutputError, match="not a site written by edgelin web"):
+        write_site(tiny_export, other, ort_web=ort_web, force=True)
+    assert (other / "index.html").read_text() == "someone's page"
+    with pytest.raises(OutputError, match="inside the export"):
+        write_site(tiny_export, tiny_export / "site", ort_web=ort_web)
+
+
+def test_a_tampered_export_is_refused(tiny_export, ort_web, tmp_path):
+    copy = tmp_path / "export"
+    shutil.copytree(tiny_export, copy)
+    data = bytearray((copy / "decode.onnx").read_bytes())
+    data[-1] ^= 1
+    (copy / "decode.onnx").write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="sha256 differs"):
+        write_site(copy, tmp_path / "site", ort_web=ort_web)
+    assert not (tmp_path / "site").exists()
+
+
+def test_missing_onnxruntime_web_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.delenv("EDGELIN_ORT_WEB", raising=False)
+    with pytest.raises(RuntimeInputError, match="npm install onnxruntime-web"):
+        find_ort_web(tmp_path / "nothing")
+
+
+def test_cli_errors_are_one_line(tiny_export, tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(main, ["web", str(tiny_export)])
+    assert r.exit_code == 2 and "name the site folder with -o" in r.output
+    r = runner.invoke(main, ["web", str(tiny_export), "-o", str(tmp_path / "s"), "--ort-web", str(tmp_path / "none")])
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and "edgelin: error: onnxruntime-web is not installed" in r.output
