@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from edgelin.errors import ExportError
 from edgelin.exporters import export
 from edgelin.exporters.precision import CONVERTERS, INT4_BLOCK, accumulator_region
-from edgelin.parity import BUDGETS
+from edgelin.parity import BUDGETS, errors, within
 from edgelin.runtime.session import Session
 from edgelin.validate import FAIL, validate
 
@@ -276,3 +276,37 @@ def test_cli_lists_the_precisions(tmp_path):
     result = CliRunner().invoke(main, ["export", "-o", str(tmp_path / "out"), "--precision", "int3"])
     assert result.exit_code == 2
     assert all(p in result.output for p in BUDGETS) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_long_stream_in_state_carried_pieces_stays_finite_and_near_float64(exports, model, precision):
+    """16,384 tokens in prefill pieces of 1,024 (state carried), then 16 decode steps, against a float64
+    PyTorch run: finite throughout, within the precision's long-stream budget, while z grows with the
+    tokens read (the running sums of a map without decay). The full figures (100k tokens, the bundled
+    model) are in the README, from scripts/long_stream.py."""
+    import copy
+
+    import torch
+
+    from edgelin.state import fresh_state
+
+    session = Session(exports(precision), "cpu", threads=1)
+    model64 = copy.deepcopy(model).double().eval()
+    ids = np.random.default_rng(0).integers(0, 256, (1, 16_384 + 16))
+    state, ref_state = session.new_state(1), fresh_state(session.manifest.states, 1, dtype=torch.float64)
+    bounds, worst, z = BUDGETS[precision]["long"], None, []
+    for start in range(0, 16_384, 1024):
+        got = session.prefill(ids[:, start : start + 1024], state)
+        with torch.no_grad():
+            ref, ref_state = model64(torch.from_numpy(ids[:, start : start + 1024]), ref_state)
+        err = errors(got, ref.numpy())
+        worst = err if worst is None else worst.worst(err)
+        assert all(np.isfinite(v).all() for v in state.numpy().values()), start
+        z.append(max(float(v.abs().max()) for k, v in ref_state.items() if k.endswith(".z")))
+    for t in range(16_384, 16_384 + 16):
+        got = session.decode(ids[:, t : t + 1], state)
+        with torch.no_grad():
+            ref, ref_state = model64.step(torch.from_numpy(ids[:, t : t + 1]), ref_state)
+        worst = worst.worst(errors(got, ref.numpy()))
+    assert within(worst, bounds), (worst, bounds)
+    assert z[-1] > 8 * z[0]  # 16x the tokens: the sums grew (a stream that did not grow would prove little)
