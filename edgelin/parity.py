@@ -59,24 +59,27 @@ BUDGETS: dict[str, dict[str, dict[str, float]]] = {
     # int8: logits max abs 0.84 (prefill T=197) / rel L2 7.1e-2 (prefill vs decode: activation scales are
     #   per tensor, so they differ between a prompt and a token); state S rel L2 9.7e-3 (layer 0); 1000
     #   steps vs float64 0.26 / 6.5e-2; top-1 95.25 %; greedy 64.1 %; held-out delta +0.0058, top-1 96.41 %.
+    #   top-1 on random ids (off the training distribution: near-ties) varies with validate's seed: 90.5-96.0 %
+    #   over seeds 0-5, so its bound sits below the worst seed, not at a single measurement.
     "int8": {
         "logits": {"max_abs": 2.5, "rel_l2": 0.2},
         "state": {"rel_l2": 0.05},
         "provider": {"max_abs": 2.5, "rel_l2": 0.2},
         "long": {"max_abs": 1.0, "rel_l2": 0.2},
-        "top1": {"min_agreement": 0.9},
+        "top1": {"min_agreement": 0.85},
         "greedy": {"min_agreement": 0.3},
         "heldout": {"max_bpb_delta": 0.02, "min_agreement": 0.92},
     },
     # int4: logits max abs 1.6 / rel L2 0.12 (decode); prefill vs decode 1.5e-5 (weights only: the two graphs
     #   agree); state S rel L2 0.10; 1000 steps vs float64 1.5 / 0.19; top-1 on random ids 68.5 %; greedy
-    #   24.0 %; held-out delta +0.0068, top-1 95.79 %.
+    #   24.0 %; held-out delta +0.0068, top-1 95.79 %. Top-1 on random ids over validate seeds 0-5: 54.75-78.75 %
+    #   (near-ties flip under 4-bit weights); the held-out text's top-1 above is the stable quality measure.
     "int4": {
         "logits": {"max_abs": 5.0, "rel_l2": 0.4},
         "state": {"rel_l2": 0.3},
         "provider": {"max_abs": 5.0, "rel_l2": 0.4},
         "long": {"max_abs": 4.5, "rel_l2": 0.6},
-        "top1": {"min_agreement": 0.55},
+        "top1": {"min_agreement": 0.45},
         "greedy": {"min_agreement": 0.1},
         "heldout": {"max_bpb_delta": 0.02, "min_agreement": 0.92},
     },
