@@ -47,8 +47,11 @@ CASES = {  # id -> (model_type, fla config options; "edit": a change to the save
     "gla-short_conv-kv_heads2-clamp-relu": (
         "gla", {"use_short_conv": True, "num_kv_heads": 2, "clamp_min": -0.03, "feature_map": "relu"},
     ),
-    "gla-expand_k1-expand_v2-sigmoid-no_gate-no_affine": (
-        "gla", {"expand_k": 1.0, "expand_v": 2.0, "feature_map": "sigmoid", "use_output_gate": False, "elementwise_affine": False},
+    "gla-expand_k1-expand_v2-sigmoid-no_gate-no_affine-norm_eps": (
+        "gla", {
+            "expand_k": 1.0, "expand_v": 2.0, "feature_map": "sigmoid", "use_output_gate": False, "elementwise_affine": False,
+            "norm_eps": 1e-3,
+        },
     ),
     "gla-unfused_gate-conv3-silu-strong_gates": (
         "gla", {"fuse_norm": False, "use_short_conv": True, "conv_size": 3, "feature_map": "silu", "edit": strong_gates},
@@ -206,6 +209,31 @@ def test_loads_as_a_protocol_model_and_the_chunk_changes_nothing(bases, model_ty
         assert (logits - ref).abs().max() <= 1e-5
         for key, value in ref_state.items():
             assert torch.allclose(state[key], value, rtol=1e-5, atol=1e-6), key
+
+
+@pytest.mark.parametrize("model_type", ["retnet", "gla"])
+def test_prefill_in_pieces_and_token_by_token_agree(bases, model_type):
+    """The state carries everything: prefill pieces of 1 (shorter than the conv window), C - 1, C, C + 1 tokens
+    from a carried state, and the recurrent step token by token, all give one prefill's logits and state."""
+    model = load_checkpoint(bases[model_type])
+    C = model.chunk_size
+    ids = torch.randint(0, 97, (2, 3 * C + 1), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref, ref_state = model(ids)
+        pieces, state, start = [], None, 0
+        for n in (1, C - 1, C, C + 1):
+            logits, state = model(ids[:, start : start + n], state)
+            pieces.append(logits)
+            start += n
+        steps, stepped = [], model.init_state(2)
+        for t in range(ids.shape[1]):
+            logits, stepped = model.step(ids[:, t : t + 1], stepped)
+            steps.append(logits)
+    for got, got_state in ((torch.cat(pieces, 1), state), (torch.cat(steps, 1), stepped)):
+        assert max_abs(got, ref) <= 2e-5
+        for key, value in ref_state.items():
+            assert got_state[key].dtype == value.dtype
+            assert torch.allclose(got_state[key], value, rtol=1e-5, atol=1e-5), key
 
 
 def test_retnet_ignores_use_short_conv_as_fla_does(fla_oracle, tmp_path):
