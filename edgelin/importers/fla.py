@@ -596,7 +596,7 @@ class FlaGatedAttention(nn.Module):
             k, new["conv_k"] = self.k_conv1d(k, state["conv_k"])
             v, new["conv_v"] = self.v_conv1d(v, state["conv_v"])
         q = split_heads(q, o.num_heads, o.head_k_dim)  # [B, H, T, Dk]
-        k = split_heads(k, o.num_kv_heads, o.head_k_dim)  # [B, Hkv, T, Dk]
+        k = split_heads(k, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
         v = split_heads(v, o.num_kv_heads, o.head_v_dim, self.groups)  # [B, H, T, Dv]
         if self.act is not None:
             q, k = self.act(q), self.act(k)
@@ -613,7 +613,6 @@ class FlaGatedAttention(nn.Module):
                 gk = torch.clamp(gk, min=o.clamp_min)
             g = split_heads(gk, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
             S0 = share_state({"S": state["S"]}, self.groups)["S"]  # [B, H, Dk, Dv]
-        k = k if self.groups == 1 else k[:, :, None].expand(B, o.num_kv_heads, self.groups, T, o.head_k_dim).reshape(B, o.num_heads, T, o.head_k_dim)  # [B, H, T, Dk]
         common = dict(feature_map=self.phi, initial_state={"S": S0}, normalize=False, g=g)
         if chunk_size is None:
             y, out = recurrent_step(q, k, v, **common)  # [B, H, 1, Dv]
