@@ -39,6 +39,8 @@ def _lazy(module: str, name: str) -> Importer:
 
 
 register_importer("linear_attn", _lazy("edgelin.importers.fla", "load_linear_attn"))
+register_importer("retnet", _lazy("edgelin.importers.fla", "load_retnet"))
+register_importer("gla", _lazy("edgelin.importers.fla", "load_gla"))
 
 
 def supported() -> tuple[str, ...]:
