@@ -127,6 +127,20 @@ def test_batch_rows_are_independent(decay):
         assert_states_close({k: v[i : i + 1] for k, v in state.items()}, alone_state)
 
 
+@pytest.mark.parametrize("decay", DECAYED)
+@torch.no_grad()
+def test_future_tokens_do_not_change_past_logits(decay):
+    """Causality of the whole decayed model in its prefill form: the gates read only the current token."""
+    model = model64(decay, "relu")
+    ids = token_ids(2, 2 * C + 3, seed=9)
+    changed = ids.clone()
+    changed[:, C + 1 :] = (changed[:, C + 1 :] + 7) % VOCAB
+    a, _ = model(ids)
+    b, _ = model(changed)
+    assert rel_err(b[:, : C + 1], a[:, : C + 1]) <= TOL
+    assert rel_err(b[:, C + 1 :], a[:, C + 1 :]) > 1e-3
+
+
 # ---- the gates and one layer against independent formulas -----------------------------------------
 def expected_gate(attn, x: torch.Tensor) -> torch.Tensor:
     """The log-decay of each decay written out from its definition (not from the module's code)."""
