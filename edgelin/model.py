@@ -90,8 +90,9 @@ class ScalarDecay(nn.Module):
 
     Init: A_log = 0 (A = 1) and dt_bias = softplus^-1(dt_h) with dt_h spaced geometrically over
     [1e-3, 1e-1] across heads (Mamba's dt range), so the decay starts near 1, at exp(-dt_h) in
-    [0.905, 0.999] for x W_dt = 0, a spread of memory lengths with head 0 the shortest, as in RetNet. W_dt gets the model's
-    N(0, 0.02), which moves dt by a factor of about exp(+-0.2) at d_model 128 (gates ~0.85 at the least)."""
+    [0.905, 0.999] for x W_dt = 0: a spread of memory lengths with head 0 the shortest, as in RetNet.
+    W_dt gets the model's N(0, 0.02), which moves dt by a factor of about exp(+-0.2) at d_model 128
+    (gates ~0.85 at the least)."""
 
     DT_RANGE = (1e-3, 1e-1)
 
@@ -115,7 +116,10 @@ class GLADecay(nn.Module):
     the gate near 1). F is the feature map's output width: the gate scales the rows of S and z.
 
     Init: the model's N(0, 0.02) on both matrices and a zero bias, so the decay starts near
-    sigmoid(0)^(1/16) = 0.958 for every feature."""
+    sigmoid(0)^(1/16) = 0.958 for every feature.
+
+    Cost: the chunked (prefill) form holds a [T, C, F] decay tensor per head for a per-feature gate
+    (edgelin.ops.chunk), C times F more than a per-head gate; prefer chunk_size 16-32 for long prompts."""
 
     NORMALIZER = 16.0
 
