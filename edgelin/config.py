@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgelin.errors import ConfigError
+from edgelin.runtime.options import check_int, check_number
 
 FEATURE_MAPS = ("identity", "elu+1", "relu", "softplus", "performer", "cosformer")
 NORMALISATIONS = ("denominator", "none")
@@ -54,13 +54,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         positive_ints = ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon", "gate_rank")
         for name in positive_ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
-        if isinstance(self.n_features, bool) or not isinstance(self.n_features, int) or self.n_features < 0:
-            raise ConfigError(f"config field 'n_features' must be an integer >= 0 (0 = head_dim), got {self.n_features!r}")
-        if isinstance(self.conv_size, bool) or not isinstance(self.conv_size, int) or self.conv_size < 0 or self.conv_size == 1:
-            raise ConfigError(f"config field 'conv_size' must be 0 (off) or an integer >= 2, got {self.conv_size!r}")
+            check_int(f"config field {name!r}", getattr(self, name), low=1, error=ConfigError)
+        check_int("config field 'n_features'", self.n_features, low=0, hint="0 = head_dim", error=ConfigError)
+        if check_int("config field 'conv_size'", self.conv_size, low=0, hint="0 = off, else >= 2", error=ConfigError) == 1:
+            raise ConfigError("config field 'conv_size' must be 0 (off) or an integer >= 2, got 1")
         if self.feature_map not in FEATURE_MAPS:
             raise ConfigError(
                 f"config field 'feature_map' is {self.feature_map!r}; allowed values: {', '.join(FEATURE_MAPS)}"
@@ -72,19 +69,11 @@ class ModelConfig:
         if self.decay not in DECAYS:
             raise ConfigError(f"config field 'decay' is {self.decay!r}; allowed values: {', '.join(DECAYS)}")
         for name in ("mlp_ratio", "eps", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f"config field {name!r} must be a positive finite number, got {value!r}")
+            check_number(f"config field {name!r}", getattr(self, name), low=0, open_low=True, error=ConfigError)
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"config field 'tie_embeddings' must be true or false, got {self.tie_embeddings!r}")
         # layer i seeds its generator with feature_seed + i; torch takes seeds in [-2**63, 2**64 - 1]
-        if (
-            isinstance(self.feature_seed, bool) or not isinstance(self.feature_seed, int)
-            or not -(2**63) <= self.feature_seed <= 2**64 - self.n_layers
-        ):
-            raise ConfigError(
-                f"config field 'feature_seed' must be an integer in [-2**63, 2**64 - n_layers], got {self.feature_seed!r}"
-            )
+        check_int("config field 'feature_seed'", self.feature_seed, low=-(2**63), high=2**64 - self.n_layers, error=ConfigError)
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
