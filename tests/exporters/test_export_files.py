@@ -141,3 +141,16 @@ def test_missing_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         export(tmp_path / "nope", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("field", ["eps", "norm_eps"])
+def test_an_epsilon_the_graph_optimiser_would_drop_is_refused(tmp_path, field):
+    """torch.onnx's optimiser folds "x + 1e-10" into "x": the export would divide by an exact zero where
+    PyTorch divides by eps. Refused before any work, naming the field."""
+    from edgelin.config import ModelConfig
+    from edgelin.model import LinearLM
+
+    cfg = ModelConfig(d_model=16, n_layers=1, n_heads=2, head_dim=8, chunk_size=8, feature_map="relu", **{field: 1e-10})
+    with pytest.raises(ExportError, match=f"config field '{field}' is 1e-10, below 1e-07"):
+        export(LinearLM(cfg).eval(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
