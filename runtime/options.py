@@ -54,7 +54,8 @@ def check_number(
     if ok and high is not None and value > high:
         ok = False
     if not ok:
-        raise error(f"{name} must be a number{_range(low, high, open_low=open_low)}{f' ({hint})' if hint else ''}, got {value!r}")
+        kind = "a positive number" if (low == 0 and open_low and high is None) else f"a number{_range(low, high, open_low=open_low)}"
+        raise error(f"{name} must be {kind}{f' ({hint})' if hint else ''}, got {value!r}")
     return float(value)
 
 

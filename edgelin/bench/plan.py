@@ -3,7 +3,6 @@ the checked options, and the model under test (``Subject``)."""
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from edgelin.exporters.exporter import DEFAULT_OPSET
 from edgelin.model import LinearLM
 from edgelin.models import bundled_checkpoint
 from edgelin.runtime.files import check_output_folder
+from edgelin.runtime.options import check_int, check_number
 from edgelin.runtime.manifest import MANIFEST_FILE, Manifest
 from edgelin.runtime.session import open_session
 
@@ -97,8 +97,7 @@ def check_options(source: Any, provider: str, threads: Any, sections: Any) -> tu
     """The checked source (a folder, a model, or None) and the sections in canonical order; BenchError otherwise."""
     if provider not in PROVIDERS:
         raise BenchError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
-        raise BenchError(f"threads must be an integer in 1..{MAX_THREADS}, got {threads!r}")
+    check_int("threads", threads, low=1, high=MAX_THREADS, error=BenchError)
     sections = tuple(SECTIONS if not sections else sections)
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
@@ -123,8 +122,7 @@ def memory_cap(memory_cap_gb: Any) -> int:
     """Bytes: prefill cases predicted to need more are skipped (default: half the available memory)."""
     if memory_cap_gb is None:
         return int((meminfo("MemAvailable") or (16 << 30)) // 2)
-    if isinstance(memory_cap_gb, bool) or not isinstance(memory_cap_gb, (int, float)) or not (memory_cap_gb > 0 and math.isfinite(memory_cap_gb)):
-        raise BenchError(f"memory cap must be a positive number of GB, got {memory_cap_gb!r}")
+    check_number("memory cap", memory_cap_gb, low=0, open_low=True, hint="GB", error=BenchError)
     return int(memory_cap_gb * 1e9)
 
 

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from . import baselines
@@ -17,6 +16,7 @@ from .measure import load_average, machine_facts
 from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, Progress, check_options, memory_cap, out_folder,
                    require_cuda, resolve_subject)
 from edgelin.runtime.files import make_parents
+from edgelin.threads import torch_threads
 
 from .report import BenchReport, write_json_atomic, write_plots
 from .sections import Bench
@@ -66,9 +66,7 @@ def run_bench(
 
     plan = QUICK if quick else FULL
     t_start = time.perf_counter()
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         say(f"edgelin bench{' --quick' if quick else ''}: threads {threads}, provider {provider}, sections {', '.join(sections)}")
         machine = machine_facts()
         subject = resolve_subject(source)
@@ -82,8 +80,6 @@ def run_bench(
             exports = {k: {"seconds": v["seconds"], "nodes": v["nodes"]} for k, v in bench.exports.items()}
             verification = baselines.verification_record(bench.checks)
             bench.session = None
-    finally:
-        torch.set_num_threads(before)
     machine["load_average_end"] = load_average()
     data = {
         "format": FORMAT,
