@@ -38,4 +38,22 @@ def from_numpy(specs: Iterable[StateSpec], arrays: Mapping[str, np.ndarray]) -> 
     return {s.key: torch.from_numpy(np.ascontiguousarray(arrays[s.input])) for s in specs}
 
 
-__all__ = ["State", "from_numpy", "fresh_state", "to_numpy"]
+def state_mismatch(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], *, tol: float) -> str:
+    """What differs between two torch states, or "": keys (same order), then per key shape and dtype, then
+    values: float tensors within relative error max|got - want| / max|want| <= tol, integer ones equal."""
+    if list(got) != list(want):
+        return f"keys {list(got)} != {list(want)}"
+    for key, w in want.items():
+        g = got[key]
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"state {key}: {tuple(g.shape)} {g.dtype} != {tuple(w.shape)} {w.dtype}"
+        if w.is_floating_point():
+            err = ((g.double() - w.double()).abs().max() / w.double().abs().max().clamp_min(1e-300)).item() if w.numel() else 0.0
+            if not err <= tol:
+                return f"state {key}: relative error {err:.3g} > {tol:g}"
+        elif not torch.equal(g, w):
+            return f"state {key}: values differ"
+    return ""
+
+
+__all__ = ["State", "from_numpy", "fresh_state", "state_mismatch", "to_numpy"]

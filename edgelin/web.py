@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgelin.errors import ManifestError, OutputError, RuntimeInputError
-from edgelin.runtime.files import check_output_dir, make_parents, remove_created, replace_dir, temp_dir
+from edgelin.runtime.files import check_output_dir, remove_created, replace_dir, work_dir
 from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest
 
 MODULE = "edgelin.mjs"
@@ -131,13 +131,7 @@ def write_site(
     for name in (MODULE, PAGE):
         if not (source / name).is_file():
             raise OutputError(f"this install lacks {source / name}; reinstall edgelin")
-    parent = out.parent if str(out.parent) else Path(".")
-    created = make_parents(parent)
-    try:
-        tmp = temp_dir(parent, out.name)
-    except OSError as exc:
-        remove_created(created)
-        raise OutputError(f"cannot write to {parent}: {exc.strerror or exc}") from None
+    tmp, created = work_dir(out)
     try:
         say(f"copying the export and onnxruntime-web ({dist}) ...")
         shutil.copyfile(source / MODULE, tmp / MODULE)

@@ -32,7 +32,7 @@ from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
-from edgelin.runtime.files import check_output_dir, make_parents, remove_created, remove_stale_temps, replace_dir, temp_dir
+from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest
 from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
@@ -229,12 +229,7 @@ def export(
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     for stale in remove_stale_temps(parent, out_dir.name):
         say(f"removed {stale}, left by an earlier export that was killed")
-    created = make_parents(parent)
-    try:
-        tmp = temp_dir(parent, out_dir.name)
-    except OSError as exc:
-        remove_created(created)
-        raise ExportError(f"cannot write to {parent}: {exc.strerror or exc}; choose a writable output folder") from None
+    tmp, created = work_dir(out_dir)
 
     try:
         say(f"loading {source if isinstance(source, (str, os.PathLike)) else type(source).__name__}")

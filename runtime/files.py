@@ -234,6 +234,18 @@ def temp_dir(folder: Path, name: str, kind: str = "tmp") -> Path:
     return path
 
 
+def work_dir(out: Path) -> tuple[Path, list[Path]]:
+    """(a new hidden temporary folder beside ``out`` to build it in, the parent folders created for it — for
+    ``remove_created`` on failure). OutputError, with nothing left behind, if it cannot be made."""
+    parent = out.parent if str(out.parent) else Path(".")
+    created = make_parents(parent)
+    try:
+        return temp_dir(parent, out.name), created
+    except OSError as exc:
+        remove_created(created)
+        raise OutputError(f"cannot write to {parent}: {exc.strerror or exc}; choose a writable output folder") from None
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -331,5 +343,5 @@ def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
 
 __all__ = [
     "atomic_write", "json_ready", "write_json", "check_output_dir", "check_output_file", "check_output_folder", "export_files", "make_parents", "nearest_existing",
-    "remove_created", "remove_stale_temps", "replace_dir", "temp_dir",
+    "remove_created", "remove_stale_temps", "replace_dir", "temp_dir", "work_dir",
 ]

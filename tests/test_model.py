@@ -14,6 +14,7 @@ import torch
 from edgelin.config import FEATURE_MAPS, NORMALISATIONS, ModelConfig
 from edgelin.feature_maps import make_feature_map
 from edgelin.model import LinearLM
+from edgelin.state import state_mismatch
 
 
 TOL = 1e-10  # relative error in float64: max|a - b| / max|b|
@@ -25,8 +26,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
-def tiny_config(feature_map: str, normalisation: str = "denominator", tie: bool = True) -> ModelConfig:
+def tiny_config(feature_map: str, normalisation: str = "denominator", tie: bool = True, decay: str = "none") -> ModelConfig:
     return ModelConfig(
+        decay=decay,
         vocab_size=64, d_model=32, n_layers=2, n_heads=2, head_dim=16, chunk_size=8,
         feature_map=feature_map, normalisation=normalisation, tie_embeddings=tie,
         conv_size=0 if tie else 4,  # the untied variants also carry a short conv window in the state
@@ -37,9 +39,9 @@ def tiny_config(feature_map: str, normalisation: str = "denominator", tie: bool 
 
 
 @functools.lru_cache(maxsize=None)
-def tiny_model(feature_map: str, normalisation: str, tie: bool) -> LinearLM:
+def tiny_model(feature_map: str, normalisation: str, tie: bool, decay: str = "none") -> LinearLM:
     torch.manual_seed(0)
-    model = LinearLM(tiny_config(feature_map, normalisation, tie)).double().eval()
+    model = LinearLM(tiny_config(feature_map, normalisation, tie, decay)).double().eval()
     with torch.no_grad():  # RMSNorm weights start at 1: perturb them so a mixed-up norm would show
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith("conv.weight"):  # conv starts as the identity
@@ -52,13 +54,7 @@ def token_ids(batch: int = B, length: int = T_TOTAL, seed: int = 0) -> torch.Ten
 
 
 def assert_states_close(got: dict, want: dict) -> None:
-    assert list(got) == list(want)
-    for key in want:
-        assert got[key].shape == want[key].shape and got[key].dtype == want[key].dtype, key
-        if want[key].is_floating_point():
-            assert rel_err(got[key], want[key]) <= TOL, f"state {key}: {rel_err(got[key], want[key]):.3g}"
-        else:
-            assert torch.equal(got[key], want[key]), key
+    assert not (why := state_mismatch(got, want, tol=TOL)), why
 
 
 MODELS = [
@@ -123,11 +119,11 @@ def test_every_form_gives_the_chunk_logits(fm, norm, tie, form):
     assert_states_close(other_state, state)
 
 
-@pytest.mark.parametrize("fm", FEATURE_MAPS)
+@pytest.mark.parametrize("fm, decay", [(fm, "none") for fm in FEATURE_MAPS] + [("relu", d) for d in ("fixed", "scalar", "gla")])
 @torch.no_grad()
-def test_batch_rows_are_independent(fm):
-    """Row i of a batch gives what sequence i gives alone."""
-    model = tiny_model(fm, "denominator", True)
+def test_batch_rows_are_independent(fm, decay):
+    """Row i of a batch gives what sequence i gives alone (the data-dependent decays' gates are per row)."""
+    model = tiny_model(fm, "denominator", True, decay)
     ids = token_ids()
     logits, state = model(ids)
     for i in range(B):

@@ -40,11 +40,7 @@ def naive_linear_attention(
     for t in range(T):
         qt = fq[:, :, t]  # [B, H, F]
         sim = torch.einsum("bhf,bhjf->bhj", qt, fk[:, :, : t + 1])  # [B, H, t+1]
-        num = torch.einsum("bhf,bhfd->bhd", qt, state["S"]) + torch.einsum("bhj,bhjd->bhd", sim, v[:, :, : t + 1])  # [B, H, Dv]
-        if normalize:
-            den = torch.einsum("bhf,bhf->bh", qt, state["z"]) + sim.sum(-1)  # [B, H]
-            num = stable_divide(num, den, eps)
-        outs.append(num)
+        outs.append(_readout(qt, sim, v[:, :, : t + 1], state, eps, normalize))
     o = torch.stack(outs, dim=2)  # [B, H, T, Dv]
     updates = {"S": state["S"] + torch.einsum("bhtf,bhtd->bhfd", fk, v)}  # [B, H, F, Dv]
     if normalize:
@@ -60,6 +56,16 @@ def _window_log_decay(g: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tens
     return to_t, through[:, :, -1]
 
 
+def _readout(q0, sim, v, state, eps, normalize):
+    """One query's output from its (decayed) similarities to every key so far and the initial state:
+    q0 [B, H, F] (the query, decayed to the start), sim [B, H, t+1], v [B, H, t+1, Dv] -> [B, H, Dv]."""
+    num = torch.einsum("bhf,bhfd->bhd", q0, state["S"]) + torch.einsum("bhj,bhjd->bhd", sim, v)  # [B, H, Dv]
+    if normalize:
+        den = torch.einsum("bhf,bhf->bh", q0, state["z"]) + sim.sum(-1)  # [B, H]
+        num = stable_divide(num, den, eps)
+    return num
+
+
 def _naive_decayed(fq, fk, v, g, state, eps, normalize):
     per_feature = g.dim() == 4
     T = fq.shape[2]
@@ -73,11 +79,7 @@ def _naive_decayed(fq, fk, v, g, state, eps, normalize):
         else:
             sim = torch.einsum("bhf,bhjf->bhj", fq[:, :, t], fk[:, :, : t + 1]) * to_t.exp()  # [B, H, t+1]
             q0 = fq[:, :, t] * from_start.exp()[..., None]  # [B, H, F]
-        num = torch.einsum("bhf,bhfd->bhd", q0, state["S"]) + torch.einsum("bhj,bhjd->bhd", sim, v[:, :, : t + 1])  # [B, H, Dv]
-        if normalize:
-            den = torch.einsum("bhf,bhf->bh", q0, state["z"]) + sim.sum(-1)  # [B, H]
-            num = stable_divide(num, den, eps)
-        outs.append(num)
+        outs.append(_readout(q0, sim, v[:, :, : t + 1], state, eps, normalize))
     o = torch.stack(outs, dim=2)  # [B, H, T, Dv]
     to_end, total = _window_log_decay(g, T - 1)  # [B, H, T(, F)], [B, H(, F)]
     if not per_feature:

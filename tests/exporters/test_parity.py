@@ -53,9 +53,19 @@ def torch_state_as_feeds(state, manifest):
     return {s.input: state[s.key].numpy() for s in manifest.states}
 
 
-@pytest.fixture(params=FEATURE_MAPS)
+# every feature map without decay, and the decays (tests/test_decay_model.py tests them in PyTorch)
+CASES = [pytest.param((fm, "none"), id=fm) for fm in FEATURE_MAPS] + [
+    pytest.param(("relu", "fixed"), id="relu-decay-fixed"),
+    pytest.param(("relu", "scalar"), id="relu-decay-scalar"),
+    pytest.param(("relu", "gla"), id="relu-decay-gla"),
+    pytest.param(("cosformer", "gla"), id="cosformer-decay-gla"),  # F = 2 head_dim and a position in the state
+]
+
+
+@pytest.fixture(params=CASES)
 def case(request, exported):
-    model, out = exported(request.param)
+    feature_map, decay = request.param
+    model, out = exported(feature_map, **({} if decay == "none" else {"decay": decay}))
     assert model.cfg.chunk_size == CHUNK
     return model, Graphs(out)
 

@@ -123,3 +123,66 @@ def run(model, prompt: torch.Tensor, steps: torch.Tensor, *, raw: bool = False):
         else:
             states.append({"S": state})
     return logits, decoded, states
+
+
+# ---- shared by the parity tests of every family ----------------------------------------------------
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def import_vs_fla(folder: Path, prompt: torch.Tensor, steps: torch.Tensor, ref_prefill, ref_decode, budget: float):
+    """edgelin's import of ``folder`` against fla's logits: prefill of ``prompt``, then each token of ``steps``
+    through ``step``. Asserts both within ``budget`` (max abs) and returns (model, final state)."""
+    from edgelin.checkpoint import load_checkpoint
+
+    assert ref_prefill.std() > 1.0, "logits without spread would hide errors"
+    model = load_checkpoint(folder)
+    with torch.no_grad():
+        logits, state = model(prompt)
+        prefill = max_abs(logits, ref_prefill)
+        decode = 0.0
+        for t in range(steps.shape[1]):
+            logits, state = model.step(steps[:, t : t + 1], state)
+            decode = max(decode, max_abs(logits, ref_decode[t]))
+    print(f"\n{folder.name}: max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= budget, f"prefill: max abs {prefill:.2e} > {budget}"
+    assert decode <= budget, f"decode: max abs {decode:.2e} > {budget}"
+    return model, state
+
+
+
+def export_vs_fla(out: Path, prompt: torch.Tensor, steps: torch.Tensor, ref_prefill, ref_decode, budget: float) -> None:
+    """The export in ``out`` through edgelin's runtime (ONNX Runtime, CPU) against fla's logits: prefill of
+    ``prompt``, then each token of ``steps`` through the decode graph, both within ``budget`` (max abs)."""
+    from edgelin.runtime import load
+
+    session = load(out, provider="cpu")
+    state = session.new_state(prompt.shape[0])
+    prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref_prefill)
+    decode = 0.0
+    for t in range(steps.shape[1]):
+        logits = session.decode(steps[:, t : t + 1].numpy(), state)
+        decode = max(decode, max_abs(torch.from_numpy(logits), ref_decode[t]))
+    print(f"\n{out.name} (ONNX): max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= budget, f"prefill graph: max abs {prefill:.2e} > {budget}"
+    assert decode <= budget, f"decode graph: max abs {decode:.2e} > {budget}"
+
+
+def _refused(folder: Path, *fragments: str) -> str:
+    from edgelin.checkpoint import load_checkpoint
+    from edgelin.errors import CheckpointError
+
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(folder)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+@pytest.fixture
+def refused():
+    """refused(folder, *fragments): load_checkpoint(folder) raises a one-line CheckpointError holding every
+    fragment; returns the message."""
+    return _refused

@@ -12,14 +12,11 @@ from __future__ import annotations
 import json
 import shutil
 
-import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from edgelin.checkpoint import load_checkpoint
-from edgelin.errors import CheckpointError
 from edgelin.exporters import export
 from edgelin.importers import IMPORTERS
 from edgelin.protocol import ExportableModel, check_model
@@ -94,18 +91,7 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
     folder, prompt, steps, (ref_prefill, ref_decode, ref_cache) = fla_case(case_id, fla_oracle, tmp_path_factory)
-    assert ref_prefill.std() > 1.0, "logits without spread would hide errors"
-    model = load_checkpoint(folder)
-    with torch.no_grad():
-        logits, state = model(prompt)
-        prefill = max_abs(logits, ref_prefill)
-        decode = 0.0
-        for t in range(STEPS):
-            logits, state = model.step(steps[:, t : t + 1], state)
-            decode = max(decode, max_abs(logits, ref_decode[t]))
-    print(f"\n{case_id}: max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS, f"prefill: max abs {prefill:.2e} > {MAX_ABS}"
-    assert decode <= MAX_ABS, f"decode: max abs {decode:.2e} > {MAX_ABS}"
+    model, state = fla_oracle.import_vs_fla(folder, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
 
     o = model.options
     groups = o.num_heads // o.num_kv_heads
@@ -136,22 +122,7 @@ def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
     export(folder, out, check=False)
     manifest = Manifest.load(out)
     assert manifest.model["family"] == f"fla/{model_type}" and manifest.model["source_config"]["model_type"] == model_type
-    sessions = {g: ort.InferenceSession(str(out / f), providers=["CPUExecutionProvider"]) for g, f in manifest.graphs.items()}
-
-    def run(graph, ids, state):
-        got = sessions[graph].run(None, {manifest.input_ids: ids.numpy(), **state})
-        return got[0], {s.input: v for s, v in zip(manifest.states, got[1:])}
-
-    state = {s.input: np.full(s.concrete_shape(BATCH), s.init, s.np_dtype) for s in manifest.states}
-    logits, state = run("prefill", prompt, state)
-    prefill = max_abs(torch.from_numpy(logits), ref_prefill)
-    decode = 0.0
-    for t in range(STEPS):
-        logits, state = run("decode", steps[:, t : t + 1], state)
-        decode = max(decode, max_abs(torch.from_numpy(logits), ref_decode[t]))
-    print(f"\n{case_id} (ONNX): max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS, f"prefill graph: max abs {prefill:.2e} > {MAX_ABS}"
-    assert decode <= MAX_ABS, f"decode graph: max abs {decode:.2e} > {MAX_ABS}"
+    fla_oracle.export_vs_fla(out, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
     report = validate(out, folder, steps=24, long=300)  # what `edgelin validate OUT --checkpoint PATH` runs
     assert report.passed, report.table()
 
@@ -174,15 +145,6 @@ def edit_config(folder, **changes):
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data))
-
-
-def refused(folder, *fragments):
-    with pytest.raises(CheckpointError) as info:
-        load_checkpoint(folder)
-    message = str(info.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
 
 
 def test_registry_lists_the_gated_families():
@@ -256,19 +218,19 @@ def test_retnet_ignores_use_short_conv_as_fla_does(fla_oracle, tmp_path):
     pytest.param("retnet", "attnres_block_size", 2, "attention residuals", id="retnet-attnres"),
     pytest.param("gla", "gate_logit_normalizer", 8, "unknown", id="gla-unknown-field"),
 ])
-def test_unsupported_option_is_refused_by_name(bases, tmp_path, model_type, field, value, fragment):
+def test_unsupported_option_is_refused_by_name(bases, tmp_path, model_type, field, value, fragment, refused):
     ckpt = shutil.copytree(bases[model_type], tmp_path / "ckpt")
     edit_config(ckpt, **{field: value})
     refused(ckpt, repr(field), fragment)
 
 
-def test_conv_weights_without_use_short_conv_are_refused(bases, tmp_path):
+def test_conv_weights_without_use_short_conv_are_refused(bases, tmp_path, refused):
     ckpt = shutil.copytree(bases["gla"], tmp_path / "ckpt")
     edit_config(ckpt, use_short_conv=False)
     refused(ckpt, "unexpected", "q_conv1d.weight")
 
 
-def test_conv_size_that_disagrees_with_the_weights_names_the_tensor(bases, tmp_path):
+def test_conv_size_that_disagrees_with_the_weights_names_the_tensor(bases, tmp_path, refused):
     ckpt = shutil.copytree(bases["gla"], tmp_path / "ckpt")
     edit_config(ckpt, conv_size=3)
     refused(ckpt, "conv1d.weight", ", 1, 4)", ", 1, 3)")

@@ -68,18 +68,7 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
     folder, prompt, steps, (ref_prefill, ref_decode, ref_states) = fla_case(case_id, fla_oracle, tmp_path_factory)
-    assert ref_prefill.std() > 1.0, "logits without spread would hide errors"
-    model = load_checkpoint(folder)
-    with torch.no_grad():
-        logits, state = model(prompt)
-        prefill = max_abs(logits, ref_prefill)
-        decode = 0.0
-        for t in range(STEPS):
-            logits, state = model.step(steps[:, t : t + 1], state)
-            decode = max(decode, max_abs(logits, ref_decode[t]))
-    print(f"\n{case_id}: max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS, f"prefill: max abs {prefill:.2e} > {MAX_ABS}"
-    assert decode <= MAX_ABS, f"decode: max abs {decode:.2e} > {MAX_ABS}"
+    model, state = fla_oracle.import_vs_fla(folder, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
     # the state: carried per key/value head; fla repeats it for every query head of a group
     groups = model.options.num_heads // model.options.num_kv_heads
     for layer, ref in enumerate(ref_states):
@@ -93,30 +82,14 @@ def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
 
 @pytest.mark.parametrize("case_id", EXPORTED)
 def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
-    """The two ONNX graphs in ONNX Runtime, driven from the manifest alone, against fla; then edgelin's validate
+    """The two ONNX graphs through edgelin's runtime (ONNX Runtime, CPU) against fla; then edgelin's validate
     of the export against the checkpoint passes."""
     folder, prompt, steps, (ref_prefill, ref_decode, _) = fla_case(case_id, fla_oracle, tmp_path_factory)
     out = tmp_path_factory.mktemp(f"{case_id}-export") / "export"
     export(folder, out, check=False)
     manifest = Manifest.load(out)
     assert manifest.model["family"] == "fla/linear_attn" and manifest.model["source_config"]["model_type"] == "linear_attn"
-    sessions = {g: ort.InferenceSession(str(out / f), providers=["CPUExecutionProvider"]) for g, f in manifest.graphs.items()}
-
-    def run(graph, ids, state):
-        feeds = {manifest.input_ids: ids.numpy(), **state}
-        got = sessions[graph].run(None, feeds)
-        return got[0], {s.input: v for s, v in zip(manifest.states, got[1:])}
-
-    state = {s.input: np.full(s.concrete_shape(BATCH), s.init, s.np_dtype) for s in manifest.states}
-    logits, state = run("prefill", prompt, state)
-    prefill = max_abs(torch.from_numpy(logits), ref_prefill)
-    decode = 0.0
-    for t in range(STEPS):
-        logits, state = run("decode", steps[:, t : t + 1], state)
-        decode = max(decode, max_abs(torch.from_numpy(logits), ref_decode[t]))
-    print(f"\n{case_id} (ONNX): max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS, f"prefill graph: max abs {prefill:.2e} > {MAX_ABS}"
-    assert decode <= MAX_ABS, f"decode graph: max abs {decode:.2e} > {MAX_ABS}"
+    fla_oracle.export_vs_fla(out, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
     report = validate(out, folder, steps=24, long=300)  # what `edgelin validate OUT --checkpoint PATH` runs
     assert report.passed, report.table()
 
