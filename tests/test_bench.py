@@ -357,3 +357,28 @@ def test_fla_section_is_skipped_with_the_reason_when_fla_cannot_be_imported(tmp_
     f = json.loads(report.json_path.read_text())["fla"]
     assert f["status"] == "skipped" and "no fla in this test" in f["reason"] and "pip install" in f["reason"]
     assert "skipped: flash-linear-attention cannot be imported" in report.table()
+
+
+def test_decay_section_quick(tmp_path):
+    """Each decay of ModelConfig against the plain LinearLM; where ModelConfig has no decay, skipped with the reason."""
+    from edgelin.bench import run_bench
+    from edgelin.bench.decay import decays
+
+    report = run_bench(None, sections=["decay"], quick=True, threads=1, out_dir=tmp_path / "out", plots=False)
+    data = json.loads(report.json_path.read_text())
+    x = data["decay"]
+    if decays() is None:
+        assert x["status"] == "skipped" and "no 'decay' field" in x["reason"]
+        assert "6. decay" in report.table() and "skipped" in report.table()
+        return
+    assert x["status"] == "ok" and x["decays"][0] == "none" and set(x["decays"]) >= {"none", "fixed", "scalar", "gla"}
+    assert x["lengths"] == [64, 256] and all(r["status"] == "ok" for r in x["prefill"]), x["prefill"]
+    assert len(x["prefill"]) == len(x["decays"]) * 2
+    for d, m in x["models"].items():
+        positive_stats(m["decode_ms"], f"decay {d} decode")
+        assert m["nodes"]["decode"] > 0 and m["nodes"]["prefill"] > 0 and m["parameters"] > 0
+        if d != "none":
+            positive(m["decode_over_none"], f"decay {d} decode_over_none")
+            assert set(m["prefill_tokens_per_s_over_none"]) == {"64", "256"}
+    assert x["models"]["gla"]["parameters"] > x["models"]["none"]["parameters"]  # the gate projection's weights
+    assert "6. decay" in report.table()

@@ -29,8 +29,9 @@ from .measure import meminfo
 
 SECTIONS = ("decode", "position", "prefill", "sweep", "floor")  # the default run: the model under test
 # Sections run only when asked for (``--section NAME``): they build their own models, not the one under test.
-#   fla  a flash-linear-attention checkpoint imported + exported, decode vs fla's own step (``foreign``)
-OPT_IN_SECTIONS = ("fla",)
+#   fla    a flash-linear-attention checkpoint imported + exported, decode vs fla's own step (``foreign``)
+#   decay  LinearLM with each decay vs the plain one, same size: decode, prefill, graph nodes (``decay``)
+OPT_IN_SECTIONS = ("fla", "decay")
 ALL_SECTIONS = SECTIONS + OPT_IN_SECTIONS
 PROVIDERS = ("cpu", "auto", "cuda")
 FORMAT = "edgelin-bench/1"
@@ -78,6 +79,7 @@ class Plan:
     fla_rounds: int
     fla_per_round: int
     fla_time_cap_s: float  # the whole fla section (one worker process)
+    decay_lengths: tuple[int, ...]  # decay section: prefill lengths (decode uses the decode_* counts)
 
 
 FULL = Plan(
@@ -88,6 +90,7 @@ FULL = Plan(
     sweep_length=4096, sweep_chunks=(16, 32, 64, 128, 256),
     bandwidth_bytes=256 << 20, bandwidth_repeats=10, floor_calls=300,
     fla_export_repeats=3, fla_warmup=3, fla_rounds=6, fla_per_round=10, fla_time_cap_s=900.0,
+    decay_lengths=(1024, 4096),
 )
 QUICK = Plan(
     decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8,
@@ -97,6 +100,7 @@ QUICK = Plan(
     sweep_length=256, sweep_chunks=(32,),
     bandwidth_bytes=32 << 20, bandwidth_repeats=3, floor_calls=30,
     fla_export_repeats=1, fla_warmup=1, fla_rounds=3, fla_per_round=2, fla_time_cap_s=600.0,
+    decay_lengths=(64, 256),
 )
 
 

@@ -251,6 +251,8 @@ def format_table(d: dict) -> str:
             lines.append(f"  note: weights + state fit in the last-level cache ({mb(f['last_level_cache_bytes'])}): the DRAM floor is not binding")
     if "fla" in d:
         lines += ["", *fla_lines(d["fla"])]
+    if "decay" in d:
+        lines += ["", *decay_lines(d["decay"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]
@@ -283,4 +285,30 @@ def fla_lines(f: dict) -> list[str]:
     return lines
 
 
-__all__ = ["BenchReport", "fla_lines", "format_table", "mb", "write_json_atomic", "write_plots"]
+def decay_lines(x: dict) -> list[str]:
+    """The decay section's rows of the table."""
+    head = "6. decay: LinearLM with each decay vs the plain one (same size, random weights)"
+    if x.get("status") != "ok":
+        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+    c = x["config"]
+    lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
+                   "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none)",
+             f"  {'decay':7s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>18s}" for T in x["lengths"])
+             + f"  {'nodes decode/prefill':>21s}  {'params':>9s}"]
+    ok = {(r["decay"], r["T"]): r for r in x["prefill"] if r["status"] == "ok"}
+    for d, m in x["models"].items():
+        cells = []
+        for T in x["lengths"]:
+            r = ok.get((d, T))
+            rel = m.get("prefill_tokens_per_s_over_none", {}).get(str(T))
+            cells.append(f"{r['tokens_per_s']:>9,.0f} {'(' + format(rel, '.2f') + 'x)' if rel else '':>8s}" if r else f"{'failed':>18s}")
+        rel = f"{m['decode_over_none']:.2f}x" if "decode_over_none" in m else "-"
+        nodes = f"{m['nodes'].get('decode')}/{m['nodes'].get('prefill')}"
+        lines.append(f"  {d:7s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells) + f"  {nodes:>21s}  {m['parameters']:>9,}")
+    for r in x["prefill"]:
+        if r["status"] != "ok":
+            lines.append(f"  prefill {r['decay']} T={r['T']:,}: {r['status']}: {r.get('reason', '')}")
+    return lines
+
+
+__all__ = ["BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "write_json_atomic", "write_plots"]

@@ -14,6 +14,7 @@ from torch import nn
 
 from . import baselines
 from .measure import load_average, machine_facts
+from .decay import decay_section
 from .foreign import fla_section
 from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, SECTIONS, Progress, check_options, memory_cap, out_folder,
                    require_cuda, resolve_subject)
@@ -22,7 +23,7 @@ from edgelin.runtime.files import make_parents
 from .report import BenchReport, write_json_atomic, write_plots
 from .sections import Bench
 
-OPT_IN = {"fla": fla_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
+OPT_IN = {"fla": fla_section, "decay": decay_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
 
 METHOD = {
     "timing": "median over repeated calls after warm-up, with p10/p90 and n; decode contenders are interleaved "
@@ -59,7 +60,8 @@ def run_bench(
     quick: tiny lengths and few repeats (a smoke run for CI); numbers are not meaningful.
     sections: a subset of ALL_SECTIONS (default: SECTIONS, the model under test). Opt-in sections run only when
         named: "fla" builds a flash-linear-attention checkpoint and measures edgelin's import + export of it and
-        decode against fla's own step (``edgelin.bench.foreign``; skipped, with the reason, without fla).
+        decode against fla's own step (``edgelin.bench.foreign``; skipped, with the reason, without fla); "decay"
+        compares same-size LinearLMs with each decay against the plain one (``edgelin.bench.decay``).
     memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
     """
     say = progress or (lambda _msg: None)
