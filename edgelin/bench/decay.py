@@ -1,8 +1,8 @@
 """The ``decay`` section: what a decayed ``LinearLM`` costs against the plain one, same size, one run.
 
-One ``LinearLM`` per decay of ``ModelConfig.decay`` (none, fixed, scalar, gla), all of ``DECAY_BASE`` (the
-bundled model's size: d_model 256, 4 layers, 4 heads x 64, relu, short conv 4), random weights (speed does not
-depend on them), each exported with the exporter's check against PyTorch (in up to two worker processes, as
+One ``LinearLM`` per decay of ``ModelConfig.decay`` (none, fixed, scalar, gla), all of one shape (``DECAY_BASE``:
+relu, short conv 4, bytes) and the plan's widths (the full run: the bundled model's size, d_model 256, 4 layers,
+4 heads x 64; --quick: tiny), random weights (speed does not depend on them), each exported with the exporter's check against PyTorch (in up to two worker processes, as
 the bench's other exports). Then:
 
     decode   ms per token at batch 1 through each export's decode graph (runtime Session, IO binding), the
@@ -33,10 +33,11 @@ from edgelin.runtime.session import Session
 
 from . import baselines
 from .measure import interleaved, ratio, run_worker, stats
-from .plan import DATA_SEED, DEFAULT_MODEL, MODEL_SEED, Plan, Progress
+from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
 
-# The bundled model's size and shape (models/pydoc-linear): the decays are compared on it.
-DECAY_BASE = {**DEFAULT_MODEL, "feature_map": "relu", "conv_size": 4}
+# The bundled model's shape (models/pydoc-linear); the widths come from the plan.
+DECAY_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4}
+WIDTHS = ("d_model", "n_layers", "n_heads", "head_dim")
 
 
 def decays() -> tuple[str, ...] | None:
@@ -50,8 +51,9 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     names = decays()
     if not names:
         return {"status": "skipped", "reason": "this version's ModelConfig has no 'decay' field: no decayed LinearLM to measure"}
-    configs = {d: ModelConfig(**DECAY_BASE, decay=d) for d in names}
-    say(f"decay: {', '.join(names)} on LinearLM {DECAY_BASE} (random weights) ...")
+    base = {**DECAY_BASE, **dict(zip(WIDTHS, plan.decay_widths))}
+    configs = {d: ModelConfig(**base, decay=d) for d in names}
+    say(f"decay: {', '.join(names)} on LinearLM {base} (random weights) ...")
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-decay-") as tmp:
         work = Path(tmp)
         exports, parameters = {}, {}
@@ -107,7 +109,7 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
                 "batch 1 (ORT, IO binding, interleaved) and prefill tokens/s per length (torch-free subprocesses, back to "
                 "back per length); ratios against decay 'none' (decode: ms ratio, above 1 is slower; prefill: tokens/s "
                 "ratio, below 1 is slower)",
-        "config": DECAY_BASE, "decays": list(names), "lengths": list(plan.decay_lengths),
+        "config": base, "decays": list(names), "lengths": list(plan.decay_lengths),
         "models": models, "prefill": rows,
     }
 

@@ -292,8 +292,8 @@ def decay_lines(x: dict) -> list[str]:
         return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
     c = x["config"]
     lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
-                   "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none)",
-             f"  {'decay':7s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>18s}" for T in x["lengths"])
+                   "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none), peak memory increment",
+             f"  {'decay':7s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>29s}" for T in x["lengths"])
              + f"  {'nodes decode/prefill':>21s}  {'params':>9s}"]
     ok = {(r["decay"], r["T"]): r for r in x["prefill"] if r["status"] == "ok"}
     for d, m in x["models"].items():
@@ -301,7 +301,8 @@ def decay_lines(x: dict) -> list[str]:
         for T in x["lengths"]:
             r = ok.get((d, T))
             rel = m.get("prefill_tokens_per_s_over_none", {}).get(str(T))
-            cells.append(f"{r['tokens_per_s']:>9,.0f} {'(' + format(rel, '.2f') + 'x)' if rel else '':>8s}" if r else f"{'failed':>18s}")
+            cells.append(f"{r['tokens_per_s']:>9,.0f} {'(' + format(rel, '.2f') + 'x)' if rel else '':>8s} {mb(r['peak_increment_bytes']):>10s}"
+                         if r else f"{'failed':>29s}")
         rel = f"{m['decode_over_none']:.2f}x" if "decode_over_none" in m else "-"
         nodes = f"{m['nodes'].get('decode')}/{m['nodes'].get('prefill')}"
         lines.append(f"  {d:7s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells) + f"  {nodes:>21s}  {m['parameters']:>9,}")
