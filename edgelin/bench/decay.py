@@ -93,15 +93,15 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
                              "peak_increment_bytes": res["peak_increment_bytes"]})
         sessions.clear()
     ok = {(r["decay"], r["T"]): r for r in rows if r["status"] == "ok"}
-    base = "none"
+    plain = "none"
     models = {}
     for d in names:
         entry: dict[str, Any] = {"decode_ms": decode[d], "nodes": done[d]["nodes"], "export_seconds": done[d]["seconds"],
                                  "parameters": parameters[d]}
-        if d != base:
-            entry["decode_over_none"] = ratio(decode[d], decode[base])
-            entry["prefill_tokens_per_s_over_none"] = {str(T): ok[(d, T)]["tokens_per_s"] / ok[(base, T)]["tokens_per_s"]
-                                                       for T in plan.decay_lengths if (d, T) in ok and (base, T) in ok}
+        if d != plain:
+            entry["decode_over_none"] = ratio(decode[d], decode[plain])
+            entry["prefill_tokens_per_s_over_none"] = {str(T): ok[(d, T)]["tokens_per_s"] / ok[(plain, T)]["tokens_per_s"]
+                                                       for T in plan.decay_lengths if (d, T) in ok and (plain, T) in ok}
         models[d] = entry
     return {
         "status": "ok",
