@@ -16,6 +16,10 @@ from edgelin.errors import ConfigError
 
 FEATURE_MAPS = ("identity", "elu+1", "relu", "softplus", "performer", "cosformer")
 NORMALISATIONS = ("denominator", "none")
+# How each layer's state forgets (S_t = exp(g_t) * S_{t-1} + phi(k_t) v_t^T; see edgelin.model.DECAYS):
+# "none": never (a plain sum); "fixed": RetNet's per-head gamma_h = 1 - 2^(-5-h), no parameters;
+# "scalar": data-dependent per head and token (Mamba2); "gla": data-dependent per feature (GLA).
+DECAYS = ("none", "fixed", "scalar", "gla")
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,13 @@ class ModelConfig:
     # layer local token order, as in GLA, Mamba and RWKV. Its window is part of the recurrent state.
     conv_size: int = 0
     cosformer_horizon: int = 16384  # cosformer: M in cos(pi/2 * (i - j) / M); distances above M are down-weighted to <= 0
+    # A decay of the state (one of DECAYS). It adds no state: the decay is a constant or is computed
+    # from the token, so the state contract and the graphs' inputs and outputs stay the same.
+    decay: str = "none"
+    gate_rank: int = 16  # decay "gla": width r of the low-rank gate projection d_model -> r -> n_heads * F
 
     def __post_init__(self) -> None:
-        positive_ints = ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon")
+        positive_ints = ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon", "gate_rank")
         for name in positive_ints:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -61,6 +69,8 @@ class ModelConfig:
             raise ConfigError(
                 f"config field 'normalisation' is {self.normalisation!r}; allowed values: {', '.join(NORMALISATIONS)}"
             )
+        if self.decay not in DECAYS:
+            raise ConfigError(f"config field 'decay' is {self.decay!r}; allowed values: {', '.join(DECAYS)}")
         for name in ("mlp_ratio", "eps", "norm_eps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
@@ -138,4 +148,4 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["ModelConfig", "FEATURE_MAPS", "NORMALISATIONS"]
+__all__ = ["ModelConfig", "DECAYS", "FEATURE_MAPS", "NORMALISATIONS"]

@@ -10,6 +10,11 @@ The two differ only in the attention form; ``LinearLM`` implements the model pro
 The state is a flat ordered dict "{layer}.{name}" -> tensor (names: S, z, pos, conv) whose contract
 ``state_specs()`` declares; the exporter turns each key into graph input ``state.{key}`` and output
 ``present.{key}``.
+
+A decay (``cfg.decay``, registry ``DECAYS``) makes the state forget: each layer computes a log-decay g
+<= 0 from its input and hands it to the attention form (edgelin.ops), S_t = exp(g_t) S_{t-1} + phi(k_t)
+v_t^T. g is a constant or a function of the current token only, so a decay adds no state. With decay
+"none" the model has exactly the modules, weights, state and graphs it has without the field.
 """
 
 from __future__ import annotations
@@ -57,6 +62,84 @@ class ShortConv(nn.Module):
         return y.transpose(1, 2), full[:, 1 - self.size :]  # [B, T, d], new window [B, size - 1, d]
 
 
+def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    """x with softplus(x) = y, for y > 0: log(exp(y) - 1), computed as y + log(-expm1(-y))."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+class FixedDecay(nn.Module):
+    """RetNet's retention decay (Sun et al. 2023, "Retentive Network", section 2.2): a fixed gamma per head,
+    gamma_h = 1 - 2^(-5-h) for h = 0..H-1 (0.969, 0.984, 0.992, ... : memories of ~32, 64, 128, ... tokens).
+    No parameters and no buffer: gamma is computed from the config in the model's dtype, so it is exact
+    in float64 too (a constant in the exported graphs)."""
+
+    def __init__(self, cfg: ModelConfig, feature_dim: int) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        h = torch.arange(self.n_heads, dtype=x.dtype, device=x.device)  # [H]
+        log_gamma = torch.log1p(-torch.pow(2.0, -5.0 - h))  # [H], log(1 - 2^(-5-h)) without cancellation
+        return log_gamma[None, :, None].expand(B, -1, T)  # [B, H, T]
+
+
+class ScalarDecay(nn.Module):
+    """A data-dependent decay per head and token, Mamba2's form (Dao & Gu 2024, "Transformers are SSMs",
+    the SSD layer; the same gate as fla's simple GLA): g_t = -exp(A_log) * softplus(x_t W_dt + dt_bias).
+
+    Init: A_log = 0 (A = 1) and dt_bias = softplus^-1(dt_h) with dt_h spaced geometrically over
+    [1e-3, 1e-1] across heads (Mamba's dt range), so the decay starts near 1, at exp(-dt_h) in
+    [0.905, 0.999] for x W_dt = 0: a spread of memory lengths with head 0 the shortest, as in RetNet.
+    W_dt gets the model's N(0, 0.02), which moves dt by a factor of about exp(+-0.2) at d_model 128
+    (gates ~0.85 at the least)."""
+
+    DT_RANGE = (1e-3, 1e-1)
+
+    def __init__(self, cfg: ModelConfig, feature_dim: int) -> None:
+        super().__init__()
+        self.dt_proj = nn.Linear(cfg.d_model, cfg.n_heads, bias=False)
+        lo, hi = (math.log(v) for v in self.DT_RANGE)
+        dt = torch.exp(torch.linspace(hi, lo, cfg.n_heads, dtype=torch.float64))  # [H], largest (fastest decay) first
+        self.dt_bias = nn.Parameter(inverse_softplus(dt).to(torch.get_default_dtype()))  # [H]
+        self.A_log = nn.Parameter(torch.zeros(cfg.n_heads))  # [H]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus(self.dt_proj(x) + self.dt_bias)  # [B, T, H]
+        return (-self.A_log.exp() * dt).transpose(1, 2)  # [B, H, T]
+
+
+class GLADecay(nn.Module):
+    """A data-dependent decay per feature, GLA's gate (Yang et al. 2024, "Gated Linear Attention Transformers
+    with Hardware-Efficient Training", eq. 4; fla's GatedLinearAttention): a low-rank projection
+    d_model -> gate_rank -> H * F, then g = logsigmoid(.) / 16 (fla's gate_logit_normalizer; it keeps
+    the gate near 1). F is the feature map's output width: the gate scales the rows of S and z.
+
+    Init: the model's N(0, 0.02) on both matrices and a zero bias, so the decay starts near
+    sigmoid(0)^(1/16) = 0.958 for every feature.
+
+    Cost: the chunked (prefill) form holds a [T, C, F] decay tensor per head for a per-feature gate
+    (edgelin.ops.chunk), C times F more than a per-head gate; prefer chunk_size 16-32 for long prompts."""
+
+    NORMALIZER = 16.0
+
+    def __init__(self, cfg: ModelConfig, feature_dim: int) -> None:
+        super().__init__()
+        self.n_heads, self.feature_dim = cfg.n_heads, feature_dim
+        self.gate_down = nn.Linear(cfg.d_model, cfg.gate_rank, bias=False)
+        self.gate_up = nn.Linear(cfg.gate_rank, cfg.n_heads * feature_dim, bias=True)
+        nn.init.zeros_(self.gate_up.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        g = F.logsigmoid(self.gate_up(self.gate_down(x))) / self.NORMALIZER  # [B, T, H * F]
+        return g.view(B, T, self.n_heads, self.feature_dim).transpose(1, 2)  # [B, H, T, F]
+
+
+# cfg.decay -> the module computing a layer's log-decay g from its input x [B, T, d_model], or None
+DECAYS = {"none": None, "fixed": FixedDecay, "scalar": ScalarDecay, "gla": GLADecay}
+
+
 class LinearAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -74,6 +157,8 @@ class LinearAttention(nn.Module):
         # without the denominator, a per-head RMSNorm keeps the output scale in check
         self.out_norm = None if self.normalize else RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.conv = ShortConv(cfg.d_model, cfg.conv_size) if cfg.conv_size else None
+        decay = DECAYS[cfg.decay]
+        self.decay = None if decay is None else decay(cfg, self.phi.out_dim)
 
     def state_layout(self) -> dict[str, tuple]:
         """name -> (shape with "batch", dtype name, init) of this layer's state: S, z, pos, conv."""
@@ -109,12 +194,14 @@ class LinearAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, state: State | None, form: str = "chunk") -> tuple[torch.Tensor, State]:
         """x [B, T, d_model] -> [B, T, d_model] and the layer's next state; ``form`` names the attention
-        form (edgelin.ops.FORMS): "chunk" for the prefill graph, "step" (T = 1) for the decode graph."""
+        form (edgelin.ops.FORMS): "chunk" for the prefill graph, "step" (T = 1) for the decode graph.
+        The decay's gate reads the layer input before the short conv, as the gates of Mamba2 and GLA do."""
+        g = None if self.decay is None else self.decay(x)  # [B, H, T] or [B, H, T, F]
         x, state, conv = self._mix(x, state)
         q, k, v = self._qkv(x)  # [B, H, T, Dh] each
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
-            chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize,
+            chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize, g=g,
         )
         return self._merge(o), {**state, **conv}
 
@@ -234,4 +321,4 @@ class LinearLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-__all__ = ["LinearLM", "RMSNorm"]
+__all__ = ["DECAYS", "FixedDecay", "GLADecay", "LinearLM", "RMSNorm", "ScalarDecay"]

@@ -41,9 +41,12 @@ BUDGETS: dict[str, dict[str, dict[str, float]]] = {
         "heldout": {"max_bpb_delta": 1e-4, "min_agreement": 0.99},
     },
     # Bundled model (models/pydoc-linear), validate seed 0, measured worst -> budget (about 3x, rounded up).
-    # fp16: logits max abs 1.9e-2 / rel L2 8.3e-4 (prefill vs decode); state S rel L2 5.2e-4 (layer 0);
-    #   1000 decode steps 3.7e-2 vs fp32; top-1 100 %; greedy 89.8 %; held-out bits/byte delta +2e-5,
-    #   top-1 99.97 %. provider: CUDA not measured, set to the logits budget.
+    # fp16, re-measured after the state inputs stopped round-tripping through fp16 (validate seed 0, steps 64,
+    #   long 1000): logits max abs 1.0e-2 / rel L2 2.5e-4 (prefill T=63), decode 6.7e-3 / 4.5e-4, prefill vs
+    #   decode 5.5e-4 / 4.0e-5 (before: 1.9e-2 / 8.3e-4); states within 2.5e-3 (value not re-read; before: S 5.2e-4);
+    #   1000 steps vs float64 1.2e-2 / 1.0e-3 (before: 3.7e-2 vs fp32); top-1 100 %; greedy 89.8 %; held-out
+    #   bits/byte delta +6e-5, top-1 99.96 %. Budgets kept (each at or above 3x these). provider: CUDA not
+    #   measured, set to the logits budget.
     "fp16": {
         "logits": {"max_abs": 6e-2, "rel_l2": 3e-3},
         "state": {"rel_l2": 2.5e-3},
@@ -56,24 +59,27 @@ BUDGETS: dict[str, dict[str, dict[str, float]]] = {
     # int8: logits max abs 0.84 (prefill T=197) / rel L2 7.1e-2 (prefill vs decode: activation scales are
     #   per tensor, so they differ between a prompt and a token); state S rel L2 9.7e-3 (layer 0); 1000
     #   steps vs float64 0.26 / 6.5e-2; top-1 95.25 %; greedy 64.1 %; held-out delta +0.0058, top-1 96.41 %.
+    #   top-1 on random ids (off the training distribution: near-ties) varies with validate's seed: 90.5-96.0 %
+    #   over seeds 0-5, so its bound sits below the worst seed, not at a single measurement.
     "int8": {
         "logits": {"max_abs": 2.5, "rel_l2": 0.2},
         "state": {"rel_l2": 0.05},
         "provider": {"max_abs": 2.5, "rel_l2": 0.2},
         "long": {"max_abs": 1.0, "rel_l2": 0.2},
-        "top1": {"min_agreement": 0.9},
+        "top1": {"min_agreement": 0.85},
         "greedy": {"min_agreement": 0.3},
         "heldout": {"max_bpb_delta": 0.02, "min_agreement": 0.92},
     },
     # int4: logits max abs 1.6 / rel L2 0.12 (decode); prefill vs decode 1.5e-5 (weights only: the two graphs
     #   agree); state S rel L2 0.10; 1000 steps vs float64 1.5 / 0.19; top-1 on random ids 68.5 %; greedy
-    #   24.0 %; held-out delta +0.0068, top-1 95.79 %.
+    #   24.0 %; held-out delta +0.0068, top-1 95.79 %. Top-1 on random ids over validate seeds 0-5: 54.75-78.75 %
+    #   (near-ties flip under 4-bit weights); the held-out text's top-1 above is the stable quality measure.
     "int4": {
         "logits": {"max_abs": 5.0, "rel_l2": 0.4},
         "state": {"rel_l2": 0.3},
         "provider": {"max_abs": 5.0, "rel_l2": 0.4},
         "long": {"max_abs": 4.5, "rel_l2": 0.6},
-        "top1": {"min_agreement": 0.55},
+        "top1": {"min_agreement": 0.45},
         "greedy": {"min_agreement": 0.1},
         "heldout": {"max_bpb_delta": 0.02, "min_agreement": 0.92},
     },

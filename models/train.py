@@ -137,6 +137,7 @@ def build_model(args):
         vocab_size=256, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
         head_dim=args.head_dim, feature_map=args.feature_map, normalisation=args.normalisation,
         chunk_size=args.chunk_size, conv_size=0 if args.softmax else args.conv_size, cosformer_horizon=args.cosformer_horizon,
+        decay="none" if args.softmax else args.decay, gate_rank=args.gate_rank,
     )
     if args.softmax:
         from edgelin.softmax import SoftmaxLM
@@ -154,7 +155,8 @@ def train(args) -> dict:
     train_ids = as_tensor(train_bytes)
     model = build_model(args)
     kind = "softmax (RoPE)" if args.softmax else (
-        f"linear, feature map {args.feature_map}, normalisation {args.normalisation}, conv_size {args.conv_size}")
+        f"linear, feature map {args.feature_map}, normalisation {args.normalisation}, conv_size {args.conv_size}, "
+        f"decay {args.decay}")
     n_params = model.num_parameters()
     print(f"model: {kind}; {n_params:,} parameters", flush=True)
     print(f"data: {len(train_bytes):,} train bytes, {len(heldout_bytes):,} held-out bytes; "
@@ -229,6 +231,8 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--chunk-size", type=int, default=64)
     p.add_argument("--conv-size", type=int, default=4, help="short causal conv before each linear attention (0 = off)")
+    p.add_argument("--decay", default="none", help="decay of the state: none, fixed (RetNet), scalar (Mamba2), gla (GLA)")
+    p.add_argument("--gate-rank", type=int, default=16, help="decay gla: rank of the low-rank gate projection")
     p.add_argument("--cosformer-horizon", type=int, default=16384, help="cosformer: M in cos(pi/2 (i - j) / M)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=16)

@@ -136,7 +136,7 @@ class Generator:
     max_new_tokens: tokens to produce per prompt at most; stop: strings that end a sequence (not included
     in its text); eos_id: token that ends a sequence (default: the tokenizer's);
     temperature / top_k / top_p / seed: see ``Sampler``; prefill_chunk: the longest piece of prompt
-    run through the prefill graph at once.
+    run through the prefill graph at once (default: the manifest's prefill_piece).
     """
 
     def __init__(
@@ -152,8 +152,10 @@ class Generator:
         seed: int | None = None,
         stop: Sequence[str] = (),
         eos_id: int | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_chunk: int | None = None,
     ) -> None:
+        if prefill_chunk is None:  # the export's recommended prefill piece (manifest), else the runtime's default
+            prefill_chunk = getattr(getattr(session, "manifest", None), "prefill_piece", DEFAULT_PREFILL_CHUNK)
         stop = _check_options(max_new_tokens, prefill_chunk, stop)
         self.session = session
         self.sampler = Sampler(temperature, top_k, top_p, seed)
@@ -324,7 +326,7 @@ def generate_text(
     stop: Sequence[str] = (),
     provider: str = "auto",
     threads: int | None = None,
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    prefill_chunk: int | None = None,
     state_in: str | os.PathLike | None = None,
     state_out: str | os.PathLike | None = None,
     on_text: Callable[[str], None] | None = None,
@@ -340,7 +342,7 @@ def generate_text(
     if not isinstance(prompt, str) or not prompt:
         raise RuntimeInputError("the prompt is empty; give some text with --prompt")
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load
-    _check_options(max_new_tokens, prefill_chunk, stop)
+    _check_options(max_new_tokens, DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, stop)
     if state_out is not None:  # before any work: a bad path must not cost the generated text
         check_output_file(state_out, "state file")
     t0 = time.perf_counter()

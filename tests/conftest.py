@@ -12,7 +12,7 @@ import pytest
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "slow: builds or installs something (e.g. the wheel); deselect with -m 'not slow'",
+        "slow: builds or installs something (e.g. the wheel, an export of the bundled model); deselect with -m 'not slow'",
     )
 
 
@@ -73,3 +73,25 @@ def exported(tmp_path_factory):
     return get
 
 
+
+
+@pytest.fixture(scope="session")
+def bundled_export(tmp_path_factory):
+    """precision -> export dir of the bundled model (models/pydoc-linear) in that precision; each exported
+    once per session (about 30 s each on a quiet 2-core machine). Skips where the install has no bundled model."""
+    from edgelin.exporters import export
+    from edgelin.models import bundled_checkpoint
+
+    cache: dict[str, object] = {}
+
+    def get(precision: str):
+        checkpoint = bundled_checkpoint()
+        if checkpoint is None:
+            pytest.skip("this install has no bundled model")
+        if precision not in cache:
+            out = tmp_path_factory.mktemp("bundled") / precision
+            export(checkpoint, out, precision=precision)
+            cache[precision] = out
+        return cache[precision]
+
+    return get

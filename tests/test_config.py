@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from edgelin.config import FEATURE_MAPS, NORMALISATIONS, ModelConfig
+from edgelin.config import DECAYS, FEATURE_MAPS, NORMALISATIONS, ModelConfig
 from edgelin.errors import ConfigError, EdgelinError
 
 NON_DEFAULT = ModelConfig(
     vocab_size=300, d_model=48, n_layers=3, n_heads=6, head_dim=8, feature_map="performer",
     mlp_ratio=2.5, chunk_size=32, eps=1e-8, normalisation="none", norm_eps=1e-6, tie_embeddings=False,
-    feature_seed=-3, n_features=40, cosformer_horizon=1000, conv_size=3,
+    feature_seed=-3, n_features=40, cosformer_horizon=1000, conv_size=3, decay="gla", gate_rank=5,
 )
 
 
@@ -40,7 +40,7 @@ def test_partial_dict_takes_defaults():
     assert ModelConfig.from_dict({}) == ModelConfig()
 
 
-POSITIVE_INTS = ["vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon"]
+POSITIVE_INTS = ["vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon", "gate_rank"]
 POSITIVE_NUMBERS = ["mlp_ratio", "eps", "norm_eps"]
 
 INVALID = (
@@ -73,6 +73,10 @@ def test_invalid_field_is_a_config_error_naming_it(field, value):
     ("feature_map", FEATURE_MAPS, "ELU+1"),
     ("normalisation", NORMALISATIONS, "layernorm"),
     ("normalisation", NORMALISATIONS, None),
+    ("decay", DECAYS, "retnet"),
+    ("decay", DECAYS, "Fixed"),
+    ("decay", DECAYS, None),
+    ("decay", DECAYS, ["gla"]),
 ])
 def test_enum_field_error_lists_the_allowed_values(field, allowed, bad):
     with pytest.raises(ConfigError) as info:
@@ -88,9 +92,21 @@ def test_every_feature_map_is_accepted(name):
     assert ModelConfig(feature_map=name).feature_map == name
 
 
+@pytest.mark.parametrize("name", DECAYS)
+def test_every_decay_is_accepted(name):
+    assert ModelConfig(decay=name).decay == name
+
+
+def test_a_config_written_before_the_decay_fields_loads_undecayed():
+    data = ModelConfig(d_model=64, conv_size=4).to_dict()
+    del data["decay"], data["gate_rank"]
+    cfg = ModelConfig.from_dict(data)
+    assert cfg.decay == "none" and cfg == ModelConfig(d_model=64, conv_size=4)
+
+
 def test_edge_values_are_accepted():
     cfg = ModelConfig(vocab_size=1, d_model=1, n_layers=1, n_heads=1, head_dim=1, chunk_size=1,
-                      cosformer_horizon=1, n_features=0, mlp_ratio=1, eps=1e-30, feature_seed=-(2**63))
+                      cosformer_horizon=1, n_features=0, mlp_ratio=1, eps=1e-30, feature_seed=-(2**63), gate_rank=1)
     assert cfg.eps == 1e-30
     assert ModelConfig(n_layers=2, feature_seed=2**64 - 2).feature_seed == 2**64 - 2  # last layer seeds 2**64 - 1
 

@@ -39,6 +39,8 @@ def _lazy(module: str, name: str) -> Importer:
 
 
 register_importer("linear_attn", _lazy("edgelin.importers.fla", "load_linear_attn"))
+register_importer("retnet", _lazy("edgelin.importers.fla", "load_retnet"))
+register_importer("gla", _lazy("edgelin.importers.fla", "load_gla"))
 
 
 def supported() -> tuple[str, ...]:
@@ -52,7 +54,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
         data = json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{file} is not UTF-8 text; save the config as UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
         raise CheckpointError(f"{file} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{file} must hold a JSON object, got {type(data).__name__}")

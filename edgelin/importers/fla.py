@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from edgelin.errors import CheckpointError
@@ -147,6 +148,7 @@ class Family:
     read: Callable[[Fields, Common], Any]  # -> the layer options
     make_layer: Callable[[Any, Common], nn.Module]
     renames: Callable[[Any], list[tuple[str, str]]] = field(default=lambda options: [])
+    chunk_size: int = DEFAULT_CHUNK  # the prefill chunk it exports with (per-feature decays want a smaller one)
 
 
 FAMILIES: dict[str, Family] = {}
@@ -264,11 +266,42 @@ def load_fla(path: str | Path, model_type: str) -> FlaCausalLM:
         raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
     # names and shapes first, from the config (a model on the meta device) and the file's header: a config
     # that disagrees with the weights is refused before memory is spent on either
-    expected = expected_shapes(lambda: FlaCausalLM(family, source, options, common))
+    expected = expected_shapes(lambda: FlaCausalLM(family, source, options, common, family.chunk_size))
     groups = match(expected, header_shapes(weights), rename, weights)
-    model = FlaCausalLM(family, source, options, common)
+    model = FlaCausalLM(family, source, options, common, family.chunk_size)
     load_weights(model, read_safetensors(path), groups, weights)
     return model.eval()
+
+
+# ---- pieces shared by the attention layers ---------------------------------------------------------------------
+
+
+def split_heads(x: torch.Tensor, heads: int, dim: int, groups: int = 1) -> torch.Tensor:
+    """[B, T, heads * dim] -> [B, heads * groups, T, dim]: each head repeated ``groups`` times in a row (query
+    head h reads key/value head h // groups)."""
+    B, T, _ = x.shape
+    x = x.view(B, T, heads, dim).transpose(1, 2)  # [B, heads, T, dim]
+    if groups == 1:
+        return x
+    return x[:, :, None].expand(B, heads, groups, T, dim).reshape(B, heads * groups, T, dim)  # [B, H, T, dim]
+
+
+def share_state(state: State, groups: int) -> State:
+    """Per key/value head -> per query head (query head h reads key/value head h // groups)."""
+    if groups == 1:
+        return state
+    out = {}
+    for name, t in state.items():
+        B, Hkv, *rest = t.shape
+        out[name] = t[:, :, None].expand(B, Hkv, groups, *rest).reshape(B, Hkv * groups, *rest)  # [B, H, ...]
+    return out
+
+
+def unshare_state(state: State, groups: int) -> State:
+    """Per query head -> per key/value head: the heads of a group built identical states; keep the first."""
+    if groups == 1:
+        return state
+    return {name: t[:, ::groups] for name, t in state.items()}  # [B, Hkv, ...]
 
 
 # ---- linear_attn: LinearAttentionForCausalLM -------------------------------------------------------------------
@@ -301,7 +334,8 @@ class LinearAttnOptions:
     elementwise_affine: bool
 
 
-def read_linear_attn(f: Fields, common: Common) -> LinearAttnOptions:
+def read_heads(f: Fields, common: Common) -> tuple[int, int, int, int]:
+    """(num_heads, num_kv_heads, head_k_dim, head_v_dim) from num_heads, num_kv_heads, expand_k, expand_v."""
     heads = f.integer("num_heads")
     kv_heads = f.integer("num_kv_heads", optional=True) or heads
     if heads % kv_heads:
@@ -312,11 +346,16 @@ def read_linear_attn(f: Fields, common: Common) -> LinearAttnOptions:
         if not math.isclose(width, round(width)) or round(width) % heads:
             raise f.fail(name, f"gives a width hidden_size * {name} = {width:g}; it must be an integer divisible by num_heads ({heads})")
         dims[name] = round(width) // heads
+    return heads, kv_heads, dims["expand_k"], dims["expand_v"]
+
+
+def read_linear_attn(f: Fields, common: Common) -> LinearAttnOptions:
+    heads, kv_heads, head_k_dim, head_v_dim = read_heads(f, common)
     fm = f.get("feature_map")
     if fm not in LINEAR_ATTN_MAPS:
         raise f.fail("feature_map", f"is {fm!r}; edgelin supports {', '.join(map(repr, LINEAR_ATTN_MAPS))}")
     return LinearAttnOptions(
-        num_heads=heads, num_kv_heads=kv_heads, head_k_dim=dims["expand_k"], head_v_dim=dims["expand_v"],
+        num_heads=heads, num_kv_heads=kv_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
         feature_map=LINEAR_ATTN_MAPS[fm], tie_qk=f.flag("tie_feature_map_qk"), norm_q=f.flag("norm_q"),
         norm_k=f.flag("norm_k"), normalize=f.flag("norm_feature_map"), elementwise_affine=f.flag("elementwise_affine"),
     )
@@ -350,27 +389,13 @@ class FlaLinearAttention(nn.Module):
         return state_layout(self.phi, n_heads=self.o.num_kv_heads, value_dim=self.o.head_v_dim, normalize=self.o.normalize)
 
     def _heads(self, x: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
-        B, T, _ = x.shape
-        x = x.view(B, T, heads, dim).transpose(1, 2)  # [B, heads, T, dim]
-        if heads == self.o.num_heads:
-            return x
-        return x[:, :, None].expand(B, heads, self.groups, T, dim).reshape(B, self.o.num_heads, T, dim)  # [B, H, T, dim]
+        return split_heads(x, heads, dim, self.groups if heads != self.o.num_heads else 1)  # [B, H, T, dim]
 
     def _share(self, state: State) -> State:
-        """Per key/value head -> per query head (query head h reads key/value head h // groups)."""
-        if self.groups == 1:
-            return state
-        out = {}
-        for name, t in state.items():
-            B, Hkv, *rest = t.shape
-            out[name] = t[:, :, None].expand(B, Hkv, self.groups, *rest).reshape(B, Hkv * self.groups, *rest)  # [B, H, ...]
-        return out
+        return share_state(state, self.groups)
 
     def _unshare(self, state: State) -> State:
-        """Per query head -> per key/value head: the heads of a group built identical states; keep the first."""
-        if self.groups == 1:
-            return state
-        return {name: t[:, :: self.groups] for name, t in state.items()}  # [B, Hkv, ...]
+        return unshare_state(state, self.groups)
 
     def forward(self, x: torch.Tensor, state: State, chunk_size: int | None) -> tuple[torch.Tensor, State]:
         o = self.o
@@ -412,4 +437,235 @@ def load_linear_attn(path: str | Path) -> FlaCausalLM:
     return load_fla(path, "linear_attn")
 
 
-__all__ = ["FAMILIES", "Family", "FlaCausalLM", "FlaLinearAttention", "load_fla", "load_linear_attn"]
+# ---- RetNet and GLA: the gated families -----------------------------------------------------------------------
+
+# fla's feature_map for RetNet and GLA: an activation on q and k (None: none), before the rotary (RetNet) and
+# before the kernel's K^-0.5 query scale. Both families' activation tables give these the same functions.
+GATED_FEATURE_MAPS: dict[str | None, Callable[[torch.Tensor], torch.Tensor] | None] = {
+    None: None, "relu": torch.relu, "sigmoid": torch.sigmoid, "swish": F.silu, "silu": F.silu,
+}
+GLA_GATE_NORMALIZER = 16  # fla's GatedLinearAttention default; its model does not pass the config's
+GLA_GATE_RANK = 16  # the low-rank gate projection's width (likewise fixed by the model)
+ROTARY_BASE = 10000.0
+
+
+def read_feature_activation(f: Fields) -> str | None:
+    fm = f.get("feature_map")
+    if fm not in GATED_FEATURE_MAPS:
+        allowed = ", ".join(repr(n) for n in GATED_FEATURE_MAPS if n is not None)
+        raise f.fail("feature_map", f"is {fm!r}; edgelin supports null, {allowed}")
+    return fm
+
+
+@dataclass(frozen=True)
+class GatedOptions:
+    """The attention layer of fla's RetNet (``decay="fixed"``) or GLA (``decay="gla"``)."""
+
+    decay: str  # "fixed": gamma_h = 1 - 2^(-5-h) per head, with rotary positions; "gla": the data-dependent gate
+    num_heads: int
+    num_kv_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    feature_map: str | None  # a GATED_FEATURE_MAPS key
+    output_gate: bool  # g_proj: RMSNorm(o) * swish(g_proj(x)); else RMSNorm(o)
+    elementwise_affine: bool
+    short_conv: bool = False  # GLA: depthwise causal convs (+ SiLU) after the q, k, v projections
+    conv_size: int = 4
+    clamp_min: float | None = None  # GLA: lower bound of the log-gate
+
+
+def read_retnet(f: Fields, common: Common) -> GatedOptions:
+    heads, kv_heads, head_k_dim, head_v_dim = read_heads(f, common)
+    if head_k_dim % 2 or head_k_dim > 256:
+        raise f.fail("expand_k", f"gives a key head width of {head_k_dim}; fla's rotary needs an even width <= 256")
+    f.flag("use_short_conv")  # fla's RetNet model does not pass it (nor conv_size) to its layer: no convs
+    f.integer("conv_size")
+    return GatedOptions(
+        decay="fixed", num_heads=heads, num_kv_heads=kv_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        feature_map=read_feature_activation(f), output_gate=f.flag("use_output_gate"),
+        elementwise_affine=f.flag("elementwise_affine"),
+    )
+
+
+def read_gla(f: Fields, common: Common) -> GatedOptions:
+    heads, kv_heads, head_k_dim, head_v_dim = read_heads(f, common)
+    clamp = f.get("clamp_min")
+    if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not (clamp < 0 and math.isfinite(clamp))):
+        raise f.fail("clamp_min", f"must be a negative finite number or null, got {clamp!r}")
+    f.flag("use_gk")  # fla's GLA model does not pass use_gk / use_gv to its layer: always the key gate only
+    f.flag("use_gv")
+    return GatedOptions(
+        decay="gla", num_heads=heads, num_kv_heads=kv_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        feature_map=read_feature_activation(f), output_gate=f.flag("use_output_gate"),
+        elementwise_affine=f.flag("elementwise_affine"), short_conv=f.flag("use_short_conv"),
+        conv_size=f.integer("conv_size"), clamp_min=None if clamp is None else float(clamp),
+    )
+
+
+class FlaShortConv(nn.Module):
+    """fla's ShortConvolution at inference: a causal depthwise convolution over the last W inputs, then SiLU.
+
+    Its window is fla's cache layout: the last W inputs [B, D, W], oldest first (zeros before the start); the
+    oldest column is dropped before use, so y_t = sum_i w_i x_{t-W+1+i}."""
+
+    def __init__(self, dim: int, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.weight = nn.Parameter(torch.zeros(dim, 1, size))  # [D, 1, W], fla's name and shape
+
+    def forward(self, x: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        full = torch.cat([window, x.transpose(1, 2)], dim=2)  # [B, D, W + T]
+        y = F.conv1d(full[:, :, 1:], self.weight, groups=self.weight.shape[0])  # [B, D, T]
+        return F.silu(y).transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], new window [B, D, W]
+
+
+def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """log(sigmoid(x)) without log(0): min(x, 0) - log(1 + exp(-|x|))."""
+    return torch.clamp(x, max=0.0) - torch.log1p(torch.exp(-x.abs()))
+
+
+class FlaGatedAttention(nn.Module):
+    """fla's MultiScaleRetention (RetNet) and GatedLinearAttention (GLA) on edgelin's forms, with the ops'
+    log-decay g: per head for RetNet (log gamma_h), per key feature for GLA (the gate).
+
+    q (and k) go through the optional activation, RetNet's rotary, then q is scaled by head_k_dim^-0.5; the
+    attention has no denominator. The output is a per-head RMSNorm, times swish(g_proj(x)) with the output gate.
+    State per layer: S [B, Hs, Dk, Dv] (Hs = num_heads for RetNet, whose decay differs per query head; the key/value
+    heads for GLA, whose state is the same for every query head of a group), RetNet's position "pos" [B] int64
+    (the rotary offset), GLA's conv windows "conv_q" / "conv_k" / "conv_v" [B, D, W]."""
+
+    def __init__(self, o: GatedOptions, common: Common) -> None:
+        super().__init__()
+        self.o = o
+        self.groups = o.num_heads // o.num_kv_heads
+        hidden = common.hidden_size
+        key, kv_key, kv_value = o.num_heads * o.head_k_dim, o.num_kv_heads * o.head_k_dim, o.num_kv_heads * o.head_v_dim
+        self.q_proj = nn.Linear(hidden, key, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_key, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_value, bias=False)
+        if o.output_gate:
+            self.g_proj = nn.Linear(hidden, o.num_heads * o.head_v_dim, bias=False)
+        if o.short_conv:
+            self.q_conv1d = FlaShortConv(key, o.conv_size)
+            self.k_conv1d = FlaShortConv(kv_key, o.conv_size)
+            self.v_conv1d = FlaShortConv(kv_value, o.conv_size)
+        if o.decay == "gla":
+            self.gk_proj = nn.Sequential(nn.Linear(hidden, GLA_GATE_RANK, bias=False), nn.Linear(GLA_GATE_RANK, kv_key, bias=True))
+        self.o_proj = nn.Linear(o.num_heads * o.head_v_dim, hidden, bias=False)
+        self.g_norm = RMSNorm(o.head_v_dim, common.norm_eps)
+        if not o.elementwise_affine:  # fla's norm then has no weight: a fixed 1, not in the checkpoint
+            del self.g_norm.weight
+            self.g_norm.register_buffer("weight", torch.ones(o.head_v_dim), persistent=False)
+        self.act = GATED_FEATURE_MAPS[o.feature_map]
+        self.phi = Adjusted(make_feature_map("identity", o.head_k_dim), query_scale=o.head_k_dim**-0.5)
+        if o.decay == "fixed":
+            # fla's retention kernels: g = log(1 - 2^(-5-h)) for query head h, computed in float32
+            gamma = 1 - 2.0 ** (-5.0 - torch.arange(o.num_heads, dtype=torch.float32))
+            self.register_buffer("log_gamma", gamma.log(), persistent=False)  # [H]
+            inv_freq = 1.0 / (ROTARY_BASE ** (torch.arange(0, o.head_k_dim, 2, dtype=torch.float32) / o.head_k_dim))
+            self.register_buffer("inv_freq", inv_freq, persistent=False)  # [Dk / 2]
+
+    @property
+    def state_heads(self) -> int:
+        return self.o.num_heads if self.o.decay == "fixed" else self.o.num_kv_heads
+
+    def state_layout(self) -> dict[str, tuple]:
+        o = self.o
+        layout: dict[str, tuple] = {"S": (("batch", self.state_heads, o.head_k_dim, o.head_v_dim), "float32", 0.0)}
+        if o.decay == "fixed":
+            layout["pos"] = (("batch",), "int64", 0)
+        if o.short_conv:
+            for name, conv in (("q", self.q_conv1d), ("k", self.k_conv1d), ("v", self.v_conv1d)):
+                layout[f"conv_{name}"] = (("batch", conv.weight.shape[0], o.conv_size), "float32", 0.0)
+        return layout
+
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """fla's rotary (halves, not interleaved) at absolute ``positions`` [B, T]: x [B, h, T, Dk]."""
+        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, Dk / 2]
+        cos, sin = angles.cos()[:, None].to(x.dtype), angles.sin()[:, None].to(x.dtype)  # [B, 1, T, Dk / 2]
+        x1, x2 = x.chunk(2, dim=-1)  # [B, h, T, Dk / 2] each
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [B, h, T, Dk]
+
+    def forward(self, x: torch.Tensor, state: State, chunk_size: int | None) -> tuple[torch.Tensor, State]:
+        o = self.o
+        B, T, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H Dk], [B, T, Hkv Dk], [B, T, Hkv Dv]
+        new: State = {}
+        if o.short_conv:
+            q, new["conv_q"] = self.q_conv1d(q, state["conv_q"])
+            k, new["conv_k"] = self.k_conv1d(k, state["conv_k"])
+            v, new["conv_v"] = self.v_conv1d(v, state["conv_v"])
+        q = split_heads(q, o.num_heads, o.head_k_dim)  # [B, H, T, Dk]
+        k = split_heads(k, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
+        v = split_heads(v, o.num_kv_heads, o.head_v_dim, self.groups)  # [B, H, T, Dv]
+        if self.act is not None:
+            q, k = self.act(q), self.act(k)
+        if o.decay == "fixed":
+            pos = state["pos"]  # [B]
+            positions = pos[:, None] + torch.arange(T, device=x.device)[None, :]  # [B, T]
+            q, k = self._rotary(q, positions), self._rotary(k, positions)
+            new["pos"] = pos + T
+            g = self.log_gamma[None, :, None].expand(B, o.num_heads, T)  # [B, H, T]
+            S0 = state["S"]  # [B, H, Dk, Dv]
+        else:
+            gk = log_sigmoid(self.gk_proj(x)) / GLA_GATE_NORMALIZER  # [B, T, Hkv Dk]
+            if o.clamp_min is not None:
+                gk = torch.clamp(gk, min=o.clamp_min)
+            g = split_heads(gk, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
+            S0 = share_state({"S": state["S"]}, self.groups)["S"]  # [B, H, Dk, Dv]
+        common = dict(feature_map=self.phi, initial_state={"S": S0}, normalize=False, g=g)
+        if chunk_size is None:
+            y, out = recurrent_step(q, k, v, **common)  # [B, H, 1, Dv]
+        else:
+            y, out = FORMS["chunk"](q, k, v, chunk_size=chunk_size, **common)  # [B, H, T, Dv]
+        new["S"] = out["S"] if o.decay == "fixed" else unshare_state(out, self.groups)["S"]  # [B, Hs, Dk, Dv]
+        y = self.g_norm(y).transpose(1, 2).reshape(B, T, o.num_heads * o.head_v_dim)  # [B, T, H Dv]
+        if o.output_gate:
+            y = y * F.silu(self.g_proj(x))  # [B, T, H Dv]
+        return self.o_proj(y), {name: new[name] for name in self.state_layout()}  # [B, T, hidden]
+
+
+def gated_renames(o: GatedOptions) -> list[tuple[str, str]]:
+    # with the output gate and fuse_norm, fla fuses the norm and the gate into one module of another name
+    return [(".attn.g_norm_swish_gate.", ".attn.g_norm.")]
+
+
+GATED_FIELDS = {  # shared by RetNet and GLA (the defaults that differ are set per family)
+    "num_kv_heads": None, "feature_map": None, "use_short_conv": False, "conv_size": 4, "use_output_gate": True,
+    "elementwise_affine": True,
+    "attn_mode": "chunk",  # which fla kernel runs the same math: no effect here
+}
+
+FAMILIES["retnet"] = Family(
+    name="fla/retnet",
+    fields={**GATED_FIELDS, "expand_k": 1.0, "expand_v": 2.0, "num_heads": 8, "hidden_ratio": 2},
+    read=read_retnet,
+    make_layer=FlaGatedAttention,
+    renames=gated_renames,
+)
+
+FAMILIES["gla"] = Family(
+    name="fla/gla",
+    fields={
+        **GATED_FIELDS, "expand_k": 0.5, "expand_v": 1.0, "num_heads": 4, "hidden_ratio": 4, "clamp_min": None,
+        "use_gk": True, "use_gv": False,
+    },
+    read=read_gla,
+    make_layer=FlaGatedAttention,
+    renames=gated_renames,
+    chunk_size=32,  # the per-feature decay's intra-chunk tensor is T x C x Dk per head (see edgelin.ops.chunk)
+)
+
+
+def load_retnet(path: str | Path) -> FlaCausalLM:
+    return load_fla(path, "retnet")
+
+
+def load_gla(path: str | Path) -> FlaCausalLM:
+    return load_fla(path, "gla")
+
+
+__all__ = [
+    "FAMILIES", "Family", "FlaCausalLM", "FlaGatedAttention", "FlaLinearAttention", "load_fla", "load_gla",
+    "load_linear_attn", "load_retnet",
+]

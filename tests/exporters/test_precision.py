@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from edgelin.errors import ExportError
 from edgelin.exporters import export
 from edgelin.exporters.precision import CONVERTERS, INT4_BLOCK, accumulator_region
-from edgelin.parity import BUDGETS
+from edgelin.parity import BUDGETS, errors, within
 from edgelin.runtime.session import Session
 from edgelin.validate import FAIL, validate
 
@@ -111,42 +111,152 @@ def test_quantised_ops_and_kept_tensors(exports, precision, op):
     assert any("tied head" in k for k in kept) and any("embedding" in k for k in kept)
 
 
-TINY_OUTSIDE = pytest.mark.xfail(strict=True, reason="budgets are measured on the trained bundled model; the random tiny model "
-                                 "(weights x15, held-out 9.6 bits/byte) loses more to int8/int4 (e.g. int4 held-out delta +0.13)")
-
-
-@pytest.mark.parametrize("precision", ["fp32", "fp16", pytest.param("int8", marks=TINY_OUTSIDE), pytest.param("int4", marks=TINY_OUTSIDE)])
-def test_validate_holds_each_precision_to_its_budget(exports, model, precision):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_validate_holds_the_tiny_model_to_its_budget(exports, model, precision):
+    """fp32 and fp16 hold on the random tiny model too; int8/int4 budgets are measured on the trained bundled
+    model (below), which the random tiny model (weights x15, 9.6 bits/byte held out) does not resemble."""
     report = validate(exports(precision), model)
     assert report.passed, report.table()
     assert report.precision == precision
     assert report.heldout["bytes"] > 0 and abs(report.heldout["bpb_delta"]) <= BUDGETS[precision]["heldout"]["max_bpb_delta"]
 
 
-def _scale_one_block(path, factor: float) -> str:
-    """Multiply the scale of the block with the largest scale in the first MatMulNBits by ``factor``."""
-    proto = onnx.load(str(path))
-    node = next(n for n in proto.graph.node if n.op_type == "MatMulNBits")
-    scales = next(i for i in proto.graph.initializer if i.name == node.input[2])
-    values = onnx.numpy_helper.to_array(scales).copy()
-    flat = values.reshape(-1)
-    flat[np.argmax(np.abs(flat))] *= factor
-    scales.CopyFrom(onnx.numpy_helper.from_array(values, scales.name))
-    onnx.save(proto, str(path))
-    return node.name
+# ---- the bundled model: the budgets hold, and a broken quantisation fails them -------------------------
+QUANTISED = ["int8", "int4"]
 
 
-@TINY_OUTSIDE
-def test_a_broken_quantisation_fails_the_budgets(exports, model, tmp_path):
-    assert validate(exports("int4"), model).passed  # else the broken one failing proves nothing
-    out = tmp_path / "broken"
-    shutil.copytree(exports("int4"), out)
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", QUANTISED)
+def test_bundled_model_within_its_budgets(bundled_export, precision):
+    report = validate(bundled_export(precision), steps=8)
+    assert report.passed, report.table()
+    assert report.precision == precision
+    assert report.heldout["bytes"] > 0 and abs(report.heldout["bpb_delta"]) <= BUDGETS[precision]["heldout"]["max_bpb_delta"]
+
+
+def _activations(export_dir, names: list[str], windows: int = 8, length: int = 256) -> dict[str, np.ndarray]:
+    """The fp32 tensors ``names`` of the prefill graph over the first windows x length held-out bytes, each
+    flattened to [tokens, features] (the graph run with those tensors added as outputs)."""
+    import onnxruntime as ort
+
+    from edgelin.runtime.manifest import Manifest
+    from edgelin.validate import heldout_text
+
+    manifest = Manifest.load(export_dir)
+    text = heldout_text(manifest)
+    ids = np.frombuffer(text[: windows * length], np.uint8).astype(np.int64).reshape(windows, length)
+    proto = onnx.load(str(export_dir / "prefill.onnx"))
+    for name in names:
+        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids} | {s.input: np.full(s.concrete_shape(windows), s.init, s.np_dtype) for s in manifest.states}
+    return {n: a.reshape(-1, a.shape[-1]) for n, a in zip(names, session.run(names, feed))}
+
+
+def _int4_weights(inits: dict[str, np.ndarray], node: onnx.NodeProto) -> np.ndarray:
+    """A symmetric MatMulNBits weight dequantised: [N, K padded to blocks] (zero point 8, low nibble first)."""
+    n = {a.name: a.i for a in node.attribute}["N"]
+    packed = inits[node.input[1]]  # [N, blocks, block / 2] uint8
+    scales = inits[node.input[2]].reshape(n, -1)  # [N, blocks]
+    values = np.stack([packed & 0xF, packed >> 4], -1).reshape(n, scales.shape[1], -1).astype(np.float32) - 8  # [N, blocks, block]
+    return (values * scales[..., None]).reshape(n, -1)
+
+
+def _int4_most_used(export_dir, rows: int) -> tuple[str, np.ndarray, np.ndarray]:
+    """(node, its scales, flat indices of the scales of its ``rows`` most used output rows): the MatMulNBits
+    holding the single block that adds most to its output on held-out text (mean |x_block . w_block| over
+    tokens), and that matrix's rows ordered by mean |output|."""
+    proto = onnx.load(str(export_dir / "prefill.onnx"))
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer}
+    nodes = [n for n in proto.graph.node if n.op_type == "MatMulNBits"]
+    acts = _activations(export_dir, sorted({n.input[0] for n in nodes}))
+    best = None
+    for node in nodes:
+        w = _int4_weights(inits, node)  # [N, Kp]
+        x = acts[node.input[0]]
+        x = np.pad(x, ((0, 0), (0, w.shape[1] - x.shape[1])))  # [tokens, Kp]
+        per_block = np.einsum("tbk,nbk->tnb", x.reshape(len(x), -1, INT4_BLOCK), w.reshape(len(w), -1, INT4_BLOCK))  # [tokens, N, blocks]
+        blocks = np.abs(per_block).mean(0)  # [N, blocks]
+        if best is None or blocks.max() > best[0]:
+            used = np.abs(x @ w.T).mean(0)  # [N] mean |output| per row
+            best = (float(blocks.max()), node, used, blocks.shape[1])
+    _, node, used, per_row = best
+    top = np.argsort(-used)[:rows]
+    return node.name, inits[node.input[2]], np.concatenate([np.arange(r * per_row, (r + 1) * per_row) for r in top])
+
+
+def _int8_most_used(export_dir) -> tuple[str, np.ndarray, np.ndarray]:
+    """(node, its per-channel weight scales, [the index of its most used channel]): over every MatMulInteger,
+    the output channel with the largest mean |output| on held-out text."""
+    proto = onnx.load(str(export_dir / "prefill.onnx"))
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer}
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    nodes = [n for n in proto.graph.node if n.op_type == "MatMulInteger"]
+    source = {n.name: producer[n.input[0]].input[0] for n in nodes}  # the fp32 input of its DynamicQuantizeLinear
+    acts = _activations(export_dir, sorted(set(source.values())))
+    best = None
+    for node in nodes:
+        scale = node.input[1].replace("_quantized", "_scale")
+        w = (inits[node.input[1]].astype(np.float32) - inits[node.input[3]].astype(np.float32)) * inits[scale]  # [K, N]
+        used = np.abs(acts[source[node.name]] @ w).mean(0)  # [N]
+        if best is None or used.max() > best[0]:
+            best = (float(used.max()), node.name, inits[scale], np.array([int(used.argmax())]))
+    return best[1:]
+
+
+def _scale_in_every_graph(export_dir, scales: np.ndarray, index: np.ndarray, factor: float) -> None:
+    """Multiply entries ``index`` (flat) of the scale initializer equal to ``scales`` in both graphs (the
+    prefill and decode graphs quantise the same weight to the same scales, under different names)."""
     for graph in ("prefill.onnx", "decode.onnx"):
-        _scale_one_block(out / graph, 2.0)
-    report = validate(out, model)
-    assert not report.passed
+        proto = onnx.load(str(export_dir / graph))
+        hits = [i for i in proto.graph.initializer if i.dims == list(scales.shape) and np.array_equal(onnx.numpy_helper.to_array(i), scales)]
+        assert len(hits) == 1, (graph, len(hits))
+        values = scales.copy()
+        values.reshape(-1)[index] *= factor
+        hits[0].CopyFrom(onnx.numpy_helper.from_array(values, hits[0].name))
+        onnx.save(proto, str(export_dir / graph))
+
+
+BROKEN = {
+    # one weight scale x2 in the most used output channel: measured (validate seed 0, steps 8) the states S of
+    # later layers out of the 0.05 rel L2 budget in every prefill and from decode step 0. Top-1 on random ids
+    # fell to 88.0 % (< 90 %), but the unbroken export measures 90.5-96.0 % over seeds 0-5, so that is not
+    # asked for; held-out delta -0.0022 and greedy 54 % stay within theirs.
+    "int8": (_int8_most_used, {"prefill", "decode"}),
+    # 32 rows (256 blocks) of the matrix holding the most used block: held-out delta +0.0408 (budget 0.02),
+    # top-1 88.6 % (0.92), state S of layer 3 rel L2 0.44 (0.3).
+    "int4": (lambda d: _int4_most_used(d, rows=32), {"prefill", "decode", "precision"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", QUANTISED)
+def test_a_broken_quantisation_fails_the_budgets(bundled_export, tmp_path, precision):
+    """A weight scale doubled in both graphs of the bundled model's export fails validate's budgets.
+
+    int8: one per-channel scale x2 (the output channel with the largest mean |output| on held-out text: the
+    layer-0 MLP down-projection's channel 94 on the bundled model) is enough.
+
+    int4: one block is below the budgets' resolution. Measured (seed 0, steps 8, held-out 7,936 bytes; the
+    unbroken export: delta +0.0074, held-out top-1 95.06 %): the block adding most to its output on held-out
+    text (layer-1 attention output projection, row 135, block 0, mean |contribution| 2.0) x2 passes every budget
+    (delta +0.0067, top-1 95.06 %); so do one full row of 22 blocks (the most used row, MLP down-projection of
+    layer 0; delta -0.0015) and 8 rows of the projection (delta +0.0065, top-1 92.4 %). 16 rows fail on the
+    held-out delta alone, by a hair (+0.0203); 32 rows (256 blocks, 0.26 % of the int4 weights) fail three
+    checks with margin, and that is what this test breaks. The int4 budgets are set about 3x above the
+    int4 model's own error, which one 32-weight block does not reach.
+    """
+    select, expected = BROKEN[precision]
+    out = tmp_path / "broken"
+    shutil.copytree(bundled_export(precision), out)
+    node, scales, index = select(out)
+    _scale_in_every_graph(out, scales, index, 2.0)
+    report = validate(out, steps=8)
     failed = {c.group for c in report.checks if c.status == FAIL}
-    assert failed & {"prefill", "decode", "precision"}, report.table()
+    assert not report.passed and expected <= failed, f"{node}: {index.size} scales x2\n{report.table()}"
+    assert all(c.status != FAIL for c in report.checks if c.group in ("structure", "graphs")), report.table()
 
 
 @pytest.mark.parametrize(("precision", "state_dtype", "needle"), [
@@ -166,3 +276,37 @@ def test_cli_lists_the_precisions(tmp_path):
     result = CliRunner().invoke(main, ["export", "-o", str(tmp_path / "out"), "--precision", "int3"])
     assert result.exit_code == 2
     assert all(p in result.output for p in BUDGETS) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_long_stream_in_state_carried_pieces_stays_finite_and_near_float64(exports, model, precision):
+    """16,384 tokens in prefill pieces of 1,024 (state carried), then 16 decode steps, against a float64
+    PyTorch run: finite throughout, within the precision's long-stream budget, while z grows with the
+    tokens read (the running sums of a map without decay). The full figures (100k tokens, the bundled
+    model) are in the README, from scripts/long_stream.py."""
+    import copy
+
+    import torch
+
+    from edgelin.state import fresh_state
+
+    session = Session(exports(precision), "cpu", threads=1)
+    model64 = copy.deepcopy(model).double().eval()
+    ids = np.random.default_rng(0).integers(0, 256, (1, 16_384 + 16))
+    state, ref_state = session.new_state(1), fresh_state(session.manifest.states, 1, dtype=torch.float64)
+    bounds, worst, z = BUDGETS[precision]["long"], None, []
+    for start in range(0, 16_384, 1024):
+        got = session.prefill(ids[:, start : start + 1024], state)
+        with torch.no_grad():
+            ref, ref_state = model64(torch.from_numpy(ids[:, start : start + 1024]), ref_state)
+        err = errors(got, ref.numpy())
+        worst = err if worst is None else worst.worst(err)
+        assert all(np.isfinite(v).all() for v in state.numpy().values()), start
+        z.append(max(float(v.abs().max()) for k, v in ref_state.items() if k.endswith(".z")))
+    for t in range(16_384, 16_384 + 16):
+        got = session.decode(ids[:, t : t + 1], state)
+        with torch.no_grad():
+            ref, ref_state = model64.step(torch.from_numpy(ids[:, t : t + 1]), ref_state)
+        worst = worst.worst(errors(got, ref.numpy()))
+    assert within(worst, bounds), (worst, bounds)
+    assert z[-1] > 8 * z[0]  # 16x the tokens: the sums grew (a stream that did not grow would prove little)

@@ -17,6 +17,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
+import json  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -49,14 +50,23 @@ def fla_oracle():
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_heads=4, vocab_size=97, intermediate_size=96)
 
 
-def build(folder: Path, *, seed: int = 0, tied_save: bool = False, **options) -> Path:
-    """A random fla LinearAttentionForCausalLM saved to ``folder``; every weight perturbed so logits spread.
+# model_type -> fla's (config class, model class)
+CLASSES = {
+    "linear_attn": ("LinearAttentionConfig", "LinearAttentionForCausalLM"),
+    "retnet": ("RetNetConfig", "RetNetForCausalLM"),
+    "gla": ("GLAConfig", "GLAForCausalLM"),
+}
+
+
+def build(folder: Path, *, model_type: str = "linear_attn", seed: int = 0, tied_save: bool = False, **options) -> Path:
+    """A random fla causal LM of ``model_type`` saved to ``folder``; every weight perturbed so logits spread.
 
     ``tied_save``: save with safetensors' ``save_model`` (one copy of each shared tensor), for configs that
     transformers' ``save_pretrained`` refuses to save (tie_feature_map_qk)."""
-    cfg = _fla().LinearAttentionConfig(**{**TINY, **options})
+    config_class, model_class = CLASSES[model_type]
+    cfg = getattr(_fla(), config_class)(**{**TINY, **options})
     torch.manual_seed(seed)
-    model = _fla().LinearAttentionForCausalLM(cfg).eval()
+    model = getattr(_fla(), model_class)(cfg).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -82,15 +92,20 @@ def load(folder: Path, *, fused: bool = False):
 
     fused=False also runs fla's RMSNorm and SwiGLU in PyTorch instead of its fused kernels (fuse_norm,
     fuse_swiglu: the same math; the interpreter makes each kernel launch slow)."""
+    model_type = json.loads((Path(folder) / "config.json").read_text())["model_type"]
     overrides = {} if fused else {"fuse_norm": False, "fuse_swiglu": False}
-    return _fla().LinearAttentionForCausalLM.from_pretrained(folder, attn_mode="fused_recurrent", **overrides).eval()
+    if model_type != "linear_attn":  # there fuse_norm also renames the output norm (g_norm_swish_gate): keep it
+        overrides.pop("fuse_norm", None)
+    model_class = getattr(_fla(), CLASSES[model_type][1])
+    return model_class.from_pretrained(folder, attn_mode="fused_recurrent", **overrides).eval()
 
 
 @torch.no_grad()
-def run(model, prompt: torch.Tensor, steps: torch.Tensor):
+def run(model, prompt: torch.Tensor, steps: torch.Tensor, *, raw: bool = False):
     """fla's logits for ``prompt`` [B, T] (one forward, cache kept) and for each token of ``steps`` [B, n] fed
     one at a time through the cache: (prefill logits [B, T, V], n x [B, 1, V], final states), where the final
-    states are one dict per layer: "S" [B, H, K, V] and, with norm_feature_map, "z" [B, H, K]."""
+    states are one dict per layer: "S" [B, H, K, V] and, with norm_feature_map, "z" [B, H, K] (linear_attn), or
+    with ``raw`` fla's cache entries as they are (any family)."""
     out = model(prompt, use_cache=True)
     cache, logits = out.past_key_values, out.logits
     decoded = []
@@ -98,6 +113,8 @@ def run(model, prompt: torch.Tensor, steps: torch.Tensor):
         out = model(steps[:, t : t + 1], past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         decoded.append(out.logits)
+    if raw:  # fla's own cache entries, one dict per layer
+        return logits, decoded, [dict(cache[layer]) for layer in range(len(model.model.layers))]
     states = []
     for layer in range(len(model.model.layers)):
         state = cache[layer]["recurrent_state"]

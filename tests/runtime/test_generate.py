@@ -232,7 +232,7 @@ def test_a_model_without_a_text_tokenizer_takes_ids(export_copy):
     from edgelin.errors import ManifestError
 
     path = export_copy / "edgelin.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | {"tokenizer": {"kind": "ids"}}))
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"tokenizer": {"kind": "ids", "encoding": None, "offset": 0, "bos_id": None, "eos_id": None, "pad_id": None}}))
     session = load(export_copy, provider="cpu")
     with pytest.raises(ManifestError, match="tokenizer kind 'ids'.*pass token ids"):
         Generator(session, "text", max_new_tokens=3)

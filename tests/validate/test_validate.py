@@ -59,7 +59,7 @@ def test_correct_export_passes_every_check(feature_map, tmp_path):
     report = validate(tmp_path / "out", ckpt, steps=24, long=300)
     assert report.passed, report.table()
     groups = {c.group for c in report.checks}
-    assert groups == {"structure", "prefill", "decode", "graphs", "long", "behaviour"}
+    assert groups == {"structure", "prefill", "decode", "graphs", "long", "behaviour", "precision"}
     assert all(c.status == "pass" for c in report.checks)
     assert report.drift and report.drift[-1]["step"] == 300
 
