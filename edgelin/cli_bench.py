@@ -6,7 +6,7 @@ import click
 
 from edgelin.cli_common import progress, user_errors
 
-SECTION_NAMES = "decode, position, prefill, sweep, floor"
+SECTION_NAMES = "decode, position, prefill, sweep, floor; opt-in: fla, decay"
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -36,6 +36,12 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 softmax twin, chunked in 4096-token pieces; too-big cases are skipped, with why
       sweep     prefill tokens/s vs the graph's chunk size (16..256), one export each
       floor     copy bandwidth, decode weight bytes: the lower bound per token, measured / bound
+    Opt-in (run only when named with --section; they build their own models, SOURCE is not used):
+      fla       a tiny flash-linear-attention checkpoint: import + export wall time; decode ms per
+                token of its ONNX graph vs the imported PyTorch step vs fla's own step (on CPU fla
+                runs only in Triton's interpreter); skipped, with why, when fla is not installed
+      decay     LinearLM (bundled-model size, random weights) with each decay vs the plain one:
+                decode ms per token, prefill tokens/s at 1k and 4k, graph node counts
 
     Writes OUT/bench.json (atomically) and OUT/*.png (if matplotlib is installed: pip install
     'edgelin[plots]'); prints the table to stdout and progress to stderr. Run it on a quiet
@@ -46,6 +52,8 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
       edgelin bench --quick
       edgelin bench ckpt/ --threads 1 --out bench-results/
       edgelin bench out/ --section decode --section floor --threads 2
+      edgelin bench --section fla
+      edgelin bench --section decay
     """
     from edgelin.bench import run_bench
 

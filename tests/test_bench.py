@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -293,3 +294,91 @@ def test_any_protocol_model_is_timed_without_the_softmax_twin(checkpoint, tmp_pa
     assert data["method"]["verification"]["max_abs_error"] == {}  # nothing exported here besides the model's own (smoke-checked) export
     table = report.table()
     assert "softmax twin skipped" in table and "not run: the model is not a LinearLM" in table and "4. floor" in table
+
+
+# ---- the opt-in fla section --------------------------------------------------------------------------
+def fla_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("fla", "triton"))
+
+
+def test_fla_is_opt_in():
+    from edgelin.bench.plan import ALL_SECTIONS, OPT_IN_SECTIONS, check_options
+
+    assert "fla" in OPT_IN_SECTIONS and "fla" not in SECTIONS
+    assert check_options(None, "cpu", 1, None)[1] == SECTIONS  # the default run does not build fla models
+    assert check_options(None, "cpu", 1, ["fla", "decode", "fla"])[1] == ("decode", "fla")
+    assert ALL_SECTIONS == SECTIONS + OPT_IN_SECTIONS
+
+
+def test_quick_run_has_no_fla_section(quick):
+    assert "fla" not in quick[0] and "5. fla" not in quick[1].stdout
+
+
+@pytest.mark.skipif(not fla_installed(), reason="flash-linear-attention or triton is not installed; pip install -e '.[test]'")
+def test_fla_section_quick(tmp_path):
+    """fla's own model (Triton interpreter) vs the import and its ONNX decode graph: all checked, then timed."""
+    out = tmp_path / "results"
+    result = CliRunner().invoke(bench, ["--quick", "--section", "fla", "--no-plots", "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    data = json.loads((out / "bench.json").read_text())
+    assert data["model"] is None and data["settings"]["sections"] == ["fla"]
+    assert not set(SECTIONS) & set(data)  # the model-under-test sections did not run
+    f = data["fla"]
+    assert f["status"] == "ok", f  # fla is installed: a skip here would hide a broken section
+    assert f["fla_config"]["feature_map"] == "elementwise_product" and f["parameters"] > 0 and f["decode_nodes"] > 0
+    first = f["import_export"]["first"]
+    for key in ("import_s", "export_s", "total_s"):
+        positive(first[key], f"import_export.first.{key}")
+    assert first["total_s"] == pytest.approx(first["import_s"] + first["export_s"])
+    assert set(first["graphs_s"]) == {"prefill", "decode"}
+    for name in ("ort_iobinding", "torch_eager", "fla_step"):
+        positive_stats(f["decode"][name], f"fla.decode.{name}")
+        assert f["decode"][name]["n"] == 6  # QUICK: 3 rounds x 2 calls
+    for key, value in f["decode"]["ratios"].items():
+        positive(value, f"fla.decode.ratios.{key}")
+    for name, errors in f["check"]["errors"].items():
+        assert errors["max_abs"] <= f["check"]["budgets"][name]["max_abs"], name
+    assert "interpreter" in f["contenders"]["fla_step"] and "TRITON_INTERPRET=1" in f["contenders"]["fla_step"]
+    assert "5. fla" in result.stdout and "fla_step" in result.stdout and "import + export" in result.stdout
+    assert "model: none under test" in result.stdout
+
+
+def test_fla_section_is_skipped_with_the_reason_when_fla_cannot_be_imported(tmp_path, monkeypatch):
+    """A package named fla that fails to import, first on the worker's path: the section says why and the run succeeds."""
+    from edgelin.bench import run_bench
+
+    fake = tmp_path / "shadow" / "fla"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no fla in this test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")])))
+    report = run_bench(None, sections=["fla"], quick=True, threads=1, out_dir=tmp_path / "out", plots=False)
+    f = json.loads(report.json_path.read_text())["fla"]
+    assert f["status"] == "skipped" and "no fla in this test" in f["reason"] and "pip install" in f["reason"]
+    assert "skipped: flash-linear-attention cannot be imported" in report.table()
+
+
+def test_decay_section_quick(tmp_path):
+    """Each decay of ModelConfig against the plain LinearLM; where ModelConfig has no decay, skipped with the reason."""
+    from edgelin.bench import run_bench
+    from edgelin.bench.decay import decays
+
+    report = run_bench(None, sections=["decay"], quick=True, threads=1, out_dir=tmp_path / "out", plots=False)
+    data = json.loads(report.json_path.read_text())
+    x = data["decay"]
+    if decays() is None:
+        assert x["status"] == "skipped" and "no 'decay' field" in x["reason"]
+        assert "6. decay" in report.table() and "skipped" in report.table()
+        return
+    assert x["status"] == "ok" and x["decays"][0] == "none" and set(x["decays"]) >= {"none", "fixed", "scalar", "gla"}
+    assert x["lengths"] == [64, 256] and all(r["status"] == "ok" for r in x["prefill"]), x["prefill"]
+    assert len(x["prefill"]) == len(x["decays"]) * 2
+    for d, m in x["models"].items():
+        positive_stats(m["decode_ms"], f"decay {d} decode")
+        assert m["nodes"]["decode"] > 0 and m["nodes"]["prefill"] > 0 and m["parameters"] > 0
+        if d != "none":
+            positive(m["decode_over_none"], f"decay {d} decode_over_none")
+            assert set(m["prefill_tokens_per_s_over_none"]) == {"64", "256"}
+    assert x["models"]["gla"]["parameters"] > x["models"]["none"]["parameters"]  # the gate projection's weights
+    assert "6. decay" in report.table()

@@ -2,12 +2,14 @@
 
 ``run_bench(source, provider=..., threads=..., quick=...)`` measures five sections and returns a
 ``BenchReport`` (JSON + a printed table + optional PNG plots); ``edgelin bench`` is its command line.
+Opt-in sections (``sections=["fla"]``, ``--section fla``) build their own models and run only when named.
 
     plan        the sections, sizes and caps (FULL, QUICK), the checked options, the model under test
     measure     statistics, interleaved timing, machine facts, the torch-free prefill worker
     baselines   the graphs exported here (softmax twin with a KV cache, O(T^2) form, chunk sweep) and
                 their check against PyTorch (edgelin.parity budgets)
     sections    decode, position, prefill, sweep, floor
+    foreign     fla (opt-in): a flash-linear-attention checkpoint imported + exported, vs fla's own step
     report      BenchReport, the JSON file, the table, the plots
     run         run_bench
 
@@ -39,7 +41,8 @@ _PUBLIC = {
     # name: submodule that defines it
     "run_bench": "run",
     "BenchReport": "report", "format_table": "report", "write_plots": "report", "write_json_atomic": "report", "_finite": "report",
-    "BenchError": "plan", "Plan": "plan", "FULL": "plan", "QUICK": "plan", "SECTIONS": "plan", "PROVIDERS": "plan",
+    "BenchError": "plan", "Plan": "plan", "FULL": "plan", "QUICK": "plan", "SECTIONS": "plan", "OPT_IN_SECTIONS": "plan",
+    "ALL_SECTIONS": "plan", "PROVIDERS": "plan",
     "FORMAT": "plan", "JSON_FILE": "plan", "DEFAULT_OUT": "plan", "DEFAULT_MODEL": "plan", "Subject": "plan",
     "resolve_subject": "plan",
     "stats": "measure", "interleaved": "measure", "machine_facts": "measure",
@@ -63,5 +66,5 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_PUBLIC))
 
 
-__all__ = ["BenchError", "BenchReport", "FULL", "QUICK", "Plan", "SECTIONS", "format_table", "interleaved",
+__all__ = ["ALL_SECTIONS", "BenchError", "BenchReport", "FULL", "OPT_IN_SECTIONS", "QUICK", "Plan", "SECTIONS", "format_table", "interleaved",
            "machine_facts", "run_bench", "stats"]

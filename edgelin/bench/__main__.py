@@ -2,6 +2,7 @@
 
     python -m edgelin.bench --worker SPEC_JSON   one prefill case; prints its result as JSON (torch-free)
     python -m edgelin.bench --export JOBS_JSON   export a list of graphs (torch)
+    python -m edgelin.bench --foreign SPEC_JSON  the fla section (torch, fla under Triton's interpreter)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 
 from edgelin.bench.measure import worker_main  # torch-free
 
-USAGE = "usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON (internal; use `edgelin bench`)"
+USAGE = "usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON | --foreign SPEC_JSON (internal; use `edgelin bench`)"
 
 
 def main(argv: list[str]) -> None:
@@ -22,6 +23,10 @@ def main(argv: list[str]) -> None:
         from edgelin.bench.baselines import export_worker_main
 
         export_worker_main(argv[1])
+    elif len(argv) == 2 and argv[0] == "--foreign":
+        from edgelin.bench.foreign import foreign_worker_main
+
+        foreign_worker_main(json.loads(argv[1]))
     else:
         sys.exit(USAGE)
 

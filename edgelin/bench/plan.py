@@ -27,7 +27,12 @@ from edgelin.runtime.session import open_session
 
 from .measure import meminfo
 
-SECTIONS = ("decode", "position", "prefill", "sweep", "floor")
+SECTIONS = ("decode", "position", "prefill", "sweep", "floor")  # the default run: the model under test
+# Sections run only when asked for (``--section NAME``): they build their own models, not the one under test.
+#   fla    a flash-linear-attention checkpoint imported + exported, decode vs fla's own step (``foreign``)
+#   decay  LinearLM with each decay vs the plain one, same size: decode, prefill, graph nodes (``decay``)
+OPT_IN_SECTIONS = ("fla", "decay")
+ALL_SECTIONS = SECTIONS + OPT_IN_SECTIONS
 PROVIDERS = ("cpu", "auto", "cuda")
 FORMAT = "edgelin-bench/1"
 JSON_FILE = "bench.json"
@@ -69,6 +74,13 @@ class Plan:
     bandwidth_bytes: int
     bandwidth_repeats: int
     floor_calls: int
+    fla_export_repeats: int  # import + export of the fla checkpoint, each into a fresh folder
+    fla_warmup: int  # fla section's decode: calls per contender before timing ...
+    fla_rounds: int
+    fla_per_round: int
+    fla_time_cap_s: float  # the whole fla section (one worker process)
+    decay_lengths: tuple[int, ...]  # decay section: prefill lengths (decode uses the decode_* counts)
+    decay_widths: tuple[int, int, int, int]  # decay section's models: d_model, n_layers, n_heads, head_dim
 
 
 FULL = Plan(
@@ -78,6 +90,8 @@ FULL = Plan(
     case_budget_s=3.0, min_repeats=3, max_repeats=20, case_time_cap_s=20.0,
     sweep_length=4096, sweep_chunks=(16, 32, 64, 128, 256),
     bandwidth_bytes=256 << 20, bandwidth_repeats=10, floor_calls=300,
+    fla_export_repeats=3, fla_warmup=3, fla_rounds=6, fla_per_round=10, fla_time_cap_s=900.0,
+    decay_lengths=(1024, 4096), decay_widths=(256, 4, 4, 64),  # the bundled model's size
 )
 QUICK = Plan(
     decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8,
@@ -86,6 +100,8 @@ QUICK = Plan(
     case_budget_s=0.2, min_repeats=2, max_repeats=5, case_time_cap_s=5.0,
     sweep_length=256, sweep_chunks=(32,),
     bandwidth_bytes=32 << 20, bandwidth_repeats=3, floor_calls=30,
+    fla_export_repeats=1, fla_warmup=1, fla_rounds=3, fla_per_round=2, fla_time_cap_s=600.0,
+    decay_lengths=(64, 256), decay_widths=(32, 1, 2, 16),
 )
 
 
@@ -99,10 +115,10 @@ def check_options(source: Any, provider: str, threads: Any, sections: Any) -> tu
         raise BenchError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
     check_int("threads", threads, low=1, high=MAX_THREADS, error=BenchError)
     sections = tuple(SECTIONS if not sections else sections)
-    unknown = [s for s in sections if s not in SECTIONS]
+    unknown = [s for s in sections if s not in ALL_SECTIONS]
     if unknown:
-        raise BenchError(f"unknown section(s) {', '.join(map(repr, unknown))}; choose from {', '.join(SECTIONS)}")
-    sections = tuple(s for s in SECTIONS if s in sections)  # canonical order, no duplicates
+        raise BenchError(f"unknown section(s) {', '.join(map(repr, unknown))}; choose from {', '.join(ALL_SECTIONS)}")
+    sections = tuple(s for s in ALL_SECTIONS if s in sections)  # canonical order, no duplicates
     if source is None:
         return None, sections
     if isinstance(source, nn.Module):
@@ -207,5 +223,5 @@ def describe(cfg: ModelConfig) -> str:
     return f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x {cfg.head_dim}, vocab {cfg.vocab_size}, {cfg.feature_map}, chunk {cfg.chunk_size}"
 
 
-__all__ = ["BenchError", "DATA_SEED", "FULL", "PROVIDERS", "Plan", "QUICK", "SECTIONS", "Subject", "check_options",
+__all__ = ["ALL_SECTIONS", "BenchError", "DATA_SEED", "FULL", "OPT_IN_SECTIONS", "PROVIDERS", "Plan", "QUICK", "SECTIONS", "Subject", "check_options",
            "cuda_is_active", "memory_cap", "out_folder", "require_cuda", "resolve_subject"]

@@ -49,7 +49,8 @@ def write_plots(data: dict, out: Path) -> tuple[list[Path], dict[str, Any]]:
     except ImportError:
         return [], {"files": [], "skipped": "matplotlib is not installed (pip install 'edgelin[plots]')"}
     files = []
-    title = "\n".join(textwrap.wrap(data["model"]["label"], 110)[:2])
+    label = data["model"]["label"] if data.get("model") else "opt-in sections only: " + ", ".join(data["settings"]["sections"])
+    title = "\n".join(textwrap.wrap(label, 110)[:2])
     title += f"\n{data['machine']['cpu_model']}, threads {data['settings']['threads']}, {data['settings']['provider_active']}"
     if data.get("quick") or data["busy"]["busy"]:
         title += "  [" + ", ".join(x for x in ("QUICK" if data.get("quick") else "", "BUSY MACHINE" if data["busy"]["busy"] else "") if x) + "]"
@@ -184,8 +185,9 @@ def format_table(d: dict) -> str:
         f"machine: {m['cpu_model']}, {m['usable_cores']} usable core(s) of {m['cores']}, caches {', '.join(f'{k} {x}' for k, x in m['caches'].items()) or 'n/a'}, "
         f"memory {(m['memory_total_bytes'] or 0) / 2**30:.1f} GiB",
         f"software: onnxruntime {v['onnxruntime']}, torch {v['torch']}, numpy {v['numpy']}, onnx {v['onnx']}, python {v['python']}",
-        f"settings: threads {s['threads']} (torch and ORT intra-op), provider {s['provider_requested']} -> active {s['provider_active']}",
-        f"model: {d['model']['label']}; {d['model']['parameters']:,} parameters; state {d['model']['state_bytes_per_sequence']:,} bytes per sequence",
+        f"settings: threads {s['threads']} (torch and ORT intra-op), provider {s['provider_requested']} -> active {s['provider_active'] or '-'}",
+        f"model: {d['model']['label']}; {d['model']['parameters']:,} parameters; state {d['model']['state_bytes_per_sequence']:,} bytes per sequence"
+        if d.get("model") else "model: none under test (only opt-in sections ran; each describes its own model)",
         f"load average at start {d['busy']['load_1min_start']:.2f} on {d['busy']['cores']} core(s)"
         + (": BUSY machine, numbers are not representative" if d["busy"]["busy"] else ""),
         "figures: median [p10-p90] over repeated calls after warm-up; decode contenders interleaved in one process, "
@@ -247,10 +249,67 @@ def format_table(d: dict) -> str:
                          f"-> measured / floor {r['measured_over_floor']:.1f}x")
         if f["weights_fit_in_cache"]:
             lines.append(f"  note: weights + state fit in the last-level cache ({mb(f['last_level_cache_bytes'])}): the DRAM floor is not binding")
+    if "fla" in d:
+        lines += ["", *fla_lines(d["fla"])]
+    if "decay" in d:
+        lines += ["", *decay_lines(d["decay"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]
     return "\n".join(lines)
 
 
-__all__ = ["BenchReport", "format_table", "mb", "write_json_atomic", "write_plots"]
+def fla_lines(f: dict) -> list[str]:
+    """The fla section's rows of the table."""
+    head = "5. fla: a flash-linear-attention checkpoint imported + exported, decode vs fla's own step"
+    if f.get("status") != "ok":
+        return [head, f"  {f.get('status', 'skipped')}: {f.get('reason', '')}"]
+    cfg, ie, dec = f["fla_config"], f["import_export"], f["decode"]
+    first, later = ie["first"], ie["median_after_first"]
+    lines = [head,
+             f"  model: fla linear_attn, hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, {cfg['num_heads']} heads, "
+             f"vocab {cfg['vocab_size']}, feature map {cfg['feature_map']}; {f['parameters']:,} parameters; "
+             f"decode graph {f['decode_nodes']} nodes; fla {f['versions']['fla']}, triton {f['versions']['triton']}",
+             f"  import + export: first {first['import_s']:.2f} s + {first['export_s']:.1f} s = {first['total_s']:.1f} s (torch.onnx warm-up included)"
+             + (f"; later runs (median of {len(ie['runs']) - 1}) {later['import_s']:.2f} s + {later['export_s']:.1f} s = {later['total_s']:.1f} s"
+                if len(ie["runs"]) > 1 else ""),
+             "  decode, batch 1 (ms per token), interleaved:"]
+    for name, what in (("ort_iobinding", "ONNX decode graph, runtime Session, IO binding"),
+                       ("torch_eager", "imported model, PyTorch eager step"),
+                       ("fla_step", "fla's own cached step (Triton interpreter on CPU)")):
+        lines.append(f"    {name:14s} {_ms(dec[name])}  {dec[name]['tokens_per_s']:>8,.1f} tok/s  {what}")
+    r = dec["ratios"]
+    lines.append(f"    fla / ORT {r['fla_step_over_ort_iobinding']:,.0f}x, fla / eager {r['fla_step_over_torch_eager']:,.0f}x, "
+                 f"eager / ORT {r['torch_eager_over_ort_iobinding']:.2f}x; checked first: "
+                 + ", ".join(f"{k} {e['max_abs']:.1e}" for k, e in f["check"]["errors"].items()) + " (logits max abs)")
+    return lines
+
+
+def decay_lines(x: dict) -> list[str]:
+    """The decay section's rows of the table."""
+    head = "6. decay: LinearLM with each decay vs the plain one (same size, random weights)"
+    if x.get("status") != "ok":
+        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+    c = x["config"]
+    lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
+                   "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none), peak memory increment",
+             f"  {'decay':7s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>29s}" for T in x["lengths"])
+             + f"  {'nodes decode/prefill':>21s}  {'params':>9s}"]
+    ok = {(r["decay"], r["T"]): r for r in x["prefill"] if r["status"] == "ok"}
+    for d, m in x["models"].items():
+        cells = []
+        for T in x["lengths"]:
+            r = ok.get((d, T))
+            rel = m.get("prefill_tokens_per_s_over_none", {}).get(str(T))
+            cells.append(f"{r['tokens_per_s']:>9,.0f} {'(' + format(rel, '.2f') + 'x)' if rel else '':>8s} {mb(r['peak_increment_bytes']):>10s}"
+                         if r else f"{'failed':>29s}")
+        rel = f"{m['decode_over_none']:.2f}x" if "decode_over_none" in m else "-"
+        nodes = f"{m['nodes'].get('decode')}/{m['nodes'].get('prefill')}"
+        lines.append(f"  {d:7s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells) + f"  {nodes:>21s}  {m['parameters']:>9,}")
+    for r in x["prefill"]:
+        if r["status"] != "ok":
+            lines.append(f"  prefill {r['decay']} T={r['T']:,}: {r['status']}: {r.get('reason', '')}")
+    return lines
+
+
+__all__ = ["BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "write_json_atomic", "write_plots"]

@@ -13,13 +13,17 @@ from torch import nn
 
 from . import baselines
 from .measure import load_average, machine_facts
-from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, Progress, check_options, memory_cap, out_folder,
+from .decay import decay_section
+from .foreign import fla_section
+from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, SECTIONS, Progress, check_options, memory_cap, out_folder,
                    require_cuda, resolve_subject)
 from edgelin.runtime.files import make_parents
 from edgelin.threads import torch_threads
 
 from .report import BenchReport, write_json_atomic, write_plots
 from .sections import Bench
+
+OPT_IN = {"fla": fla_section, "decay": decay_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
 
 METHOD = {
     "timing": "median over repeated calls after warm-up, with p10/p90 and n; decode contenders are interleaved "
@@ -54,7 +58,10 @@ def run_bench(
     provider: "cpu", "auto" or "cuda" for ONNX Runtime (PyTorch eager always runs on CPU).
     threads: torch and ONNX Runtime intra-op threads (set explicitly, and reported).
     quick: tiny lengths and few repeats (a smoke run for CI); numbers are not meaningful.
-    sections: a subset of SECTIONS (default all).
+    sections: a subset of ALL_SECTIONS (default: SECTIONS, the model under test). Opt-in sections run only when
+        named: "fla" builds a flash-linear-attention checkpoint and measures edgelin's import + export of it and
+        decode against fla's own step (``edgelin.bench.foreign``; skipped, with the reason, without fla); "decay"
+        compares same-size LinearLMs with each decay against the plain one (``edgelin.bench.decay``).
     memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
     """
     say = progress or (lambda _msg: None)
@@ -65,21 +72,32 @@ def run_bench(
         require_cuda()
 
     plan = QUICK if quick else FULL
+    own = tuple(s for s in sections if s in SECTIONS)  # sections measuring the model under test
     t_start = time.perf_counter()
+    results: dict[str, Any] = {}
+    model_entry: dict[str, Any] | None = None
+    active, exports, verification = None, {}, None  # stay so when only opt-in sections run (they say their own provider)
     with torch_threads(threads):
         say(f"edgelin bench{' --quick' if quick else ''}: threads {threads}, provider {provider}, sections {', '.join(sections)}")
         machine = machine_facts()
-        subject = resolve_subject(source)
-        say(f"model: {subject.label}")
-        with tempfile.TemporaryDirectory(prefix="edgelin-bench-") as work:
-            bench = Bench(subject, provider, threads, plan, Path(work), cap, say)
-            bench.prepare(sections)
-            results = {name: getattr(bench, name)() for name in sections}
-            active = bench.active_provider
-            state_bytes = bench.session.manifest.state_bytes(1)
-            exports = {k: {"seconds": v["seconds"], "nodes": v["nodes"]} for k, v in bench.exports.items()}
-            verification = baselines.verification_record(bench.checks)
-            bench.session = None
+        if own:
+            subject = resolve_subject(source)
+            say(f"model: {subject.label}")
+            with tempfile.TemporaryDirectory(prefix="edgelin-bench-") as work:
+                bench = Bench(subject, provider, threads, plan, Path(work), cap, say)
+                bench.prepare(own)
+                results = {name: getattr(bench, name)() for name in own}
+                active = bench.active_provider
+                state_bytes = bench.session.manifest.state_bytes(1)
+                exports = {k: {"seconds": v["seconds"], "nodes": v["nodes"]} for k, v in bench.exports.items()}
+                verification = baselines.verification_record(bench.checks)
+                bench.session = None
+            model_entry = {"label": subject.label, "random_weights": subject.random_weights, "config": subject.config(),
+                           "parameters": subject.parameters(), "state_bytes_per_sequence": state_bytes,
+                           "export": str(subject.export_dir) if subject.export_dir else "exported here"}
+        for name in sections:
+            if name in OPT_IN:
+                results[name] = OPT_IN[name](plan, threads, say)
     machine["load_average_end"] = load_average()
     data = {
         "format": FORMAT,
@@ -89,9 +107,7 @@ def run_bench(
                      "torch_threads": threads, "ort_intra_op_threads": threads, "ort_inter_op_threads": 1, "sections": list(sections)},
         "machine": machine,
         "busy": busy(machine),
-        "model": {"label": subject.label, "random_weights": subject.random_weights, "config": subject.config(),
-                  "parameters": subject.parameters(), "state_bytes_per_sequence": state_bytes,
-                  "export": str(subject.export_dir) if subject.export_dir else "exported here"},
+        "model": model_entry,  # None when only opt-in sections ran (they describe their own models)
         "method": {**METHOD, "verification": verification},
         "exports": exports,
         **results,

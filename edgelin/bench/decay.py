@@ -1,0 +1,117 @@
+"""The ``decay`` section: what a decayed ``LinearLM`` costs against the plain one, same size, one run.
+
+One ``LinearLM`` per decay of ``ModelConfig.decay`` (none, fixed, scalar, gla), all of one shape (``DECAY_BASE``:
+relu, short conv 4, bytes) and the plan's widths (the full run: the bundled model's size, d_model 256, 4 layers,
+4 heads x 64; --quick: tiny), random weights (speed does not depend on them), each exported with the exporter's check against PyTorch (in up to two worker processes, as
+the bench's other exports). Then:
+
+    decode   ms per token at batch 1 through each export's decode graph (runtime Session, IO binding), the
+             models interleaved in rotating rounds in this process
+    prefill  tokens/s of each export's prefill graph at each length of the plan, in fresh torch-free
+             subprocesses (peak memory too), the models back to back at one length
+    nodes    node counts of both graphs
+
+Ratios are against decay "none". Without a ``decay`` field in ``ModelConfig`` the section is skipped, with
+the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from edgelin import config as config_module
+from edgelin.config import ModelConfig
+from edgelin.exporters.exporter import DEFAULT_OPSET
+from edgelin.model import LinearLM
+from edgelin.runtime.session import Session
+
+from . import baselines
+from .measure import interleaved, ratio, run_worker, stats
+from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
+
+# The bundled model's shape (models/pydoc-linear); the widths come from the plan.
+DECAY_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4}
+WIDTHS = ("d_model", "n_layers", "n_heads", "head_dim")
+
+
+def decays() -> tuple[str, ...] | None:
+    """The decays ModelConfig offers, or None where it has no ``decay`` field."""
+    if "decay" not in {f.name for f in dataclasses.fields(ModelConfig)}:
+        return None
+    return tuple(getattr(config_module, "DECAYS", ()))
+
+
+def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
+    names = decays()
+    if not names:
+        return {"status": "skipped", "reason": "this version's ModelConfig has no 'decay' field: no decayed LinearLM to measure"}
+    base = {**DECAY_BASE, **dict(zip(WIDTHS, plan.decay_widths))}
+    configs = {d: ModelConfig(**base, decay=d) for d in names}
+    say(f"decay: {', '.join(names)} on LinearLM {base} (random weights) ...")
+    with tempfile.TemporaryDirectory(prefix="edgelin-bench-decay-") as tmp:
+        work = Path(tmp)
+        exports, parameters = {}, {}
+        for d, cfg in configs.items():  # export jobs of LinearLM "linear" kind, rebuilt in the workers from config + weights
+            torch.manual_seed(MODEL_SEED)
+            model = LinearLM(cfg).float().eval()
+            parameters[d] = sum(p.numel() for p in model.parameters())
+            weights = work / f"{d}-weights.npz"
+            np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
+            exports[d] = {"name": d, "kind": "linear", "path": str(work / d), "opset": DEFAULT_OPSET,
+                          "config": cfg.to_dict(), "weights": str(weights)}
+        done = baselines._in_workers(list(exports.values()), work, say)
+        sessions = {d: Session(work / d, "cpu", threads, session_options={"inter_op_num_threads": 1}, io_binding=True) for d in names}
+        rng = np.random.default_rng(DATA_SEED)
+
+        say("  decode, batch 1, interleaved ...")
+        tok = rng.integers(0, DECAY_BASE["vocab_size"], (1, 1), dtype=np.int64)  # [1, 1]
+        states = {d: s.new_state(1) for d, s in sessions.items()}
+        cases = {d: (lambda s=sessions[d], st=states[d]: s.decode(tok, st)) for d in names}
+        samples = interleaved(cases, warmup=plan.decode_warmup, rounds=plan.decode_rounds, per_round=plan.decode_per_round)
+        decode = {d: stats(samples[d]) for d in names}
+
+        rows = []
+        for T in plan.decay_lengths:  # length-major: the decays at one length run back to back
+            for d in names:
+                say(f"  prefill {d:7s} T={T:,} ...")
+                spec = {"graph": str(sessions[d].manifest.graph_path(work / d, "prefill")), "provider": "cpu", "threads": threads,
+                        "batch": 1, "T": T, "piece": None, "vocab": DECAY_BASE["vocab_size"], "seed": DATA_SEED,
+                        "budget_s": plan.case_budget_s, "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats,
+                        "states": [s.to_dict() for s in sessions[d].manifest.states]}
+                res = run_worker(spec, threads, timeout=plan.case_time_cap_s * (plan.max_repeats + 3) + 60)
+                if res["status"] != "ok":
+                    rows.append({"decay": d, "T": T, **res})
+                    continue
+                sec = stats(res["times_s"], unit="s")
+                rows.append({"decay": d, "T": T, "status": "ok", "seconds": sec, "tokens_per_s": T / sec["median"],
+                             "peak_increment_bytes": res["peak_increment_bytes"]})
+        sessions.clear()
+    ok = {(r["decay"], r["T"]): r for r in rows if r["status"] == "ok"}
+    plain = "none"
+    models = {}
+    for d in names:
+        entry: dict[str, Any] = {"decode_ms": decode[d], "nodes": done[d]["nodes"], "export_seconds": done[d]["seconds"],
+                                 "parameters": parameters[d]}
+        if d != plain:
+            entry["decode_over_none"] = ratio(decode[d], decode[plain])
+            entry["prefill_tokens_per_s_over_none"] = {str(T): ok[(d, T)]["tokens_per_s"] / ok[(plain, T)]["tokens_per_s"]
+                                                       for T in plan.decay_lengths if (d, T) in ok and (plain, T) in ok}
+        models[d] = entry
+    return {
+        "status": "ok",
+        "what": "LinearLM of one size with each decay (random weights, exported and checked here): decode ms per token at "
+                "batch 1 (ORT, IO binding, interleaved) and prefill tokens/s per length (torch-free subprocesses, back to "
+                "back per length); ratios against decay 'none' (decode: ms ratio, above 1 is slower; prefill: tokens/s "
+                "ratio, below 1 is slower)",
+        "config": base, "decays": list(names), "lengths": list(plan.decay_lengths),
+        "models": models, "prefill": rows,
+    }
+
+
+__all__ = ["DECAY_BASE", "decay_section", "decays"]
