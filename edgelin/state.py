@@ -38,15 +38,20 @@ def from_numpy(specs: Iterable[StateSpec], arrays: Mapping[str, np.ndarray]) -> 
     return {s.key: torch.from_numpy(np.ascontiguousarray(arrays[s.input])) for s in specs}
 
 
-def state_mismatch(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], *, tol: float) -> str:
+def state_mismatch(
+    got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], *, tol: float, float_dtype: torch.dtype | None = None
+) -> str:
     """What differs between two torch states, or "": keys (same order), then per key shape and dtype, then
-    values: float tensors within relative error max|got - want| / max|want| <= tol, integer ones equal."""
+    values: float tensors within relative error max|got - want| / max|want| <= tol (NaN never is), integer
+    ones equal. ``float_dtype``: the dtype ``got``'s float tensors must have when ``want`` is a reference
+    in another precision (default: ``want``'s own)."""
     if list(got) != list(want):
         return f"keys {list(got)} != {list(want)}"
     for key, w in want.items():
         g = got[key]
-        if g.shape != w.shape or g.dtype != w.dtype:
-            return f"state {key}: {tuple(g.shape)} {g.dtype} != {tuple(w.shape)} {w.dtype}"
+        dtype = float_dtype if (float_dtype is not None and w.is_floating_point()) else w.dtype
+        if g.shape != w.shape or g.dtype != dtype:
+            return f"state {key}: {tuple(g.shape)} {g.dtype} != {tuple(w.shape)} {dtype}"
         if w.is_floating_point():
             err = ((g.double() - w.double()).abs().max() / w.double().abs().max().clamp_min(1e-300)).item() if w.numel() else 0.0
             if not err <= tol:
