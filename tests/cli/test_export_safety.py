@@ -103,9 +103,13 @@ def test_check_output_dir_describes_what_it_replaces(exported, tmp_path):
 # ---- killed exports -----------------------------------------------------------------------------
 def _start_export(ckpt: Path, out: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # A test run started as a background job inherits SIGINT ignored (POSIX shells do that without job
+    # control), and Python then never raises KeyboardInterrupt: give the export the default disposition,
+    # as an interactive terminal would.
     return subprocess.Popen(
         [sys.executable, "-m", "edgelin.cli", "export", str(ckpt), "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
