@@ -264,6 +264,11 @@ class LinearLM(nn.Module):
     def chunk_size(self) -> int:
         return self.cfg.chunk_size
 
+    @property
+    def state_decays(self) -> bool:
+        """S and z forget at a decay < 1 (cfg.decay); the other states (conv window, position) are bounded."""
+        return self.cfg.decay != "none"
+
     def model_config(self) -> dict:
         """The config, recorded as the manifest's "model" field."""
         return self.cfg.to_dict()

@@ -13,7 +13,9 @@ from foreign checkpoints, and ``docs/your-model.md`` walks through writing one.
 A state is a dict ``spec.key -> tensor`` ("{layer}.{name}" -> tensor); ``forward`` with ``state=None``
 starts from ``fresh_state(model.state_specs(), batch)``. Optional members, used when present:
 ``chunk_size`` (the prefill graph's chunk: example inputs are made longer than it) and
-``with_chunk_size(n)`` (the same weights with another chunk, for ``export --chunk-size``).
+``with_chunk_size(n)`` (the same weights with another chunk, for ``export --chunk-size``) and
+``state_decays`` (True when every float state forgets its past at a decay < 1, so it stays bounded; only
+such a model may store its state in float16, see ``check_float16_state``).
 """
 
 from __future__ import annotations
@@ -70,6 +72,25 @@ def chunk_size(model: Any) -> int:
     return value if isinstance(value, int) and value > 0 else DEFAULT_CHUNK
 
 
+def state_decays(model: Any) -> bool:
+    """Whether the model declares that its float states decay (stay bounded); absent means no."""
+    return getattr(model, "state_decays", False) is True
+
+
+# Why a running sum cannot live in float16 (README, "Edge precision"): float16 has an 11-bit
+# significand, so once a sum holds ~2,048 tokens' worth of similar contributions, adding one more rounds
+# to (nearly) nothing, and the sum passes float16's largest value, 65,504, after ~28k tokens of text for
+# the bundled pydoc model (measured). A decayed state holds about 1 / (1 - gamma) tokens' worth instead.
+def check_float16_state(model: Any) -> None:
+    """Refuse a float16 state for a model whose state sums every token without decay."""
+    if not state_decays(model):
+        raise ExportError(
+            f"{type(model).__name__} keeps running sums without decay: a float16 state would round away new "
+            "tokens after ~2k tokens and overflow after ~28k; keep --state-dtype float32 (the default; weights "
+            "and activations are fp16 anyway), or use a model whose state decays (state_decays = True)"
+        )
+
+
 def tokenizer(model: Any) -> dict[str, Any]:
     """The manifest's tokenizer entry: the model's own, or bytes for a 256-token vocabulary."""
     own = getattr(model, "tokenizer", None)
@@ -78,4 +99,4 @@ def tokenizer(model: Any) -> dict[str, Any]:
     return {"kind": "bytes"} if model.vocab_size == 256 else {"kind": "ids"}
 
 
-__all__ = ["ExportableModel", "check_model", "chunk_size", "tokenizer"]
+__all__ = ["ExportableModel", "check_float16_state", "check_model", "chunk_size", "state_decays", "tokenizer"]

@@ -234,6 +234,8 @@ def export(
     try:
         say(f"loading {source if isinstance(source, (str, os.PathLike)) else type(source).__name__}")
         model, digest = _resolve_source(source, chunk_size)
+        if state_dtype == "float16":
+            protocol.check_float16_state(model)
         seconds = {}
         for graph, fname in GRAPH_FILES.items():
             say(f"exporting the {graph} graph (opset {opset}) ...")

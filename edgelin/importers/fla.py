@@ -202,6 +202,11 @@ class FlaCausalLM(nn.Module):
         self.lm_head = None if common.tie_embeddings else nn.Linear(common.hidden_size, common.vocab_size, bias=False)
 
     # ---- the model protocol (edgelin.protocol) --------------------------------------------------------------
+    @property
+    def state_decays(self) -> bool:
+        """RetNet's and GLA's states decay; linear_attn's sums every token."""
+        return getattr(self.options, "decay", "none") != "none"
+
     def state_specs(self) -> tuple[StateSpec, ...]:
         """The state contract, in graph order: per layer the attention's state (S, and z with the denominator)."""
         return tuple(

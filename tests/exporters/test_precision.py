@@ -87,14 +87,25 @@ def test_accumulator_region_of_the_fp32_graph(exported):
     assert ops.count("Div") == 2 and "Shape" not in ops and "Conv" not in ops and "MatMul" not in ops
 
 
-def test_fp16_state_option(exports, model):
-    out = exports("fp16", "float16")
+def test_fp16_state_option(exported, tmp_path):
+    """A decayed model may keep its state in float16: the manifest says so, the runtime holds fp16 arrays,
+    and validate (including its long stream) holds it to the fp16 budgets."""
+    model = exported("elu+1", decay="scalar")[0]
+    out = tmp_path / "fp16-state"
+    export(model, out, precision="fp16", state_dtype="float16")
     manifest = json.loads((out / "edgelin.json").read_text())
     assert {s["dtype"] for s in manifest["states"]} == {"float16"}
     session = Session(out, "cpu", threads=1)
     state = session.new_state(1)
     assert {v.dtype for v in state.numpy().values()} == {np.dtype(np.float16)}
     assert validate(out, model).passed
+
+
+def test_fp16_state_is_refused_for_running_sums_without_decay(model, tmp_path):
+    """Without decay z and S sum every token: float16 rounds new tokens away after ~2k and overflows later."""
+    with pytest.raises(ExportError, match="without decay.*keep --state-dtype float32"):
+        export(model, tmp_path / "out", precision="fp16", state_dtype="float16")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("precision", "op"), [("int8", "MatMulInteger"), ("int4", "MatMulNBits")], ids=["int8", "int4"])
