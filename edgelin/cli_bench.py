@@ -36,12 +36,15 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 softmax twin, chunked in 4096-token pieces; too-big cases are skipped, with why
       sweep     prefill tokens/s vs the graph's chunk size (16..256), one export each
       floor     copy bandwidth, decode weight bytes: the lower bound per token, measured / bound
-    Opt-in (run only when named with --section; they build their own models, SOURCE is not used):
+    Opt-in (run only when named with --section; fla and decay build their own models):
       fla       a tiny flash-linear-attention checkpoint: import + export wall time; decode ms per
                 token of its ONNX graph vs the imported PyTorch step vs fla's own step (on CPU fla
                 runs only in Triton's interpreter); skipped, with why, when fla is not installed
       decay     LinearLM (bundled-model size, random weights) with each decay vs the plain one:
                 decode ms per token, prefill tokens/s at 1k and 4k, graph node counts
+      precision SOURCE (a checkpoint; default the bundled model) exported as fp32, fp16, int8 and
+                int4: size on disk, decode ms per token at batch 1 and 8, prefill tokens/s and peak
+                memory at 1k and 4k, the weight-bytes floor per token; ratios against fp32
 
     Writes OUT/bench.json (atomically) and OUT/*.png (if matplotlib is installed: pip install
     'edgelin[plots]'); prints the table to stdout and progress to stderr. Run it on a quiet
@@ -54,6 +57,7 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
       edgelin bench out/ --section decode --section floor --threads 2
       edgelin bench --section fla
       edgelin bench --section decay
+      edgelin bench --section precision --provider cuda
     """
     from edgelin.bench import run_bench
 

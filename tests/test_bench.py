@@ -382,3 +382,35 @@ def test_decay_section_quick(tmp_path):
             assert set(m["prefill_tokens_per_s_over_none"]) == {"64", "256"}
     assert x["models"]["gla"]["parameters"] > x["models"]["none"]["parameters"]  # the gate projection's weights
     assert "6. decay" in report.table()
+
+
+def test_precision_section_quick(tmp_path):
+    """The model in every precision, one run: smaller on disk below fp32, every figure positive, the floor
+    below the measurement; an export as the source is skipped with the reason."""
+    from edgelin.bench import run_bench
+    from edgelin.exporters.precision import CONVERTERS
+
+    report = run_bench(None, sections=["precision"], quick=True, threads=1, out_dir=tmp_path / "out", plots=False)
+    x = json.loads(report.json_path.read_text())["precision"]
+    assert x["status"] == "ok" and x["precisions"] == list(CONVERTERS) == ["fp32", "fp16", "int8", "int4"]
+    assert all(r["status"] == "ok" for r in x["prefill"]) and len(x["prefill"]) == 4 * len(x["lengths"])
+    size = {n: sum(m["bytes_on_disk"].values()) for n, m in x["models"].items()}
+    weights = {n: m["decode_weight_bytes"] for n, m in x["models"].items()}
+    assert size["fp16"] < size["fp32"] and weights["int4"] < weights["int8"] < weights["fp32"]
+    for n, m in x["models"].items():
+        assert m["provider_active"] == "cpu" and m["smoke_check_max_abs"]
+        for B in ("1", "8"):
+            positive_stats(m["decode_ms"][B], f"{n} decode batch {B}")
+            assert m["floor"][B]["floor_ms_per_token"] > 0 and m["floor"][B]["measured_over_floor"] > 1
+        if n != "fp32":
+            positive(m["decode_over_fp32"]["1"], f"{n} decode_over_fp32")
+            assert m["size_over_fp32"] < 1
+    assert "7. precision" in report.table()
+
+
+def test_precision_section_skips_an_export_source(tmp_path, exported):
+    from edgelin.bench.precision import precision_section
+    from edgelin.bench.plan import QUICK
+
+    x = precision_section(QUICK, 1, lambda _m: None, source=exported("relu")[1])
+    assert x["status"] == "skipped" and "needs the model itself" in x["reason"]

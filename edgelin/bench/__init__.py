@@ -2,7 +2,7 @@
 
 ``run_bench(source, provider=..., threads=..., quick=...)`` measures five sections and returns a
 ``BenchReport`` (JSON + a printed table + optional PNG plots); ``edgelin bench`` is its command line.
-Opt-in sections (``sections=["fla"]``, ``--section fla``) build their own models and run only when named.
+Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
 
     plan        the sections, sizes and caps (FULL, QUICK), the checked options, the model under test
     measure     statistics, interleaved timing, machine facts, the torch-free prefill worker
@@ -10,6 +10,8 @@ Opt-in sections (``sections=["fla"]``, ``--section fla``) build their own models
                 their check against PyTorch (edgelin.parity budgets)
     sections    decode, position, prefill, sweep, floor
     foreign     fla (opt-in): a flash-linear-attention checkpoint imported + exported, vs fla's own step
+    decay       decay (opt-in): same-size LinearLMs with each decay vs the plain one
+    precision   precision (opt-in): the model under test in fp32 / fp16 / int8 / int4
     report      BenchReport, the JSON file, the table, the plots
     run         run_bench
 

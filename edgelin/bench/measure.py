@@ -66,6 +66,21 @@ def interleaved(cases: dict[str, Callable[[], Any]], *, warmup: int, rounds: int
     return samples
 
 
+def copy_bandwidth(nbytes: int, repeats: int, rng: np.random.Generator) -> dict[str, Any]:
+    """Single-thread memory bandwidth in GB/s: numpy copies of ``nbytes`` (bytes read + bytes written)."""
+    src = rng.standard_normal(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # warm-up: pages faulted in
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t0)
+    bw = [2 * src.nbytes / t / 1e9 for t in times]
+    return {"unit": "GB/s", "median": float(np.median(bw)), "p10": float(np.percentile(bw, 10)),
+            "p90": float(np.percentile(bw, 90)), "max": float(max(bw)), "n": len(bw)}
+
+
 def ratio(a: dict, b: dict) -> float:
     """Ratio of the medians of two ``stats`` results."""
     return a["median"] / b["median"]

@@ -28,10 +28,12 @@ from edgelin.runtime.session import open_session
 from .measure import meminfo
 
 SECTIONS = ("decode", "position", "prefill", "sweep", "floor")  # the default run: the model under test
-# Sections run only when asked for (``--section NAME``): they build their own models, not the one under test.
+# Sections run only when asked for (``--section NAME``); fla and decay build their own models, precision
+# exports the model under test (a checkpoint folder or model; default the bundled model) once per precision.
 #   fla    a flash-linear-attention checkpoint imported + exported, decode vs fla's own step (``foreign``)
 #   decay  LinearLM with each decay vs the plain one, same size: decode, prefill, graph nodes (``decay``)
-OPT_IN_SECTIONS = ("fla", "decay")
+#   precision  the source in fp32 / fp16 / int8 / int4: size, decode, prefill, weight-bytes floor (``precision``)
+OPT_IN_SECTIONS = ("fla", "decay", "precision")
 ALL_SECTIONS = SECTIONS + OPT_IN_SECTIONS
 PROVIDERS = ("cpu", "auto", "cuda")
 FORMAT = "edgelin-bench/1"
@@ -79,7 +81,7 @@ class Plan:
     fla_rounds: int
     fla_per_round: int
     fla_time_cap_s: float  # the whole fla section (one worker process)
-    decay_lengths: tuple[int, ...]  # decay section: prefill lengths (decode uses the decode_* counts)
+    decay_lengths: tuple[int, ...]  # decay and precision sections: prefill lengths (decode uses the decode_* counts)
     decay_widths: tuple[int, int, int, int]  # decay section's models: d_model, n_layers, n_heads, head_dim
 
 

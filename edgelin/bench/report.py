@@ -253,6 +253,8 @@ def format_table(d: dict) -> str:
         lines += ["", *fla_lines(d["fla"])]
     if "decay" in d:
         lines += ["", *decay_lines(d["decay"])]
+    if "precision" in d:
+        lines += ["", *precision_lines(d["precision"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]
@@ -312,4 +314,33 @@ def decay_lines(x: dict) -> list[str]:
     return lines
 
 
-__all__ = ["BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "write_json_atomic", "write_plots"]
+def precision_lines(x: dict) -> list[str]:
+    """The precision section's rows of the table."""
+    head = "7. precision: the model in fp32 / fp16 / int8 / int4 (exported and checked here)"
+    if x.get("status") != "ok":
+        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+    lines = [head, f"  {x['model']}; decode ORT IO binding, precisions interleaved (x = over fp32); floor = decode weight bytes / "
+                   f"{x['bandwidth_GBps']['max']:.1f} GB/s copy bandwidth",
+             f"  {'prec':5s} {'on disk':>9s} {'weights':>9s} {'provider':>8s}  " + "  ".join(f"{'decode B=' + str(B) + ' ms/token':>31s}" for B in x["batches"])
+             + "  " + "  ".join(f"{'prefill T=' + format(T, ',') + ' tok/s, peak':>29s}" for T in x["lengths"]) + f"  {'floor B=1 ms, measured/floor':>30s}"]
+    ok = {(r["precision"], r["T"]): r for r in x["prefill"] if r["status"] == "ok"}
+    for n, m in x["models"].items():
+        dec = []
+        for B in x["batches"]:
+            ms = m["decode_ms"][str(B)]["median"] / B
+            rel = m.get("decode_over_fp32", {}).get(str(B))
+            dec.append(f"{ms:>21.4f} {'(' + format(rel, '.2f') + 'x)' if rel else '':>9s}")
+        pre = []
+        for T in x["lengths"]:
+            r = ok.get((n, T))
+            pre.append(f"{r['tokens_per_s']:>17,.0f} {mb(r['peak_increment_bytes']):>11s}" if r else f"{'failed':>29s}")
+        f = m["floor"]["1"]
+        lines.append(f"  {n:5s} {mb(sum(m['bytes_on_disk'].values())):>9s} {mb(m['decode_weight_bytes']):>9s} {m['provider_active']:>8s}  "
+                     + "  ".join(dec) + "  " + "  ".join(pre) + f"  {f['floor_ms_per_token']:>14.4f} {f['measured_over_floor']:>14.1f}x")
+    for r in x["prefill"]:
+        if r["status"] != "ok":
+            lines.append(f"  prefill {r['precision']} T={r['T']:,}: {r['status']}: {r.get('reason', '')}")
+    return lines
+
+
+__all__ = ["BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "precision_lines", "write_json_atomic", "write_plots"]

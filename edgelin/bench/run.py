@@ -14,6 +14,7 @@ from torch import nn
 from . import baselines
 from .measure import load_average, machine_facts
 from .decay import decay_section
+from .precision import precision_section
 from .foreign import fla_section
 from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, SECTIONS, Progress, check_options, memory_cap, out_folder,
                    require_cuda, resolve_subject)
@@ -23,7 +24,8 @@ from edgelin.threads import torch_threads
 from .report import BenchReport, write_json_atomic, write_plots
 from .sections import Bench
 
-OPT_IN = {"fla": fla_section, "decay": decay_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
+OPT_IN = {"fla": fla_section, "decay": decay_section, "precision": precision_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
+ON_SOURCE = ("precision",)  # opt-in sections that measure the source (and take source, provider, quick)
 
 METHOD = {
     "timing": "median over repeated calls after warm-up, with p10/p90 and n; decode contenders are interleaved "
@@ -61,7 +63,9 @@ def run_bench(
     sections: a subset of ALL_SECTIONS (default: SECTIONS, the model under test). Opt-in sections run only when
         named: "fla" builds a flash-linear-attention checkpoint and measures edgelin's import + export of it and
         decode against fla's own step (``edgelin.bench.foreign``; skipped, with the reason, without fla); "decay"
-        compares same-size LinearLMs with each decay against the plain one (``edgelin.bench.decay``).
+        compares same-size LinearLMs with each decay against the plain one (``edgelin.bench.decay``); "precision"
+        exports the source (default: the bundled model) in fp32, fp16, int8 and int4 and measures size, decode,
+        prefill and the weight-bytes floor of each (``edgelin.bench.precision``).
     memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
     """
     say = progress or (lambda _msg: None)
@@ -97,7 +101,8 @@ def run_bench(
                            "export": str(subject.export_dir) if subject.export_dir else "exported here"}
         for name in sections:
             if name in OPT_IN:
-                results[name] = OPT_IN[name](plan, threads, say)
+                context = {"source": source, "provider": provider, "quick": quick} if name in ON_SOURCE else {}
+                results[name] = OPT_IN[name](plan, threads, say, **context)
     machine["load_average_end"] = load_average()
     data = {
         "format": FORMAT,

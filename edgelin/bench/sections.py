@@ -17,7 +17,6 @@ the quadratic form need a LinearLM (``baselines``), and are left out, with the r
 
 from __future__ import annotations
 
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from edgelin.runtime.session import Session, open_session
 from edgelin.state import fresh_state
 
 from . import baselines
-from .measure import cache_bytes, caches, extrapolate, interleaved, ratio, run_worker, session_options, stats
+from .measure import cache_bytes, caches, copy_bandwidth, extrapolate, interleaved, ratio, run_worker, session_options, stats
 from .plan import DATA_SEED, Plan, Progress, Subject
 from .report import mb
 
@@ -285,19 +284,7 @@ class Bench:
     def floor(self) -> dict[str, Any]:
         p, sess = self.plan, self.session
         self.say("floor: memory bandwidth (numpy copy) and decode weight bytes ...")
-        n = p.bandwidth_bytes // 4
-        src = self.rng.standard_normal(n, dtype=np.float32)
-        dst = np.empty_like(src)
-        np.copyto(dst, src)  # warm-up: pages faulted in
-        times = []
-        for _ in range(p.bandwidth_repeats):
-            t0 = time.perf_counter()
-            np.copyto(dst, src)
-            times.append(time.perf_counter() - t0)
-        bw = [2 * src.nbytes / t / 1e9 for t in times]  # bytes read + bytes written
-        bandwidth = {"unit": "GB/s", "median": float(np.median(bw)), "p10": float(np.percentile(bw, 10)),
-                     "p90": float(np.percentile(bw, 90)), "max": float(max(bw)), "n": len(bw)}
-        del src, dst
+        bandwidth = copy_bandwidth(p.bandwidth_bytes, p.bandwidth_repeats, self.rng)
         weight_bytes = graph_weight_bytes(self.graph("decode"))
         state_bytes = sess.manifest.state_bytes(1)
         measured = {}
