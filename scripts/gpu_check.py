@@ -2,8 +2,8 @@
 
 For each precision: export the bundled model, run `edgelin validate --providers cpu,cuda` (CUDA vs CPU
 and everything else validate checks), and time decode (batch 1 and 8) and prefill on the CUDA provider
-through the runtime. Then run `edgelin bench --provider cuda` once (its own exports) and point at its
-results. Nothing is reported for CUDA unless ONNX Runtime really activated the CUDA provider: on a
+through the runtime. Then run `edgelin bench --provider cuda` and `edgelin bench --provider cuda --section
+precision` once each (their own exports) and point at their results. Nothing is reported for CUDA unless ONNX Runtime really activated the CUDA provider: on a
 machine without a usable GPU the script says so and exits 1.
 
     python scripts/gpu_check.py [--out gpu-check] [--skip-bench]
@@ -87,6 +87,9 @@ def main() -> int:
         run = edgelin("bench", "--provider", "cuda", "--out", str(out / "bench"))
         print(run.stdout[-4000:] + run.stderr[-2000:])
         bench_note = f"bench: exit {run.returncode}, results in {out / 'bench'}"
+        run = edgelin("bench", "--provider", "cuda", "--section", "precision", "--out", str(out / "bench-precision"))
+        print(run.stdout[-3000:] + run.stderr[-1000:])
+        bench_note += f"; bench --section precision: exit {run.returncode}, results in {out / 'bench-precision'}"
     else:
         bench_note = "bench: skipped"
 
