@@ -32,7 +32,7 @@ from edgelin.model import LinearLM
 from edgelin.runtime.session import Session
 
 from . import baselines
-from .measure import interleaved, ratio, run_worker, stats
+from .measure import interleaved, prefill_case, ratio, stats
 from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
 
 # The bundled model's shape (models/pydoc-linear); the widths come from the plan.
@@ -80,17 +80,9 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
         for T in plan.decay_lengths:  # length-major: the decays at one length run back to back
             for d in names:
                 say(f"  prefill {d:7s} T={T:,} ...")
-                spec = {"graph": str(sessions[d].manifest.graph_path(work / d, "prefill")), "provider": "cpu", "threads": threads,
-                        "batch": 1, "T": T, "piece": None, "vocab": DECAY_BASE["vocab_size"], "seed": DATA_SEED,
-                        "budget_s": plan.case_budget_s, "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats,
-                        "states": [s.to_dict() for s in sessions[d].manifest.states]}
-                res = run_worker(spec, threads, timeout=plan.case_time_cap_s * (plan.max_repeats + 3) + 60)
-                if res["status"] != "ok":
-                    rows.append({"decay": d, "T": T, **res})
-                    continue
-                sec = stats(res["times_s"], unit="s")
-                rows.append({"decay": d, "T": T, "status": "ok", "seconds": sec, "tokens_per_s": T / sec["median"],
-                             "peak_increment_bytes": res["peak_increment_bytes"]})
+                m = sessions[d].manifest
+                rows.append({"decay": d, "T": T, **prefill_case(m.graph_path(work / d, "prefill"), m.states, provider="cpu",
+                                                                threads=threads, vocab=DECAY_BASE["vocab_size"], T=T, seed=DATA_SEED, plan=plan)})
         sessions.clear()
     ok = {(r["decay"], r["T"]): r for r in rows if r["status"] == "ok"}
     plain = "none"

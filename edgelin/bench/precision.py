@@ -31,7 +31,7 @@ from edgelin.exporters.precision import CONVERTERS
 from edgelin.model import LinearLM
 from edgelin.runtime.session import Session
 
-from .measure import copy_bandwidth, interleaved, ratio, run_worker, stats
+from .measure import copy_bandwidth, interleaved, prefill_case, ratio, stats
 from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
 from .sections import graph_weight_bytes
 
@@ -89,17 +89,9 @@ def precision_section(plan: Plan, threads: int, say: Progress, *, source: Any = 
         for T in plan.decay_lengths:  # length-major: the precisions at one length run back to back
             for n in names:
                 say(f"  prefill {n} T={T:,} ...")
-                spec = {"graph": str(sessions[n].manifest.graph_path(work / n, "prefill")), "provider": provider, "threads": threads,
-                        "batch": 1, "T": T, "piece": None, "vocab": vocab, "seed": DATA_SEED,
-                        "budget_s": plan.case_budget_s, "min_repeats": plan.min_repeats, "max_repeats": plan.max_repeats,
-                        "states": [s.to_dict() for s in sessions[n].manifest.states]}
-                res = run_worker(spec, threads, timeout=plan.case_time_cap_s * (plan.max_repeats + 3) + 60)
-                if res["status"] != "ok":
-                    rows.append({"precision": n, "T": T, **res})
-                    continue
-                sec = stats(res["times_s"], unit="s")
-                rows.append({"precision": n, "T": T, "status": "ok", "seconds": sec, "tokens_per_s": T / sec["median"],
-                             "peak_increment_bytes": res["peak_increment_bytes"]})
+                m = sessions[n].manifest
+                rows.append({"precision": n, "T": T, **prefill_case(m.graph_path(work / n, "prefill"), m.states, provider=provider,
+                                                                    threads=threads, vocab=vocab, T=T, seed=DATA_SEED, plan=plan)})
         sessions.clear()
 
     say("  memory bandwidth (numpy copy) ...")
