@@ -13,6 +13,7 @@ import click
 from edgelin import __version__
 from edgelin.cli_common import OneLineGroup, fail, progress, user_errors
 from edgelin.parity import BUDGETS  # one precision per budget table (numpy only)
+from edgelin.demo import DEFAULT_PROMPTS, DEFAULT_SAMPLING  # constants only (the demo module loads torch lazily)
 
 
 @click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -113,42 +114,49 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
 
 
 @main.command("demo")
-@click.option("--prompt", default="The for statement", show_default=True, help="Text for the model to continue.")
+@click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
+              help="Text for the model to continue; repeat for several [default: 'def fibonacci(n):' and 'The for statement'].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Keep the export in this folder; an existing one is replaced only if it is empty or an edgelin export [default: a temporary folder].")
-@click.option("--max-new-tokens", "-n", default=200, show_default=True, type=int, help="Tokens to generate.")
-@click.option("--temperature", "-t", default=0.0, show_default=True, type=float, help="0 = greedy.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Sampling seed.")
+@click.option("--max-new-tokens", "-n", default=200, show_default=True, type=int, help="Tokens to generate per prompt.")
+@click.option("--temperature", "-t", default=DEFAULT_SAMPLING["temperature"], show_default=True, type=float, help="0 = greedy (a small model then tends to loop).")
+@click.option("--top-p", default=DEFAULT_SAMPLING["top_p"], show_default=True, type=float, help="Nucleus sampling: keep the most likely tokens up to this probability (1 = off).")
+@click.option("--seed", default=DEFAULT_SAMPLING["seed"], show_default=True, type=int, help="Sampling seed (the same seed gives the same text).")
 @click.option("--provider", default="auto", show_default=True, help="auto, cpu or cuda.")
 @user_errors
-def demo_cmd(prompt, out_dir, max_new_tokens, temperature, seed, provider):
+def demo_cmd(prompts, out_dir, max_new_tokens, temperature, top_p, seed, provider):
     """Export the bundled model, validate it, and stream text from ONNX Runtime.
 
-    The bundled model is a small byte-level linear-attention LM trained on the CPython
-    documentation. The summary compares its fixed-size state with the KV cache a softmax
-    transformer of the same size would need.
+    The bundled model is a small byte-level linear-attention LM trained on the Python
+    standard library's source and its pydoc topics. It continues a piece of code and a
+    piece of prose (seeded sampling), then compares its fixed-size state with the KV cache
+    a softmax transformer of the same size would need.
 
     \b
     Examples:
       edgelin demo
-      edgelin demo --prompt "A list comprehension" --out demo-export/
+      edgelin demo --prompt "class Stack:" --prompt "A list comprehension" --out demo-export/
+      edgelin demo --temperature 0 -n 60        # greedy
     """
     import warnings
 
     from edgelin.demo import run_demo
 
-    started = []
+    prompts = list(prompts) or list(DEFAULT_PROMPTS)
+    started: set[int] = set()
 
-    def stream(text: str) -> None:
-        if not started:  # the continuation reads best after its prompt
-            started.append(True)
-            click.echo(click.style(prompt, bold=True), nl=False)
+    def stream(i: int, text: str) -> None:
+        if i not in started:  # each continuation reads best after its prompt
+            if started:
+                click.echo("\n")
+            started.add(i)
+            click.echo(click.style(prompts[i], bold=True), nl=False)
         click.echo(text, nl=False)
         sys.stdout.flush()
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        summary = run_demo(prompt, out_dir, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                           provider=provider, on_text=stream, progress=progress)
+        summary = run_demo(prompts, out_dir, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                           seed=seed, provider=provider, on_text=stream, progress=progress)
     click.echo("\n")
     for w in caught:
         if "CUDA" in str(w.message):

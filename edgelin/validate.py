@@ -357,7 +357,7 @@ class _Validator:
         fresh state, every byte after the first predicted once) and top-1 agreement over the same positions."""
         b = self.budgets["heldout"]
         if text is None:
-            self.add(Check("precision", "held-out text: bits/byte delta", NA, where="needs a byte-tokenizer model and pydoc_data"))
+            self.add(Check("precision", "held-out text: bits/byte delta", NA, where="needs a byte-tokenizer model (256 ids)"))
             return {}
         data = np.frombuffer(text[:max_bytes], dtype=np.uint8).astype(np.int64)
         n = (len(data) - 1) // seq_len
@@ -390,16 +390,13 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
 
 
 def heldout_text(manifest: Manifest) -> bytes | None:
-    """The held-out slice of the bundled model's corpus (the last 10 % of CPython's pydoc topics), for a
-    byte-tokenizer export; None where the model reads other tokens or the corpus is not installed."""
+    """The held-out text of the bundled model's corpus (standard-library modules it never saw in training,
+    ``edgelin.models.corpus``), for a byte-tokenizer export; None where the model reads other tokens."""
     if manifest.tokenizer.get("kind") != "bytes" or manifest.vocab_size < 256:
         return None
-    try:
-        from edgelin.models.train import load_corpus, split_corpus
+    from edgelin.models import corpus
 
-        return split_corpus(load_corpus())[1]
-    except ImportError:
-        return None
+    return corpus.heldout_text("code") or None
 
 
 # ---- 1. structure ------------------------------------------------------------------------------

@@ -1,16 +1,17 @@
-"""The recipe of the bundled checkpoints: a byte-level LM trained on the CPython documentation text.
+"""The recipe of the bundled checkpoints: a byte-level LM trained on the Python standard library.
 
-    python -m edgelin.models.train --out models/pydoc-linear [options]
+    python -m edgelin.models.train --out models/stdlib-linear [options]
 
-Data: ``pydoc_data.topics.topics`` (the help() texts shipped with CPython; a dict topic -> text). The
-values are joined in sorted-key order and UTF-8 encoded: one byte string. The held-out split is the
-*last* 10% of those bytes (``HELDOUT_FRACTION``), a contiguous tail of whole-ish topics that training
-never sees; training draws random windows from the first 90%.
+Data (``edgelin.models.corpus``): the running interpreter's ``Lib/**/*.py`` source and its pydoc topics,
+deduplicated; whole files (and whole topics) are held out by a fixed function of their name. Training
+draws random seq_len-byte windows from the training documents joined into one byte string: from the
+topics with probability ``--topics-weight`` (they are 1 % of the bytes; the weight keeps prose in the
+mix), else from the code.
 
 Training: fixed seed, a step budget (not wall-clock), AdamW with linear warmup then cosine decay to
 10% of the peak rate, gradient-norm clipping at 1.0, batches of random seq_len-byte windows.
 
-Evaluation (``heldout_bits_per_byte``): the held-out bytes are tiled by consecutive windows of seq_len
+Evaluation (``heldout_bits_per_byte``): the held-out documents are joined, and the bytes are tiled by consecutive windows of seq_len
 input bytes; window i reads bytes [i*seq_len, (i+1)*seq_len) and predicts bytes [i*seq_len + 1,
 (i+1)*seq_len + 1), so every byte after the first is predicted exactly once (a shorter last window
 takes the tail). Each window starts from an empty state / empty cache: nothing is carried across
@@ -18,8 +19,8 @@ windows, for the linear and the softmax model alike, so both are scored in the c
 were trained in (0 to seq_len - 1 bytes of context). The result is the mean of -log2 p(byte) over
 every predicted byte.
 
-The data/eval helpers (``load_corpus``, ``split_corpus``, ``heldout_bits_per_byte``,
-``unigram_bits_per_byte``, ``generate``) import without side effects; the tests use them.
+The eval helpers (``heldout_bits_per_byte``, ``unigram_bits_per_byte``, ``generate``) import without side
+effects; the tests use them.
 """
 
 from __future__ import annotations
@@ -33,23 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-HELDOUT_FRACTION = 0.1  # the last 10% of the corpus bytes are held out
-
 
 # ---- data --------------------------------------------------------------------------------------
-def load_corpus() -> bytes:
-    """The CPython docs topics, joined in sorted-key order, as UTF-8 bytes."""
-    from pydoc_data.topics import topics
-
-    return "".join(topics[key] for key in sorted(topics)).encode("utf-8")
-
-
-def split_corpus(data: bytes, heldout_fraction: float = HELDOUT_FRACTION) -> tuple[bytes, bytes]:
-    """(train, heldout): the held-out part is the last ``heldout_fraction`` of the bytes."""
-    cut = len(data) - int(len(data) * heldout_fraction)
-    return data[:cut], data[cut:]
-
-
 def as_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()  # [N]
 
@@ -60,6 +46,42 @@ def random_batch(data: torch.Tensor, batch_size: int, seq_len: int, gen: torch.G
     idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]  # [B, seq_len + 1]
     windows = data[idx]  # [B, seq_len + 1]
     return windows[:, :-1], windows[:, 1:]
+
+
+def mixed_batch(sources: list[tuple[torch.Tensor, float]], batch_size: int, seq_len: int, gen: torch.Generator):
+    """random_batch whose rows come from ``sources`` [(bytes, probability), ...]: each row picks its source
+    with those probabilities (one draw per row), then a random window in it."""
+    weights = torch.tensor([w for _, w in sources], dtype=torch.float64)
+    pick = torch.multinomial(weights, batch_size, replacement=True, generator=gen)  # [B]
+    xs, ys = [], []
+    for i, (data, _) in enumerate(sources):
+        n = int((pick == i).sum())
+        if n:
+            x, y = random_batch(data, n, seq_len, gen)
+            xs.append(x)
+            ys.append(y)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def evaluation_sets() -> dict[str, bytes]:
+    """The held-out text by group: library code, test code (a path part named test or tests), topics."""
+    from edgelin.models import corpus
+
+    code = corpus.select(heldout=True, kind="code")
+    tests = [d for d in code if {"test", "tests"} & set(d.name.split("/")[:-1])]
+    library = [d for d in code if d not in tests]
+    return {"code": corpus.join(code), "library code": corpus.join(library), "test code": corpus.join(tests),
+            "topics": corpus.heldout_text("topic")}
+
+
+def directory_text(folder: Path) -> bytes:
+    """Every ``*.py`` file under ``folder`` in path order, joined like the corpus (for out-of-corpus scores)."""
+    from edgelin.models import corpus
+
+    docs = [corpus.Document(p.relative_to(folder).as_posix(), "code", p.read_bytes()) for p in sorted(folder.rglob("*.py"))]
+    if not docs:
+        raise FileNotFoundError(f"no *.py file under {folder}")
+    return corpus.join(docs)
 
 
 # ---- evaluation --------------------------------------------------------------------------------
@@ -149,18 +171,24 @@ def build_model(args):
 
 
 def train(args) -> dict:
+    from edgelin.models import corpus
+
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    train_bytes, heldout_bytes = split_corpus(load_corpus())
-    train_ids = as_tensor(train_bytes)
+    code_train = corpus.join(corpus.select(heldout=False, kind="code"))
+    topics_train = corpus.join(corpus.select(heldout=False, kind="topic"))
+    train_bytes = code_train + topics_train
+    heldout = evaluation_sets()
+    sources = [(as_tensor(code_train), 1.0 - args.topics_weight), (as_tensor(topics_train), args.topics_weight)]
     model = build_model(args)
     kind = "softmax (RoPE)" if args.softmax else (
         f"linear, feature map {args.feature_map}, normalisation {args.normalisation}, conv_size {args.conv_size}, "
         f"decay {args.decay}")
     n_params = model.num_parameters()
     print(f"model: {kind}; {n_params:,} parameters", flush=True)
-    print(f"data: {len(train_bytes):,} train bytes, {len(heldout_bytes):,} held-out bytes; "
-          f"unigram baseline {unigram_bits_per_byte(train_bytes, heldout_bytes):.4f} bits/byte", flush=True)
+    print(f"data: {len(code_train):,} code + {len(topics_train):,} topic bytes for training (topics weight "
+          f"{args.topics_weight}); held-out {len(heldout['code']):,} code + {len(heldout['topics']):,} topic bytes; "
+          f"file list sha256 {corpus.file_list_sha256()}", flush=True)
 
     decay = [p for p in model.parameters() if p.dim() == 2]  # matrices and the embedding
     no_decay = [p for p in model.parameters() if p.dim() != 2]  # norms and the short-conv taps (init: identity)
@@ -178,7 +206,7 @@ def train(args) -> dict:
         lr = lr_at(step, args.steps, args.lr, warmup)
         for group in opt.param_groups:
             group["lr"] = lr
-        x, y = random_batch(train_ids, args.batch_size, args.seq_len, gen)
+        x, y = mixed_batch(sources, args.batch_size, args.seq_len, gen)
         logits = model(x)[0]  # [B, T, vocab]
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
@@ -190,32 +218,37 @@ def train(args) -> dict:
         if (step + 1) % args.log_every == 0 or last:
             now = time.perf_counter()
             print(f"step {step + 1:6d}/{args.steps}  loss {loss.item():.4f} ({loss.item() / math.log(2):.3f} bits/byte)"
-                  f"  lr {lr:.2e}  {tokens_since / (now - t_log):,.0f} tok/s", flush=True)
+                  f"  lr {lr:.2e}  {tokens_since / (now - t_log):,.0f} tok/s  {now - t_start - eval_seconds:,.0f} s", flush=True)
             t_log, tokens_since = now, 0
         if args.eval_every and (step + 1) % args.eval_every == 0 and not last:
             t0 = time.perf_counter()
-            bpb = heldout_bits_per_byte(model, heldout_bytes, args.seq_len, args.eval_bytes)
+            bpb = heldout_bits_per_byte(model, heldout["code"], args.seq_len, args.eval_bytes)
             eval_seconds += time.perf_counter() - t0
-            print(f"step {step + 1:6d}  held-out {bpb:.4f} bits/byte (first {args.eval_bytes:,} bytes)", flush=True)
+            print(f"step {step + 1:6d}  held-out code {bpb:.4f} bits/byte (first {args.eval_bytes:,} bytes)", flush=True)
             t_log = time.perf_counter()
     train_seconds = time.perf_counter() - t_start - eval_seconds
-    final = heldout_bits_per_byte(model, heldout_bytes, args.seq_len, args.final_eval_bytes)
-    evaluated = len(heldout_bytes) if args.final_eval_bytes is None else min(args.final_eval_bytes, len(heldout_bytes))
     result = {
         "parameters": n_params, "steps": args.steps, "tokens": args.steps * args.batch_size * args.seq_len,
-        "train_seconds": train_seconds, "heldout_bpb": final, "heldout_bytes_scored": evaluated,
-        "unigram_bpb": unigram_bits_per_byte(train_bytes, heldout_bytes),
+        "train_seconds": train_seconds, "file_list_sha256": corpus.file_list_sha256(), "heldout": {},
     }
     print(f"done: {args.steps} steps, {result['tokens']:,} tokens, {train_seconds:.0f} s training "
           f"(+{eval_seconds:.0f} s periodic eval)", flush=True)
-    print(f"final held-out {final:.4f} bits/byte over {evaluated:,} bytes (unigram {result['unigram_bpb']:.4f})", flush=True)
+    sets = dict(heldout) if args.final_eval else {}
+    for folder in args.eval_dir:
+        sets[f"{folder}"] = directory_text(folder)
+    for name, text in sets.items():
+        text = text if args.final_eval_bytes is None else text[: args.final_eval_bytes]
+        bpb = heldout_bits_per_byte(model, text, args.seq_len)
+        unigram = unigram_bits_per_byte(train_bytes, text)
+        result["heldout"][name] = {"bytes": len(text), "bpb": bpb, "unigram_bpb": unigram}
+        print(f"held-out {name}: {bpb:.4f} bits/byte over {len(text):,} bytes (unigram {unigram:.4f})", flush=True)
     if args.out:
         from edgelin.checkpoint import save_checkpoint, weights_sha256
 
         path = save_checkpoint(model, args.out)
         print(f"saved {path} (model.safetensors sha256 {weights_sha256(path)})", flush=True)
-    if args.sample:
-        print(f"sample (temperature 0.8): {args.sample}{generate(model, args.sample, 300)}", flush=True)
+    for prompt in args.sample:
+        print(f"sample (temperature 0.8): {prompt}{generate(model, prompt, 300)}", flush=True)
     return result
 
 
@@ -234,6 +267,7 @@ def parse_args(argv=None):
     p.add_argument("--decay", default="none", help="decay of the state: none, fixed (RetNet), scalar (Mamba2), gla (GLA)")
     p.add_argument("--gate-rank", type=int, default=16, help="decay gla: rank of the low-rank gate projection")
     p.add_argument("--cosformer-horizon", type=int, default=16384, help="cosformer: M in cos(pi/2 (i - j) / M)")
+    p.add_argument("--topics-weight", type=float, default=0.1, help="share of training windows drawn from the pydoc topics")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
@@ -246,14 +280,21 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=500, help="periodic held-out eval (0 = only at the end)")
     p.add_argument("--eval-bytes", type=int, default=16384, help="held-out bytes scored by the periodic eval")
-    p.add_argument("--final-eval-bytes", type=int, default=None, help="held-out bytes scored at the end (default: all)")
+    p.add_argument("--final-eval-bytes", type=int, default=None, help="bytes of each held-out group scored at the end (default: all)")
+    p.add_argument("--no-final-eval", dest="final_eval", action="store_false", help="skip the held-out scores at the end")
+    p.add_argument("--eval-dir", type=Path, action="append", default=[],
+                   help="also score every *.py file under this folder at the end (text the corpus does not hold); repeatable")
     p.add_argument("--out", type=Path, default=None, help="write config.json + model.safetensors here")
-    p.add_argument("--sample", default="The for statement", help="prompt of a sample printed at the end ('' = none)")
+    p.add_argument("--sample", action="append", default=None,
+                   help="prompt of a sample printed at the end; repeatable (default: a code and a prose prompt)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.sample is None:
+        args.sample = ["def fibonacci(n):", "The for statement"]
+    args.sample = [p for p in args.sample if p]
     from edgelin.errors import ConfigError
 
     try:

@@ -1,8 +1,9 @@
 """The bundled checkpoint (edgelin.models.bundled_checkpoint()) is the one its model card describes, and it
 has learned something: held-out bits per byte well below the unigram baseline.
 
-The card (models/pydoc-linear/README.md) states the sha256 of config.json and model.safetensors and the
-held-out bits per byte on the first EVAL_BYTES held-out bytes; this test parses them from the card.
+The card (models/stdlib-linear/README.md) states the sha256 of config.json and model.safetensors and the
+held-out bits per byte on the first EVAL_BYTES bytes of the held-out standard-library modules (whole files
+the model never saw, edgelin.models.corpus); this test parses them from the card.
 """
 
 import hashlib
@@ -14,7 +15,8 @@ import torch
 from edgelin.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint, weights_sha256
 from edgelin.model import LinearLM
 from edgelin.models import BUNDLED, bundled_checkpoint
-from edgelin.models.train import HELDOUT_FRACTION, heldout_bits_per_byte, load_corpus, split_corpus, unigram_bits_per_byte
+from edgelin.models import corpus
+from edgelin.models.train import heldout_bits_per_byte, unigram_bits_per_byte
 
 EVAL_BYTES = 8192  # the held-out slice the card reports and this test recomputes
 # Measured (card): 2.18 bits/byte on this slice against a unigram baseline of 4.81, i.e. 2.6 bits below it.
@@ -61,10 +63,11 @@ def test_loads_as_a_linear_model(checkpoint, card):
 
 @pytest.fixture(scope="module")
 def heldout_bpb(checkpoint, card):
-    """(bits/byte of the bundled model, unigram bits/byte) on the first EVAL_BYTES held-out bytes."""
+    """(bits/byte of the bundled model, unigram bits/byte) on the first EVAL_BYTES held-out code bytes."""
     torch.manual_seed(0)
     model = load_checkpoint(checkpoint)
-    train, heldout = split_corpus(load_corpus())
+    heldout = corpus.heldout_text("code")
+    train = corpus.join(corpus.select(heldout=False))
     seq_len = int(_card_value(card, "sequence length (train and eval)"))
     return heldout_bits_per_byte(model, heldout, seq_len, max_bytes=EVAL_BYTES), unigram_bits_per_byte(train, heldout[:EVAL_BYTES])
 
@@ -76,22 +79,12 @@ def test_heldout_bits_per_byte_beat_the_unigram_baseline(heldout_bpb):
 
 def test_card_numbers_reproduce(card, heldout_bpb):
     """The card's numbers for the same slice, recomputed; only on the corpus the card was measured on."""
-    corpus_sha = hashlib.sha256(load_corpus()).hexdigest()
-    if corpus_sha != _card_value(card, "sha256 of the corpus"):
-        pytest.skip("this Python's pydoc_data.topics differs from the one the card was measured on")
+    if corpus.file_list_sha256() != _card_value(card, "file list sha256"):
+        pytest.skip("this Python's standard library differs from the one the card was measured on")
     bpb, unigram = heldout_bpb
     # loose: thread counts and platforms change float summation order
-    assert bpb == pytest.approx(float(_card_value(card, f"held-out bits/byte, first {EVAL_BYTES:,} bytes")), abs=0.01)
-    assert unigram == pytest.approx(float(_card_value(card, f"unigram baseline bits/byte, first {EVAL_BYTES:,} bytes")), abs=1e-4)
-
-
-def test_heldout_split_is_deterministic_and_disjoint():
-    data = load_corpus()
-    train, heldout = split_corpus(data)
-    assert train + heldout == data
-    assert len(heldout) == int(len(data) * HELDOUT_FRACTION) > 0
-    assert len(heldout) >= EVAL_BYTES
-    assert split_corpus(load_corpus()) == (train, heldout)
+    assert bpb == pytest.approx(float(_card_value(card, f"held-out bits/byte, code, first {EVAL_BYTES:,} bytes")), abs=0.01)
+    assert unigram == pytest.approx(float(_card_value(card, f"unigram baseline bits/byte, code, first {EVAL_BYTES:,} bytes")), abs=1e-4)
 
 
 class _Uniform(torch.nn.Module):

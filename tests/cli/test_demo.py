@@ -15,10 +15,12 @@ pytestmark = pytest.mark.skipif(bundled_checkpoint() is None, reason="this check
 
 def test_demo_runs_end_to_end(tmp_path):
     out = tmp_path / "demo-export"
-    result = CliRunner().invoke(main, ["demo", "--prompt", "The for statement", "-n", "24", "--provider", "cpu", "--out", str(out)])
+    result = CliRunner().invoke(main, ["demo", "-n", "24", "--provider", "cpu", "--out", str(out)])
     assert result.exit_code == 0, result.output
     text = result.stdout
-    assert text.startswith("The for statement")  # the prompt, then its continuation
+    # the default prompts, a code one then a prose one, each followed by its continuation
+    assert text.startswith("def fibonacci(n):") and "\n\nThe for statement" in text
+    assert "temperature 0.7, top-p 0.9, seed 0" in result.stderr
     assert "parity (ONNX Runtime vs PyTorch): PASS" in text
     assert "tokens/s" in text and "at 100,000 tokens" in text
     manifest = json.loads((out / "edgelin.json").read_text())

@@ -1,0 +1,66 @@
+"""Held-out figures for the bundled model's card: bits/byte per held-out file and per group.
+
+    python -m edgelin.models.card_stats models/stdlib-linear [--seq-len 512] [--json out.json]
+
+Every held-out document (whole standard-library files and pydoc topics the model never saw) is scored on
+its own (``heldout_bits_per_byte``: windows of seq_len bytes, each from an empty state); the groups are
+scored as the training recipe scores them (the documents joined). Prints a table and, per kind, the
+median and the 10th/90th percentile over files, weighted by nothing (each file counts once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def main(argv=None) -> int:
+    from edgelin.checkpoint import load_checkpoint
+    from edgelin.models import corpus
+    from edgelin.models.train import evaluation_sets, heldout_bits_per_byte, unigram_bits_per_byte
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoint", type=Path)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--eval-dir", type=Path, action="append", default=[], help="also score every *.py under this folder")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = load_checkpoint(args.checkpoint).eval()
+    train = corpus.join(corpus.select(heldout=False))
+    out = {"file_list_sha256": corpus.file_list_sha256(), "seq_len": args.seq_len, "groups": {}, "files": {}}
+    for name, text in evaluation_sets().items():
+        out["groups"][name] = {"bytes": len(text), "bpb": heldout_bits_per_byte(model, text, args.seq_len),
+                               "unigram_bpb": unigram_bits_per_byte(train, text)}
+        print(f"{name:14s} {len(text):>9,} bytes  {out['groups'][name]['bpb']:.4f} bits/byte (unigram {out['groups'][name]['unigram_bpb']:.4f})", flush=True)
+    from edgelin.models.train import directory_text
+
+    for folder in args.eval_dir:
+        text = directory_text(folder)
+        out["groups"][str(folder)] = {"bytes": len(text), "bpb": heldout_bits_per_byte(model, text, args.seq_len),
+                                      "unigram_bpb": unigram_bits_per_byte(train, text)}
+        print(f"{str(folder)}: {len(text):,} bytes  {out['groups'][str(folder)]['bpb']:.4f} bits/byte", flush=True)
+    for doc in corpus.select(heldout=True):
+        if len(doc.text) >= 2:
+            out["files"][doc.name] = {"kind": doc.kind, "bytes": len(doc.text), "bpb": heldout_bits_per_byte(model, doc.text, args.seq_len)}
+    for kind in ("code", "topic"):
+        v = np.array([f["bpb"] for f in out["files"].values() if f["kind"] == kind])
+        out[f"per_file_{kind}"] = {"n": int(v.size), "median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
+                                   "p90": float(np.percentile(v, 90)), "min": float(v.min()), "max": float(v.max())}
+        print(f"per {kind} file: n {v.size}, median {np.median(v):.3f}, p10 {np.percentile(v, 10):.3f}, p90 {np.percentile(v, 90):.3f}, "
+              f"min {v.min():.3f}, max {v.max():.3f}")
+    for name, f in sorted(out["files"].items(), key=lambda kv: kv[1]["bpb"]):
+        print(f"  {f['bpb']:.3f}  {f['bytes']:>8,}  {name}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
