@@ -402,8 +402,13 @@ def heldout_text(manifest: Manifest) -> bytes | None:
 # ---- 1. structure ------------------------------------------------------------------------------
 def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | None, model) -> list[Check]:
     """Manifest <-> graphs (the runtime's check_graph, with the embedded manifest compared by content),
-    source hash <-> checkpoint, config <-> manifest. Every problem is listed."""
+    source hash <-> checkpoint, config <-> manifest, graph files <-> the manifest's sha256. Every problem is listed."""
     checks = []
+    if manifest.sha256 is None:
+        checks.append(Check("structure", "graph files <-> edgelin.json sha256", NA, where="an edgelin/1 manifest has no graph hashes"))
+    else:
+        problems = manifest.file_problems(export_dir)
+        checks.append(Check("structure", "graph files <-> edgelin.json sha256", FAIL if problems else PASS, where="; ".join(problems)))
     for graph, fname in manifest.graphs.items():
         try:
             sess = open_session(export_dir / fname, "cpu", optimization="disable")

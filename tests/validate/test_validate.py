@@ -83,6 +83,7 @@ def test_decode_weight_changed_by_1e_3(base, broken):
     assert "first diverging step 0: layer 1, state S (present.1.S)" in fails["decode/8 steps, state fed back"]
     assert not any(k.startswith("prefill/") for k in fails)  # the prefill graph is intact
     assert any(k.startswith("graphs/") for k in fails)  # prefill and decode now disagree
+    assert "decode.onnx is not the file edgelin.json describes" in fails["structure/graph files <-> edgelin.json sha256"]
 
 
 def test_state_output_wired_to_the_wrong_layer(base, broken):
