@@ -56,10 +56,15 @@ class ShortConv(nn.Module):
         weight[:, 0, -1] = 1.0
         self.weight = nn.Parameter(weight)  # [d, 1, size]
 
-    def forward(self, x: torch.Tensor, past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, past: torch.Tensor, step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``step`` (one token, the decode graph): a weighted sum over the window, two graph nodes where
+        Conv needs a Conv and two Transposes (ONNX Runtime's Conv costs ~18 us for a 4-tap window of one token)."""
         full = torch.cat([past, x], dim=1)  # [B, size - 1 + T, d]
-        y = F.conv1d(full.transpose(1, 2), self.weight, groups=self.weight.shape[0])  # [B, d, T]
-        return y.transpose(1, 2), full[:, 1 - self.size :]  # [B, T, d], new window [B, size - 1, d]
+        if step:
+            y = (full * self.weight[:, 0, :].t()).sum(1, keepdim=True)  # [B, size, d] x [size, d] -> [B, 1, d]
+        else:
+            y = F.conv1d(full.transpose(1, 2), self.weight, groups=self.weight.shape[0]).transpose(1, 2)  # [B, T, d]
+        return y, full[:, 1 - self.size :]  # [B, T, d], new window [B, size - 1, d]
 
 
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -167,7 +172,7 @@ class LinearAttention(nn.Module):
             layout["conv"] = (("batch", self.conv.size - 1, self.cfg.d_model), "float32", 0.0)
         return layout
 
-    def _mix(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State | None, State]:
+    def _mix(self, x: torch.Tensor, state: State | None, step: bool = False) -> tuple[torch.Tensor, State | None, State]:
         """The short conv, if any: (mixed x, the attention's part of the state, the conv's new window)."""
         if self.conv is None:
             return x, state, {}
@@ -176,7 +181,7 @@ class LinearAttention(nn.Module):
         else:
             state = dict(state)
             past = state.pop("conv")
-        x, window = self.conv(x, past)
+        x, window = self.conv(x, past, step)
         return x, state, {"conv": window}
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -197,7 +202,7 @@ class LinearAttention(nn.Module):
         form (edgelin.ops.FORMS): "chunk" for the prefill graph, "step" (T = 1) for the decode graph.
         The decay's gate reads the layer input before the short conv, as the gates of Mamba2 and GLA do."""
         g = None if self.decay is None else self.decay(x)  # [B, H, T] or [B, H, T, F]
-        x, state, conv = self._mix(x, state)
+        x, state, conv = self._mix(x, state, step=form == "step")
         q, k, v = self._qkv(x)  # [B, H, T, Dh] each
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
