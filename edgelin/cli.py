@@ -62,7 +62,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
 
     \b
     Examples:
-      edgelin export models/pydoc-linear -o out/
+      edgelin export models/stdlib-linear -o out/
       edgelin export ckpt/ -o out/ --chunk-size 128 --force
       edgelin export -o out-int8/ --precision int8
     """
@@ -115,7 +115,7 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
 
 @main.command("demo")
 @click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
-              help="Text for the model to continue; repeat for several [default: 'def fibonacci(n):' and 'The for statement'].")
+              help="Text for the model to continue; repeat for several [default: 'def fibonacci(n):' and 'The for statement is used to'].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Keep the export in this folder; an existing one is replaced only if it is empty or an edgelin export [default: a temporary folder].")
 @click.option("--max-new-tokens", "-n", default=200, show_default=True, type=int, help="Tokens to generate per prompt.")
 @click.option("--temperature", "-t", default=DEFAULT_SAMPLING["temperature"], show_default=True, type=float, help="0 = greedy (a small model then tends to loop).")
@@ -134,7 +134,7 @@ def demo_cmd(prompts, out_dir, max_new_tokens, temperature, top_p, seed, provide
     \b
     Examples:
       edgelin demo
-      edgelin demo --prompt "class Stack:" --prompt "A list comprehension" --out demo-export/
+      edgelin demo --prompt "import os" --prompt "This module provides" --out demo-export/
       edgelin demo --temperature 0 -n 60        # greedy
     """
     import warnings

@@ -12,7 +12,7 @@ from edgelin.config import ModelConfig
 from edgelin.errors import EdgelinError
 from edgelin.runtime.files import check_output_dir
 
-DEFAULT_PROMPTS = ("def fibonacci(n):", "The for statement")  # a code and a prose continuation
+DEFAULT_PROMPTS = ("def fibonacci(n):", "The for statement is used to")  # a code and a prose continuation
 # Seeded sampling: greedy decoding of a small byte-level model falls into loops; a moderate temperature with
 # a nucleus keeps it on real tokens without repeating itself (models/stdlib-linear/README.md shows the output).
 DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 0}
@@ -72,7 +72,7 @@ def run_demo(
     say = progress or (lambda _m: None)
     checkpoint = bundled_checkpoint()
     if checkpoint is None:
-        raise EdgelinError("this install has no bundled model (edgelin/models/pydoc-linear); reinstall edgelin")
+        raise EdgelinError("this install has no bundled model (edgelin/models/stdlib-linear); reinstall edgelin")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts or not all(prompts):
         raise EdgelinError("a prompt is empty; pass --prompt with some text")

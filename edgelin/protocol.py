@@ -80,7 +80,8 @@ def state_decays(model: Any) -> bool:
 # Why a running sum cannot live in float16 (README, "Edge precision"): float16 has an 11-bit
 # significand, so once a sum holds ~2,048 tokens' worth of similar contributions, adding one more rounds
 # to (nearly) nothing, and the sum passes float16's largest value, 65,504, after ~28k tokens of text for
-# the bundled pydoc model (measured). A decayed state holds about 1 / (1 - gamma) tokens' worth instead.
+# the previous bundled model, pydoc-linear, which had no decay (measured). A decayed state holds about
+# 1 / (1 - gamma) tokens' worth instead.
 def check_float16_state(model: Any) -> None:
     """Refuse a float16 state for a model whose state sums every token without decay."""
     if not state_decays(model):

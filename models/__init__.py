@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BUNDLED = "pydoc-linear"  # the folder of the default bundled checkpoint
+BUNDLED = "stdlib-linear"  # the folder of the default bundled checkpoint
 
 
 def bundled_checkpoint(name: str = BUNDLED) -> Path | None:

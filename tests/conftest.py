@@ -77,7 +77,7 @@ def exported(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def bundled_export(tmp_path_factory):
-    """precision -> export dir of the bundled model (models/pydoc-linear) in that precision; each exported
+    """precision -> export dir of the bundled model (models/stdlib-linear) in that precision; each exported
     once per session (about 30 s each on a quiet 2-core machine). Skips where the install has no bundled model."""
     from edgelin.exporters import export
     from edgelin.models import bundled_checkpoint

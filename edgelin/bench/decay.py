@@ -35,7 +35,7 @@ from . import baselines
 from .measure import interleaved, prefill_case, ratio, stats
 from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
 
-# The bundled model's shape (models/pydoc-linear); the widths come from the plan.
+# The bundled model's shape (models/stdlib-linear, less its decay); the widths come from the plan.
 DECAY_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4}
 WIDTHS = ("d_model", "n_layers", "n_heads", "head_dim")
 
