@@ -22,7 +22,7 @@ import torch
 def main(argv=None) -> int:
     from edgelin.checkpoint import load_checkpoint
     from edgelin.models import corpus
-    from edgelin.models.train import evaluation_sets, heldout_bits_per_byte, unigram_bits_per_byte
+    from edgelin.models.train import directory_text, evaluation_sets, heldout_bits_per_byte, score_texts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint", type=Path)
@@ -33,19 +33,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_checkpoint(args.checkpoint).eval()
-    train = corpus.join(corpus.select(heldout=False))
-    out = {"file_list_sha256": corpus.file_list_sha256(), "seq_len": args.seq_len, "groups": {}, "files": {}}
-    for name, text in evaluation_sets().items():
-        out["groups"][name] = {"bytes": len(text), "bpb": heldout_bits_per_byte(model, text, args.seq_len),
-                               "unigram_bpb": unigram_bits_per_byte(train, text)}
-        print(f"{name:14s} {len(text):>9,} bytes  {out['groups'][name]['bpb']:.4f} bits/byte (unigram {out['groups'][name]['unigram_bpb']:.4f})", flush=True)
-    from edgelin.models.train import directory_text
-
-    for folder in args.eval_dir:
-        text = directory_text(folder)
-        out["groups"][str(folder)] = {"bytes": len(text), "bpb": heldout_bits_per_byte(model, text, args.seq_len),
-                                      "unigram_bpb": unigram_bits_per_byte(train, text)}
-        print(f"{str(folder)}: {len(text):,} bytes  {out['groups'][str(folder)]['bpb']:.4f} bits/byte", flush=True)
+    texts = evaluation_sets() | {str(folder): directory_text(folder) for folder in args.eval_dir}
+    out = {"file_list_sha256": corpus.file_list_sha256(), "seq_len": args.seq_len, "files": {},
+           "groups": score_texts(model, texts, args.seq_len, corpus.join(corpus.select(heldout=False)))}
     for doc in corpus.select(heldout=True):
         if len(doc.text) >= 2:
             out["files"][doc.name] = {"kind": doc.kind, "bytes": len(doc.text), "bpb": heldout_bits_per_byte(model, doc.text, args.seq_len)}

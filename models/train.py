@@ -117,6 +117,17 @@ def heldout_bits_per_byte(model, data: bytes, seq_len: int, max_bytes: int | Non
     return total_nats / count / math.log(2)
 
 
+def score_texts(model, texts: dict[str, bytes], seq_len: int, train: bytes) -> dict[str, dict[str, float]]:
+    """Bits per byte of ``model`` and of the unigram baseline on each named text, printed as they come."""
+    scores = {}
+    for name, text in texts.items():
+        scores[name] = {"bytes": len(text), "bpb": heldout_bits_per_byte(model, text, seq_len),
+                        "unigram_bpb": unigram_bits_per_byte(train, text)}
+        print(f"held-out {name}: {scores[name]['bpb']:.4f} bits/byte over {len(text):,} bytes "
+              f"(unigram {scores[name]['unigram_bpb']:.4f})", flush=True)
+    return scores
+
+
 def unigram_bits_per_byte(train: bytes, heldout: bytes) -> float:
     """Entropy of the held-out bytes under the train byte frequencies with add-one smoothing (a baseline)."""
     counts = torch.bincount(as_tensor(train), minlength=256).double() + 1.0  # [256]
@@ -179,6 +190,7 @@ def train(args) -> dict:
     topics_train = corpus.join(corpus.select(heldout=False, kind="topic"))
     train_bytes = code_train + topics_train
     heldout = evaluation_sets()
+    extra = {str(folder): directory_text(folder) for folder in args.eval_dir}  # read now: a bad folder fails before training
     sources = [(as_tensor(code_train), 1.0 - args.topics_weight), (as_tensor(topics_train), args.topics_weight)]
     model = build_model(args)
     kind = "softmax (RoPE)" if args.softmax else (
@@ -233,20 +245,16 @@ def train(args) -> dict:
     }
     print(f"done: {args.steps} steps, {result['tokens']:,} tokens, {train_seconds:.0f} s training "
           f"(+{eval_seconds:.0f} s periodic eval)", flush=True)
-    sets = dict(heldout) if args.final_eval else {}
-    for folder in args.eval_dir:
-        sets[f"{folder}"] = directory_text(folder)
-    for name, text in sets.items():
-        text = text if args.final_eval_bytes is None else text[: args.final_eval_bytes]
-        bpb = heldout_bits_per_byte(model, text, args.seq_len)
-        unigram = unigram_bits_per_byte(train_bytes, text)
-        result["heldout"][name] = {"bytes": len(text), "bpb": bpb, "unigram_bpb": unigram}
-        print(f"held-out {name}: {bpb:.4f} bits/byte over {len(text):,} bytes (unigram {unigram:.4f})", flush=True)
-    if args.out:
+    if args.out:  # before the (slow) final scores
         from edgelin.checkpoint import save_checkpoint, weights_sha256
 
         path = save_checkpoint(model, args.out)
         print(f"saved {path} (model.safetensors sha256 {weights_sha256(path)})", flush=True)
+    sets = dict(heldout) if args.final_eval else {}
+    sets.update(extra)
+    if args.final_eval_bytes is not None:
+        sets = {name: text[: args.final_eval_bytes] for name, text in sets.items()}
+    result["heldout"] = score_texts(model, sets, args.seq_len, train_bytes)
     for prompt in args.sample:
         print(f"sample (temperature 0.8): {prompt}{generate(model, prompt, 300)}", flush=True)
     return result
@@ -299,7 +307,7 @@ def main(argv=None) -> int:
 
     try:
         train(args)
-    except ConfigError as exc:
+    except (ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
