@@ -66,7 +66,7 @@ def run_demo(
     receives prompt i's continuation piece by piece), and summarise."""
     from edgelin.exporters import export
     from edgelin.models import bundled_checkpoint
-    from edgelin.runtime import Manifest, generate_text
+    from edgelin.runtime import Manifest, generate_text, load
     from edgelin.validate import validate
 
     say = progress or (lambda _m: None)
@@ -93,11 +93,11 @@ def run_demo(
         say(f"      {'PASS' if report.passed else 'FAIL'}: {counts['pass']} checks passed, {counts['fail']} failed")
         say(f"[3/3] generating from ONNX Runtime (temperature {temperature}, top-p {top_p}, seed {seed}): "
             + ", ".join(repr(p) for p in prompts))
-        results = []
+        session, results = load(out, provider=provider), []  # loaded once for every prompt
         for i, prompt in enumerate(prompts):
             stream = None if on_text is None else (lambda text, i=i: on_text(i, text))
-            results.append(generate_text(out, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                         seed=seed, provider=provider, on_text=stream))
+            results.append(generate_text(session, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                         seed=seed, on_text=stream))
         manifest = Manifest.load(out)
         cfg = ModelConfig.from_dict(manifest.model)
         total = max(r["prompt_tokens"] + r["new_tokens"] for r in results)

@@ -77,7 +77,7 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
         decode = {d: stats(samples[d]) for d in names}
 
         rows = []
-        for T in plan.decay_lengths:  # length-major: the decays at one length run back to back
+        for T in plan.opt_in_lengths:  # length-major: the decays at one length run back to back
             for d in names:
                 say(f"  prefill {d:7s} T={T:,} ...")
                 m = sessions[d].manifest
@@ -93,7 +93,7 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
         if d != plain:
             entry["decode_over_none"] = ratio(decode[d], decode[plain])
             entry["prefill_tokens_per_s_over_none"] = {str(T): ok[(d, T)]["tokens_per_s"] / ok[(plain, T)]["tokens_per_s"]
-                                                       for T in plan.decay_lengths if (d, T) in ok and (plain, T) in ok}
+                                                       for T in plan.opt_in_lengths if (d, T) in ok and (plain, T) in ok}
         models[d] = entry
     return {
         "status": "ok",
@@ -101,7 +101,7 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
                 "batch 1 (ORT, IO binding, interleaved) and prefill tokens/s per length (torch-free subprocesses, back to "
                 "back per length); ratios against decay 'none' (decode: ms ratio, above 1 is slower; prefill: tokens/s "
                 "ratio, below 1 is slower)",
-        "config": base, "decays": list(names), "lengths": list(plan.decay_lengths),
+        "config": base, "decays": list(names), "lengths": list(plan.opt_in_lengths),
         "models": models, "prefill": rows,
     }
 

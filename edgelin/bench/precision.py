@@ -35,8 +35,6 @@ from .measure import copy_bandwidth, interleaved, prefill_case, ratio, stats
 from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
 from .sections import graph_weight_bytes
 
-BATCHES = (1, 8)
-
 
 def _source(source: Any, quick: bool) -> Any:
     """What to export: the given checkpoint folder or model, the bundled model, or (quick) a tiny random LinearLM."""
@@ -76,7 +74,7 @@ def precision_section(plan: Plan, threads: int, say: Progress, *, source: Any = 
         rng = np.random.default_rng(DATA_SEED)
 
         decode: dict[str, dict[str, Any]] = {n: {} for n in names}
-        for B in BATCHES:
+        for B in plan.decode_batches:
             say(f"  decode, batch {B}, interleaved ...")
             tok = rng.integers(0, vocab, (B, 1), dtype=np.int64)  # [B, 1]
             states = {n: s.new_state(B) for n, s in sessions.items()}
@@ -86,7 +84,7 @@ def precision_section(plan: Plan, threads: int, say: Progress, *, source: Any = 
                 decode[n][str(B)] = stats(samples[n])
 
         rows = []
-        for T in plan.decay_lengths:  # length-major: the precisions at one length run back to back
+        for T in plan.opt_in_lengths:  # length-major: the precisions at one length run back to back
             for n in names:
                 say(f"  prefill {n} T={T:,} ...")
                 m = sessions[n].manifest
@@ -103,9 +101,9 @@ def precision_section(plan: Plan, threads: int, say: Progress, *, source: Any = 
         floor_ms = exports[n]["decode_weight_bytes"] / GBps * 1e3  # per call: the weights are read once per call
         entry = {**exports[n], "provider_active": active[n], "decode_ms": decode[n],
                  "floor": {str(B): {"floor_ms_per_token": floor_ms / B, "measured_over_floor": decode[n][str(B)]["median"] / floor_ms}
-                           for B in BATCHES}}
+                           for B in plan.decode_batches}}
         if n != base:
-            entry["decode_over_fp32"] = {str(B): ratio(decode[n][str(B)], decode[base][str(B)]) for B in BATCHES}
+            entry["decode_over_fp32"] = {str(B): ratio(decode[n][str(B)], decode[base][str(B)]) for B in plan.decode_batches}
             entry["size_over_fp32"] = sum(exports[n]["bytes_on_disk"].values()) / sum(exports[base]["bytes_on_disk"].values())
         out[n] = entry
     return {
@@ -114,7 +112,7 @@ def precision_section(plan: Plan, threads: int, say: Progress, *, source: Any = 
                 "token at batch 1 and 8 (ORT, IO binding, the precisions interleaved), prefill tokens/s and peak memory per "
                 "length (torch-free subprocesses, back to back per length), and the weight-bytes floor per token (decode-graph "
                 "weight bytes / best single-thread copy bandwidth); ratios against fp32 (decode: ms ratio, below 1 is faster)",
-        "model": label, "precisions": list(names), "batches": list(BATCHES), "lengths": list(plan.decay_lengths),
+        "model": label, "precisions": list(names), "batches": list(plan.decode_batches), "lengths": list(plan.opt_in_lengths),
         "bandwidth_GBps": bandwidth, "models": out, "prefill": rows,
     }
 
