@@ -6,7 +6,7 @@ import click
 
 from edgelin.cli_common import progress, user_errors
 
-SECTION_NAMES = "decode, position, prefill, sweep, floor; opt-in: fla, decay"
+SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision"
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,7 +22,7 @@ SECTION_NAMES = "decode, position, prefill, sweep, floor; opt-in: fla, decay"
 @click.option("--no-plots", is_flag=True, help="Write only the JSON and the table.")
 @user_errors
 def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_plots):
-    """Benchmark SOURCE: decode latency, decode vs position, prefill throughput and memory, the floor.
+    """Benchmark SOURCE: decode latency, throughput vs batch, decode vs position, prefill, the floor.
 
     SOURCE is a checkpoint folder (config.json + model.safetensors) or an export folder
     (edgelin.json); default: the bundled model, else a default-size LinearLM with random weights
@@ -31,7 +31,11 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
     \b
     Sections (every figure: median [p10-p90] after warm-up; compared contenders interleaved):
       decode    ms per token, batch 1 and 8: ORT (run, IO binding) vs PyTorch eager step
-      position  decode at positions 128..16k vs a softmax twin with a KV cache; state vs KV bytes
+      throughput
+                ORT decode (IO binding) at batch 1, 2, 4 .. 64: ms per step, tokens/s
+      position  decode at positions 128..64k vs two softmax twins: KV cache concatenated per
+                step, and ORT's GroupQueryAttention on a KV buffer updated in place; the
+                fastest baseline named per position; state vs KV bytes
       prefill   tokens/s and peak memory, T = 256..65,536: chunked graph, O(T^2) masked form,
                 softmax twin, chunked in 4096-token pieces; too-big cases are skipped, with why
       sweep     prefill tokens/s vs the graph's chunk size (16..256), one export each

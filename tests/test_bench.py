@@ -94,16 +94,39 @@ def test_quick_decode(quick):
 
 
 def test_quick_position(quick):
-    rows = quick[0]["position"]["rows"]
+    data, result, _ = quick
+    rows = data["position"]["rows"]
     assert [r["position"] for r in rows] == [32, 128]
     for r in rows:
         positive_stats(r["linear_ms"], "linear_ms")
-        positive_stats(r["softmax_kv_ms"], "softmax_kv_ms")
-        positive(r["softmax_over_linear"], "softmax_over_linear")
+        for ms, over in (("softmax_kv_ms", "softmax_over_linear"), ("softmax_gqa_ms", "softmax_gqa_over_linear")):
+            positive_stats(r[ms], ms)
+            assert r[over] == pytest.approx(r[ms]["median"] / r["linear_ms"]["median"])
+        # the strongest baseline is the faster of the two, and its ratio is its own
+        fastest = min(("softmax_kv", "softmax_gqa"), key=lambda n: r[f"{n}_ms"]["median"])
+        assert r["strongest_baseline"] == fastest and r["skipped"] == {}
+        assert r["strongest_over_linear"] == pytest.approx(r[f"{fastest}_ms"]["median"] / r["linear_ms"]["median"])
         # 1 layer, 2 heads x 16: KV = 2 * 1 * 2 * P * 16 * 4 bytes; state = (2*16*16 + 2*16) * 4 bytes
         assert r["kv_cache_bytes"] == 256 * r["position"]
         assert r["linear_state_bytes"] == 2176
     assert rows[1]["kv_over_state"] > rows[0]["kv_over_state"]
+    assert "GroupQueryAttention" in data["position"]["softmax_gqa_baseline"]
+    assert data["method"]["verification"]["max_abs_error"]["softmax_gqa"] <= 1e-4  # checked against PyTorch before timing
+    assert "softmax, GQA in place" in result.stdout and "strongest" in result.stdout
+
+
+def test_quick_throughput(quick):
+    data, result, _ = quick
+    t = data["throughput"]
+    assert list(t["batches"]) == ["1", "4"]  # QUICK's short list
+    for B, row in t["batches"].items():
+        positive_stats(row["ms_per_step"], f"throughput[{B}]")
+        assert row["ms_per_step"]["n"] == 3 * 8  # QUICK: 3 rounds x 8 calls, through the decode section's counts
+        assert row["tokens_per_s"] == pytest.approx(int(B) / (row["ms_per_step"]["median"] / 1e3))
+        assert row["ms_per_token"] == pytest.approx(row["ms_per_step"]["median"] / int(B))
+    assert t["batches"]["1"]["tokens_per_s_over_batch_1"] == 1.0
+    assert t["best_batch"] in (1, 4) and t["best_tokens_per_s"] == t["batches"][str(t["best_batch"])]["tokens_per_s"]
+    assert "1b. decode throughput vs batch" in result.stdout
 
 
 def test_quick_prefill(quick):

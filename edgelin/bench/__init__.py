@@ -1,6 +1,6 @@
 """Benchmarks: how fast and how small an export is, next to the baselines it replaces.
 
-``run_bench(source, provider=..., threads=..., quick=...)`` measures five sections and returns a
+``run_bench(source, provider=..., threads=..., quick=...)`` measures six sections and returns a
 ``BenchReport`` (JSON + a printed table + optional PNG plots); ``edgelin bench`` is its command line.
 Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
 
@@ -8,7 +8,8 @@ Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
     measure     statistics, interleaved timing, machine facts, the torch-free prefill worker
     baselines   the graphs exported here (softmax twin with a KV cache, O(T^2) form, chunk sweep) and
                 their check against PyTorch (edgelin.parity budgets)
-    sections    decode, position, prefill, sweep, floor
+    gqa         the softmax twin's decode step around ORT's GroupQueryAttention, KV buffers updated in place
+    sections    decode, throughput, position, prefill, sweep, floor
     foreign     fla (opt-in): a flash-linear-attention checkpoint imported + exported, vs fla's own step
     decay       decay (opt-in): same-size LinearLMs with each decay vs the plain one
     precision   precision (opt-in): the model under test in fp32 / fp16 / int8 / int4

@@ -5,6 +5,7 @@
     chunk{C}         the prefill graph with chunk C (``with_chunk_size``), for the chunk sweep
     softmax_prefill  the softmax twin: a SoftmaxLM of the LinearLM's widths (RoPE, random weights) ...
     softmax_decode   ... and its decode step with a KV cache (past k/v of dynamic length in, present out)
+    softmax_gqa      ... and its decode step around ORT's GroupQueryAttention, KV buffers updated in place (``gqa``)
 
 The twin and the quadratic form exist for a ``LinearLM`` only (the twin is built from its config);
 for any other model that follows ``edgelin.protocol`` they are skipped, with the reason in the report.
@@ -39,19 +40,17 @@ from edgelin.runtime.session import open_session
 from edgelin.softmax import SoftmaxLM
 from edgelin.state import fresh_state, to_numpy
 
+from . import gqa
+from .gqa import kv_keys
 from .measure import session_options
 from .plan import DATA_SEED, SOFTMAX_SEED, BenchError, Progress, Subject
 
 PRECISION = "fp32"  # every graph exported here is float32
-EXPORT_COST = {"linear": 3, "parallel": 2, "chunk": 2, "softmax_prefill": 1, "softmax_decode": 1}  # rough relative export times
+EXPORT_COST = {"linear": 3, "parallel": 2, "chunk": 2, "softmax_prefill": 1, "softmax_decode": 1, "softmax_gqa": 0}  # rough relative export times
 NOT_LINEAR_LM = "the model is not a LinearLM ({}): the softmax twin and the O(T^2) form are built from a LinearLM's config"
 
 
 # ---- the softmax twin ----------------------------------------------------------------------------
-def kv_keys(n_layers: int) -> list[str]:
-    return [f"{i}.{n}" for i in range(n_layers) for n in ("k", "v")]
-
-
 class SoftmaxPrefill(nn.Module):
     """input_ids [B, T] -> logits [B, T, V], present.{i}.k/v [B, H, T, Dh] (the KV cache)."""
 
@@ -87,8 +86,9 @@ def softmax_twin(subject: Subject) -> tuple[SoftmaxLM | None, str | None]:
 
 
 # ---- exporting ----------------------------------------------------------------------------------
-def plan_exports(subject: Subject, sections: tuple[str, ...], sweep_chunks: list[int], work: Path) -> list[dict[str, Any]]:
-    """The export jobs the sections need: {"name", "kind", "path", "opset"} (+ "chunk")."""
+def plan_exports(subject: Subject, sections: tuple[str, ...], sweep_chunks: list[int], work: Path, kv_capacity: int = 0) -> list[dict[str, Any]]:
+    """The export jobs the sections need: {"name", "kind", "path", "opset"} (+ "chunk", + "capacity": the longest
+    sequence the KV-buffer graph serves; without one it is not built)."""
     base = {"opset": subject.opset}
     jobs = []
     if subject.export_dir is None:
@@ -96,6 +96,8 @@ def plan_exports(subject: Subject, sections: tuple[str, ...], sweep_chunks: list
     if subject.is_linear_lm:
         if "position" in sections:
             jobs.append({**base, "name": "softmax_decode", "kind": "softmax_decode", "path": str(work / "softmax_decode.onnx")})
+            if kv_capacity and not gqa.unsupported(subject.model.cfg):
+                jobs.append({**base, "name": "softmax_gqa", "kind": "softmax_gqa", "capacity": kv_capacity, "path": str(work / "softmax_gqa.onnx")})
         if "prefill" in sections:
             jobs.append({**base, "name": "softmax_prefill", "kind": "softmax_prefill", "path": str(work / "softmax_prefill.onnx")})
             jobs.append({**base, "name": "parallel", "kind": "parallel", "path": str(work / "parallel.onnx")})
@@ -133,6 +135,8 @@ def export_one(model: nn.Module, job: dict[str, Any]) -> dict[str, Any]:
         example = (torch.zeros(2, 1, dtype=torch.int64), *past)
         dynamic = ({0: batch}, tuple({0: batch, 2: past_len} for _ in keys))
         export_graph(SoftmaxDecode(model), example, names, dynamic, opset, path)
+    elif kind == "softmax_gqa":
+        gqa.write_decode_graph(model, path, job["capacity"], opset)
     else:  # pragma: no cover -- internal
         raise ValueError(f"unknown export job {kind!r}")
     nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
@@ -248,6 +252,8 @@ def verify(paths: dict[str, Path], subject: Subject, twin: SoftmaxLM | None, thr
                     got = _run(paths["softmax_decode"], {INPUT_IDS: tok.numpy(), **{f"past.{k}": v.numpy() for k, v in kv.items()}}, threads)
                     worst = _worse(worst, _check(got, ref2, {f"present.{k}": c for k, c in cache2.items()}))
                 checks["softmax_decode"] = worst
+        if twin is not None and "softmax_gqa" in paths:
+            checks["softmax_gqa"] = _check_kv_buffer(paths["softmax_gqa"], twin, gen, threads)
         model, specs = subject.model, subject.model.state_specs()
         for name in [n for n in paths if n == "parallel" or n.startswith("chunk")]:
             C = chunk_size(model) if name == "parallel" else int(name[len("chunk"):])
@@ -267,6 +273,29 @@ def verify(paths: dict[str, Path], subject: Subject, twin: SoftmaxLM | None, thr
                          + f" (budgets {budgets}); nothing was timed")
     say("  " + ", ".join(f"{n} {c['logits'].max_abs:.1e}" for n, c in checks.items()) + f" (logits max abs, budget {budgets['logits']}): ok")
     return checks
+
+
+KV_BUFFER_CHECK = ((0, 5), (37, 4))  # (cached tokens, steps): from an empty buffer, and after a prefill of an odd length
+
+
+def _check_kv_buffer(path: Path, twin: SoftmaxLM, gen: torch.Generator, threads: int) -> dict[str, parity.Errors]:
+    """The KV-buffer decode graph step by step against the twin's own steps (batch 2): the logits of every
+    step, and the buffers' filled part against the twin's grown cache."""
+    cfg, V = twin.cfg, twin.cfg.vocab_size
+    sess = open_session(path, "cpu", options=session_options(threads))
+    worst = {"logits": parity.NONE, "state": parity.NONE}
+    for past, steps in KV_BUFFER_CHECK:
+        decoder = gqa.KVBufferDecoder(sess, n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim, batch=2, capacity=past + steps)
+        cache = None
+        if past:
+            _, cache = twin(torch.randint(0, V, (2, past), generator=gen))
+            decoder.load({k: c.numpy() for k, c in cache.items()})
+        for _ in range(steps):
+            tok = torch.randint(0, V, (2, 1), generator=gen)
+            ref, cache = twin(tok, cache)
+            got = {LOGITS: decoder.step(tok.numpy()), **{f"present.{k}": c for k, c in decoder.cache().items()}}
+            worst = _worse(worst, _check(got, ref, {f"present.{k}": c for k, c in cache.items()}))
+    return worst
 
 
 def _check(got: dict[str, np.ndarray], logits: torch.Tensor, states: dict[str, torch.Tensor]) -> dict[str, parity.Errors]:
@@ -291,5 +320,5 @@ def verification_record(checks: Checks) -> dict[str, Any]:
     }
 
 
-__all__ = ["SoftmaxDecode", "SoftmaxPrefill", "export_one", "export_worker_main", "kv_keys", "plan_exports", "run_exports",
+__all__ = ["KV_BUFFER_CHECK", "SoftmaxDecode", "SoftmaxPrefill", "export_one", "export_worker_main", "kv_keys", "plan_exports", "run_exports",
            "softmax_twin", "verification_record", "verify"]

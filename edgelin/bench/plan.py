@@ -27,7 +27,7 @@ from edgelin.runtime.session import open_session
 
 from .measure import meminfo
 
-SECTIONS = ("decode", "position", "prefill", "sweep", "floor")  # the default run: the model under test
+SECTIONS = ("decode", "throughput", "position", "prefill", "sweep", "floor")  # the default run: the model under test
 # Sections run only when asked for (``--section NAME``); fla and decay build their own models, precision
 # exports the model under test (a checkpoint folder or model; default the bundled model) once per precision.
 #   fla    a flash-linear-attention checkpoint imported + exported, decode vs fla's own step (``foreign``)
@@ -60,6 +60,7 @@ class Plan:
     decode_warmup: int  # calls per contender before timing
     decode_rounds: int  # interleaved rounds ...
     decode_per_round: int  # ... of this many timed calls per contender
+    throughput_batches: tuple[int, ...]  # decode throughput curve (timed with the decode_* counts); 1 first: the reference
     positions: tuple[int, ...]
     position_warmup: int
     position_rounds: int
@@ -86,8 +87,8 @@ class Plan:
 
 
 FULL = Plan(
-    decode_batches=(1, 8), decode_warmup=20, decode_rounds=10, decode_per_round=30,
-    positions=(128, 1024, 4096, 16384), position_warmup=5, position_rounds=5, position_per_round=10,
+    decode_batches=(1, 8), decode_warmup=20, decode_rounds=10, decode_per_round=30, throughput_batches=(1, 2, 4, 8, 16, 32, 64),
+    positions=(128, 1024, 4096, 16384, 65536), position_warmup=5, position_rounds=5, position_per_round=10,
     prefill_lengths=(256, 1024, 4096, 16384, 65536), piece=4096, piece_from=16384,
     case_budget_s=3.0, min_repeats=3, max_repeats=20, case_time_cap_s=20.0,
     sweep_length=4096, sweep_chunks=(16, 32, 64, 128, 256),
@@ -96,7 +97,7 @@ FULL = Plan(
     opt_in_lengths=(1024, 4096), decay_widths=(256, 4, 4, 64),  # the bundled model's size
 )
 QUICK = Plan(
-    decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8,
+    decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8, throughput_batches=(1, 4),
     positions=(32, 128), position_warmup=2, position_rounds=2, position_per_round=4,
     prefill_lengths=(64, 256), piece=64, piece_from=256,
     case_budget_s=0.2, min_repeats=2, max_repeats=5, case_time_cap_s=5.0,

@@ -85,16 +85,33 @@ def write_plots(data: dict, out: Path) -> tuple[list[Path], dict[str, Any]]:
         ax.set_title("decode latency per token")
         ax.legend()
         save(fig, "decode.png")
+    if "throughput" in data:
+        rows = data["throughput"]["batches"]
+        B = [int(b) for b in rows]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+        a1.plot(B, [r["tokens_per_s"] for r in rows.values()], "o-", color="C0")
+        a1.set_ylabel("tokens/s (batch / median step)")
+        a1.set_title("decode throughput vs batch")
+        a2.errorbar(B, [r["ms_per_step"]["median"] for r in rows.values()], fmt="o-", color="C1",
+                    yerr=np.array([err(r["ms_per_step"]) for r in rows.values()])[:, :, 0].T)
+        a2.set_ylabel("ms per step (median, p10-p90)")
+        a2.set_title("decode step time vs batch")
+        for a in (a1, a2):
+            a.set_xscale("log", base=2)
+            log_ticks(a, B)
+            a.set_xlabel("batch (sequences decoded together)")
+        save(fig, "throughput.png")
     if "position" in data:
         rows = data["position"]["rows"]
         P = [r["position"] for r in rows]
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        for key, label, c in (("linear_ms", "linear (state)", "C0"), ("softmax_kv_ms", "softmax (KV cache)", "C1")):
-            if key not in rows[0]:  # no softmax twin for this model
+        for key, label, c in (("linear_ms", "linear (state)", "C0"), ("softmax_kv_ms", "softmax (KV cache, concatenated)", "C1"),
+                              ("softmax_gqa_ms", "softmax (GQA, KV buffer in place)", "C2")):
+            have = [r for r in rows if key in r]  # a baseline may be skipped at some positions, or have no twin at all
+            if not have:
                 continue
-            med = [r[key]["median"] for r in rows]
-            a1.plot(P, med, "o-", color=c, label=label)
-            a1.fill_between(P, [r[key]["p10"] for r in rows], [r[key]["p90"] for r in rows], color=c, alpha=0.2)
+            a1.plot([r["position"] for r in have], [r[key]["median"] for r in have], "o-", color=c, label=label)
+            a1.fill_between([r["position"] for r in have], [r[key]["p10"] for r in have], [r[key]["p90"] for r in have], color=c, alpha=0.2)
         a1.set_xscale("log")
         a1.set_yscale("log")
         log_ticks(a1, P)
@@ -201,17 +218,16 @@ def format_table(d: dict) -> str:
             r = row["ratios"]
             lines.append(f"            eager / ORT run {r['torch_eager_over_ort_run']:.2f}x, eager / ORT binding {r['torch_eager_over_ort_iobinding']:.2f}x, "
                          f"run / binding {r['ort_run_over_ort_iobinding']:.2f}x")
+    if "throughput" in d:
+        t = d["throughput"]
+        lines += ["", f"1b. decode throughput vs batch (ORT IO binding; batches interleaved; best batch {t['best_batch']})",
+                  f"  {'batch':>5}  {'ms per step':>26}  {'ms/token':>9}  {'tokens/s':>12}  {'x batch 1':>9}"]
+        for B, r in t["batches"].items():
+            over = r.get("tokens_per_s_over_batch_1")
+            lines.append(f"  {B:>5}  {_ms(r['ms_per_step']):>26}  {r['ms_per_token']:9.4f}  {r['tokens_per_s']:>12,.0f}  "
+                         + (f"{over:8.2f}x" if over else f"{'-':>9}"))
     if "position" in d:
-        lines += ["", "2. decode at position P (ms per step) and memory per sequence",
-                  f"  {'P':>7}  {'linear':>26}  {'softmax + KV cache':>26}  {'sm/lin':>6}  {'state':>10}  {'KV cache':>10}"]
-        for r in d["position"]["rows"]:
-            if "softmax_kv_ms" in r:
-                lines.append(f"  {r['position']:>7,}  {_ms(r['linear_ms']):>26}  {_ms(r['softmax_kv_ms']):>26}  {r['softmax_over_linear']:5.2f}x  "
-                             f"{mb(r['linear_state_bytes']):>10}  {mb(r['kv_cache_bytes']):>10}")
-            else:
-                lines.append(f"  {r['position']:>7,}  {_ms(r['linear_ms']):>26}  {'-':>26}  {'-':>6}  {mb(r['linear_state_bytes']):>10}  {'-':>10}")
-        if d["position"]["softmax_baseline"].startswith("skipped"):
-            lines.append(f"  softmax twin {d['position']['softmax_baseline']}")
+        lines += ["", *position_lines(d["position"])]
     if "prefill" in d:
         p = d["prefill"]
         lines += ["", f"3. prefill, batch 1: tokens/s and peak memory increment (memory cap {mb(p['memory_cap_bytes'])}, time cap {p['time_cap_s']:.0f} s per run)"]
@@ -259,6 +275,32 @@ def format_table(d: dict) -> str:
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]
     return "\n".join(lines)
+
+
+def position_lines(x: dict) -> list[str]:
+    """The position section's rows of the table: linear vs both softmax baselines, the strongest named per P."""
+    lines = ["2. decode at position P (ms per step) and memory per sequence; x = baseline / linear (above 1: linear is faster)",
+             f"  {'P':>7}  {'linear':>26}  {'softmax, KV concat':>26}  {'x':>6}  {'softmax, GQA in place':>26}  {'x':>6}  "
+             f"{'strongest':>11}  {'x':>6}  {'state':>10}  {'KV cache':>10}"]
+
+    def cell(r: dict, name: str, ms: str, over: str) -> str:
+        return f"{_ms(r[ms]):>26}  {r[over]:5.2f}x" if ms in r else f"{'skipped' if name in r.get('skipped', {}) else '-':>26}  {'-':>6}"
+
+    for r in x["rows"]:
+        strongest = (f"{r['strongest_baseline'].removeprefix('softmax_'):>11}  {r['strongest_over_linear']:5.2f}x" if "strongest_baseline" in r
+                     else f"{'-':>11}  {'-':>6}")
+        lines.append(f"  {r['position']:>7,}  {_ms(r['linear_ms']):>26}  {cell(r, 'softmax_kv', 'softmax_kv_ms', 'softmax_over_linear')}  "
+                     f"{cell(r, 'softmax_gqa', 'softmax_gqa_ms', 'softmax_gqa_over_linear')}  {strongest}  {mb(r['linear_state_bytes']):>10}  "
+                     + (f"{mb(r['kv_cache_bytes']):>10}" if "kv_cache_bytes" in r else f"{'-':>10}"))
+        for name, why in (r.get("skipped") or {}).items():
+            lines.append(f"           {name} skipped at P={r['position']:,}: {why}")
+    for key in ("softmax_baseline", "softmax_gqa_baseline"):
+        if x.get(key, "").startswith("skipped"):
+            lines.append(f"  softmax twin {x[key]}")
+            break
+    else:
+        lines.append("  kv = softmax twin, KV cache concatenated per step (torch.onnx); gqa = ORT GroupQueryAttention, preallocated KV buffer updated in place")
+    return lines
 
 
 def fla_lines(f: dict) -> list[str]:
@@ -343,4 +385,4 @@ def precision_lines(x: dict) -> list[str]:
     return lines
 
 
-__all__ = ["BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "precision_lines", "write_json_atomic", "write_plots"]
+__all__ = ["BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]

@@ -1,15 +1,20 @@
-"""The five sections of a bench run, each a method of ``Bench`` returning its part of the JSON.
+"""The six sections of a bench run, each a method of ``Bench`` returning its part of the JSON.
 
-    decode    latency per token, batch 1 and 8: ORT decode graph (plain ``run`` and IO binding, through
-              the runtime's Session) vs PyTorch eager ``model.step`` of the same model
-    position  decode latency at positions 128 .. 16k (state carried: prefill to the position, then time
-              decode steps) vs the softmax twin exported with a KV cache; memory per sequence
-    prefill   throughput and peak memory vs prompt length: the chunked prefill graph, the quadratic
-              masked form, the softmax twin, and the chunked graph fed in state-carried pieces; cases
-              predicted to exceed a memory or time cap are skipped and say why
-    sweep     prefill throughput vs the chunk size of the prefill graph (one export per chunk size)
-    floor     memory bandwidth (numpy copy) and the decode graph's weight bytes: the lower bound per
-              token, and measured / bound
+    decode      latency per token, batch 1 and 8: ORT decode graph (plain ``run`` and IO binding, through
+                the runtime's Session) vs PyTorch eager ``model.step`` of the same model
+    throughput  the ORT decode graph (IO binding) at batch 1 .. 64, batches interleaved: ms per step and
+                tokens/s = batch / step time
+    position    decode latency at positions 128 .. 64k (state carried: prefill to the position, then time
+                decode steps) vs two softmax-twin decode graphs: KV cache concatenated per step, and ORT's
+                GroupQueryAttention on a preallocated buffer updated in place (``gqa``); the strongest
+                (fastest) baseline per position; memory per sequence; a baseline whose cache would pass the
+                memory cap is skipped, with why
+    prefill     throughput and peak memory vs prompt length: the chunked prefill graph, the quadratic
+                masked form, the softmax twin, and the chunked graph fed in state-carried pieces; cases
+                predicted to exceed a memory or time cap are skipped and say why
+    sweep       prefill throughput vs the chunk size of the prefill graph (one export per chunk size)
+    floor       memory bandwidth (numpy copy) and the decode graph's weight bytes: the lower bound per
+                token, and measured / bound
 
 The linear export's rows need only the model protocol (state through ``state_specs``); the twin and
 the quadratic form need a LinearLM (``baselines``), and are left out, with the reason, otherwise.
@@ -17,6 +22,7 @@ the quadratic form need a LinearLM (``baselines``), and are left out, with the r
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 from typing import Any
@@ -30,10 +36,14 @@ from edgelin.protocol import chunk_size
 from edgelin.runtime.session import Session, open_session
 from edgelin.state import fresh_state
 
-from . import baselines
+from . import baselines, gqa
 from .measure import cache_bytes, caches, copy_bandwidth, extrapolate, interleaved, ratio, run_worker, session_options, stats
 from .plan import DATA_SEED, Plan, Progress, Subject
 from .report import mb
+
+
+# position section: baseline -> (its ms key, its ms / linear ms key) in a row
+POSITION_KEYS = {"softmax_kv": ("softmax_kv_ms", "softmax_over_linear"), "softmax_gqa": ("softmax_gqa_ms", "softmax_gqa_over_linear")}
 
 
 class Bench:
@@ -53,10 +63,12 @@ class Bench:
         self.twin, self.twin_skipped = baselines.softmax_twin(subject)
         self.session: Session | None = None  # the runtime Session of the linear export
         self.active_provider: str | None = None
+        self._gqa_session: ort.InferenceSession | None = None  # the KV-buffer baseline's, opened on first use
 
     # ---- set-up --------------------------------------------------------------------------------
     def prepare(self, sections: tuple[str, ...]) -> None:
-        jobs = baselines.plan_exports(self.subject, sections, self.sweep_chunks(), self.work)
+        kv_capacity = max(self.plan.positions) + self.position_steps() if "position" in sections else 0
+        jobs = baselines.plan_exports(self.subject, sections, self.sweep_chunks(), self.work, kv_capacity)
         self.exports = baselines.run_exports(jobs, self.subject, self.twin, self.work, self.say)
         self.paths = {job["name"]: Path(job["path"]) for job in jobs}
         if self.subject.export_dir is not None:
@@ -122,7 +134,34 @@ class Bench:
             out["batches"][str(B)] = row
         return out
 
+    # ---- 1b. decode throughput vs batch ----------------------------------------------------------
+    def throughput(self) -> dict[str, Any]:
+        p, sess = self.plan, self.session
+        self.say(f"throughput: decode at batch {', '.join(map(str, p.throughput_batches))} (ORT IO binding, batches interleaved) ...")
+        sess.io_binding = True
+        cases = {}
+        for B in p.throughput_batches:
+            ids, state = self.rng.integers(0, self.vocab, (B, 1), dtype=np.int64), sess.new_state(B)  # [B, 1]
+            cases[str(B)] = functools.partial(sess.decode, ids, state)
+        samples = interleaved(cases, warmup=p.decode_warmup, rounds=p.decode_rounds, per_round=p.decode_per_round)
+        rows = {}
+        for B, s in samples.items():
+            step = stats(s)
+            rows[B] = {"ms_per_step": step, "ms_per_token": step["median"] / int(B), "tokens_per_s": int(B) / (step["median"] / 1e3)}
+        for row in rows.values():
+            row["tokens_per_s_over_batch_1"] = row["tokens_per_s"] / rows["1"]["tokens_per_s"] if "1" in rows else None
+        best = max(rows, key=lambda B: rows[B]["tokens_per_s"])
+        return {"what": "ms per decode step (one token for each of B sequences) and tokens/s = B / median step time; "
+                        "the batch sizes' calls interleaved in rotating rounds",
+                "contender": "runtime Session.decode, io_binding=True (state buffers reused)",
+                "batches": rows, "best_batch": int(best), "best_tokens_per_s": rows[best]["tokens_per_s"]}
+
     # ---- 2. decode vs position -------------------------------------------------------------------
+    def position_steps(self) -> int:
+        """Decode steps each contender takes at one position (warm-up and timed): how far a cache grows."""
+        p = self.plan
+        return p.position_warmup + p.position_rounds * p.position_per_round
+
     def _softmax_step(self, P: int, tok: np.ndarray):
         """A callable running one softmax-twin decode step whose KV cache starts at length P and grows."""
         cfg = self.twin.cfg
@@ -146,37 +185,78 @@ class Bench:
 
         return step
 
+    def _gqa_step(self, P: int, tok: np.ndarray):
+        """A callable running one KV-buffer decode step (GroupQueryAttention, in place) whose cache starts at length P."""
+        cfg = self.twin.cfg
+        if self._gqa_session is None:
+            self._gqa_session = open_session(self.paths["softmax_gqa"], "cpu", options=session_options(self.threads))
+        decoder = gqa.KVBufferDecoder(self._gqa_session, n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim, batch=1,
+                                      capacity=P + self.position_steps())
+        for buffer in decoder.buffers.values():  # random values of length P, as the concatenating baseline's
+            buffer[:, :, :P] = self.rng.standard_normal((1, cfg.n_heads, P, cfg.head_dim), dtype=np.float32)
+        decoder.lengths[:] = P
+        return functools.partial(decoder.step, tok)
+
+    def _position_baselines(self, P: int) -> list[tuple[str, int, Any, str | None]]:
+        """(name, bytes it needs, step maker, why it is not measured here or None) of each softmax baseline at position P."""
+        kv = self.twin.cfg.kv_cache_bytes(P + self.position_steps())
+        on_cuda = "the float32 KV-buffer graph runs on CPU only (ORT's CUDA GroupQueryAttention takes float16/bfloat16)"
+        gqa_why = gqa.unsupported(self.twin.cfg) or (on_cuda if self.active_provider == "cuda" else None)
+        found = []
+        for name, need, make, why in (("softmax_kv", 2 * kv, self._softmax_step, None),  # past in + present out, alive together
+                                      ("softmax_gqa", kv, self._gqa_step, gqa_why)):
+            if why is None and need > self.memory_cap:
+                why = f"its cache needs ~{mb(need)} > memory cap {mb(self.memory_cap)}"
+            found.append((name, need, make, why))
+        return found
+
     def position(self) -> dict[str, Any]:
         p, sess = self.plan, self.session
         state_bytes = sess.manifest.state_bytes(1)
-        steps = p.position_warmup + p.position_rounds * p.position_per_round
+        steps = self.position_steps()
         rows = []
         for P in p.positions:
-            what = "linear state vs softmax KV cache" if self.twin else "linear state"
+            what = "linear state vs softmax KV cache (concatenated; in-place buffer)" if self.twin else "linear state"
             self.say(f"position {P:,}: prefill, then decode steps ({what}) ...")
             state = sess.new_state(1)
             sess.io_binding = True
             sess.prefill(self.rng.integers(0, self.vocab, (1, P), dtype=np.int64), state, chunk=p.piece, last_only=True)
             tok = self.rng.integers(0, self.vocab, (1, 1), dtype=np.int64)  # [1, 1]
             cases = {"linear": lambda: sess.decode(tok, state)}
-            if self.twin is not None:
-                cases["softmax"] = self._softmax_step(P, tok)
+            skipped = {}
+            for name, _, make, why in self._position_baselines(P) if self.twin is not None else []:
+                if why:
+                    skipped[name] = why
+                else:
+                    cases[name] = make(P, tok)
             samples = interleaved(cases, warmup=p.position_warmup, rounds=p.position_rounds, per_round=p.position_per_round)
+            cases.clear()  # the caches go now, not at the next position
             row = {"position": P, "linear_ms": stats(samples["linear"]), "linear_state_bytes": state_bytes}
+            for name, (ms_key, over_key) in POSITION_KEYS.items():
+                if name in samples:
+                    row[ms_key] = stats(samples[name])
+                    row[over_key] = ratio(row[ms_key], row["linear_ms"])
             if self.twin is not None:
-                sm, kv_bytes = stats(samples["softmax"]), self.twin.cfg.kv_cache_bytes(P)
-                row.update({"softmax_kv_ms": sm, "softmax_over_linear": ratio(sm, row["linear_ms"]),
-                            "kv_cache_bytes": kv_bytes, "kv_over_state": kv_bytes / state_bytes})
+                kv_bytes = self.twin.cfg.kv_cache_bytes(P)
+                row.update({"kv_cache_bytes": kv_bytes, "kv_over_state": kv_bytes / state_bytes, "skipped": skipped})
+                measured = [n for n in POSITION_KEYS if n in samples]
+                if measured:
+                    strongest = min(measured, key=lambda n: row[POSITION_KEYS[n][0]]["median"])
+                    row.update({"strongest_baseline": strongest, "strongest_over_linear": row[POSITION_KEYS[strongest][1]]})
             rows.append(row)
         out = {
-            "what": f"ms per decode step at batch 1 after P tokens; both carry their state/cache over the {steps} steps timed",
+            "what": f"ms per decode step at batch 1 after P tokens; every contender carries its state/cache over the {steps} steps timed; "
+                    "x_over_linear = baseline ms / linear ms (above 1: linear is faster); strongest = the fastest baseline measured at P",
             "softmax_baseline": "SoftmaxLM (same widths, RoPE, random weights) decode step exported here with past k/v of dynamic length; "
-                                "present k/v fed back through IO binding; its cache starts from random values of length P",
+                                "present k/v (a new, one-longer copy each step) fed back through IO binding; its cache starts from random values of length P",
+            "softmax_gqa_baseline": "the same SoftmaxLM's decode step around ORT's com.microsoft.GroupQueryAttention (RoPE inside the op), built "
+                                    "here with onnx.helper and checked against PyTorch; one preallocated BNSH buffer per layer for k and v "
+                                    "bound as both past and present, written in place (no copy per step); its cache starts from random values of length P",
             "memory_per_sequence": "linear state bytes (constant) vs fp32 KV-cache bytes 2 * layers * heads * P * head_dim * 4",
             "rows": rows,
         }
         if self.twin is None:
-            out["softmax_baseline"] = f"skipped: {self.twin_skipped}"
+            out["softmax_baseline"] = out["softmax_gqa_baseline"] = f"skipped: {self.twin_skipped}"
             out["memory_per_sequence"] = "linear state bytes (constant)"
         return out
 
@@ -323,4 +403,4 @@ def graph_weight_bytes(path: Path) -> int:
     return sum(int(np.prod(t.dims, dtype=np.int64)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize for t in tensors)
 
 
-__all__ = ["Bench", "graph_weight_bytes"]
+__all__ = ["Bench", "POSITION_KEYS", "graph_weight_bytes"]
