@@ -280,15 +280,15 @@ def format_table(d: dict) -> str:
 def position_lines(x: dict) -> list[str]:
     """The position section's rows of the table: linear vs both softmax baselines, the strongest named per P."""
     lines = ["2. decode at position P (ms per step) and memory per sequence; x = baseline / linear (above 1: linear is faster)",
-             f"  {'P':>7}  {'linear':>26}  {'softmax, KV concat':>26}  {'x':>6}  {'softmax, GQA in place':>26}  {'x':>6}  "
-             f"{'strongest':>11}  {'x':>6}  {'state':>10}  {'KV cache':>10}"]
+             f"  {'P':>7}  {'linear':>26}  {'softmax, KV concat':>26}  {'x':>7}  {'softmax, GQA in place':>26}  {'x':>7}  "
+             f"{'strongest':>9}  {'x':>7}  {'state':>10}  {'KV cache':>10}"]
 
     def cell(r: dict, name: str, ms: str, over: str) -> str:
-        return f"{_ms(r[ms]):>26}  {r[over]:5.2f}x" if ms in r else f"{'skipped' if name in r.get('skipped', {}) else '-':>26}  {'-':>6}"
+        return f"{_ms(r[ms]):>26}  {r[over]:6.2f}x" if ms in r else f"{'skipped' if name in r.get('skipped', {}) else '-':>26}  {'-':>7}"
 
     for r in x["rows"]:
-        strongest = (f"{r['strongest_baseline'].removeprefix('softmax_'):>11}  {r['strongest_over_linear']:5.2f}x" if "strongest_baseline" in r
-                     else f"{'-':>11}  {'-':>6}")
+        strongest = (f"{r['strongest_baseline'].removeprefix('softmax_'):>9}  {r['strongest_over_linear']:6.2f}x" if "strongest_baseline" in r
+                     else f"{'-':>9}  {'-':>7}")
         lines.append(f"  {r['position']:>7,}  {_ms(r['linear_ms']):>26}  {cell(r, 'softmax_kv', 'softmax_kv_ms', 'softmax_over_linear')}  "
                      f"{cell(r, 'softmax_gqa', 'softmax_gqa_ms', 'softmax_gqa_over_linear')}  {strongest}  {mb(r['linear_state_bytes']):>10}  "
                      + (f"{mb(r['kv_cache_bytes']):>10}" if "kv_cache_bytes" in r else f"{'-':>10}"))
