@@ -275,7 +275,8 @@ def verify(paths: dict[str, Path], subject: Subject, twin: SoftmaxLM | None, thr
     return checks
 
 
-KV_BUFFER_CHECK = ((0, 5), (37, 4))  # (cached tokens, steps): from an empty buffer, and after a prefill of an odd length
+KV_BUFFER_CHECK = ((0, 5), (37, 4))  # (tokens the twin prefills, steps): from an empty buffer, and after an odd length
+KV_BUFFER_FAR = 4099  # then 2 steps after a random cache this long (or the graph's whole length, if shorter): RoPE far out
 
 
 def _check_kv_buffer(path: Path, twin: SoftmaxLM, gen: torch.Generator, threads: int) -> dict[str, parity.Errors]:
@@ -283,12 +284,14 @@ def _check_kv_buffer(path: Path, twin: SoftmaxLM, gen: torch.Generator, threads:
     step, and the buffers' filled part against the twin's grown cache."""
     cfg, V = twin.cfg, twin.cfg.vocab_size
     sess = open_session(path, "cpu", options=session_options(threads))
+    far = min(KV_BUFFER_FAR, gqa.graph_capacity(sess)) - 2
     worst = {"logits": parity.NONE, "state": parity.NONE}
-    for past, steps in KV_BUFFER_CHECK:
+    for past, steps, prefilled in [(p, s, True) for p, s in KV_BUFFER_CHECK] + [(far, 2, False)]:
         decoder = gqa.KVBufferDecoder(sess, n_layers=cfg.n_layers, n_heads=cfg.n_heads, head_dim=cfg.head_dim, batch=2, capacity=past + steps)
         cache = None
         if past:
-            _, cache = twin(torch.randint(0, V, (2, past), generator=gen))
+            cache = (twin(torch.randint(0, V, (2, past), generator=gen))[1] if prefilled
+                     else {k: torch.randn(2, cfg.n_heads, past, cfg.head_dim, generator=gen) for k in kv_keys(cfg.n_layers)})
             decoder.load({k: c.numpy() for k, c in cache.items()})
         for _ in range(steps):
             tok = torch.randint(0, V, (2, 1), generator=gen)
@@ -320,5 +323,5 @@ def verification_record(checks: Checks) -> dict[str, Any]:
     }
 
 
-__all__ = ["KV_BUFFER_CHECK", "SoftmaxDecode", "SoftmaxPrefill", "export_one", "export_worker_main", "kv_keys", "plan_exports", "run_exports",
+__all__ = ["KV_BUFFER_CHECK", "KV_BUFFER_FAR", "SoftmaxDecode", "SoftmaxPrefill", "export_one", "export_worker_main", "kv_keys", "plan_exports", "run_exports",
            "softmax_twin", "verification_record", "verify"]
