@@ -39,7 +39,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # x / sqrt, not x * rsqrt: ONNX Runtime fuses exactly this pattern (Pow, ReduceMean, Add, Sqrt, Div, Mul)
+        # into one SimplifiedLayerNormalization node when it loads a graph; the rsqrt form stays 8 nodes
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
 class ShortConv(nn.Module):
@@ -185,31 +187,36 @@ class LinearAttention(nn.Module):
         x, window = self.conv(x, past, step)
         return x, state, {"conv": window}
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+    def _heads(self, x: torch.Tensor, step: bool = False) -> torch.Tensor:
         B, T, _ = x.shape
+        if step:  # T = 1: the same memory as the transposed view below, with no Transpose node in a graph
+            return x.view(B, self.cfg.n_heads, 1, self.cfg.head_dim)  # [B, H, 1, Dh]
         return x.view(B, T, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)  # [B, H, T, Dh]
 
-    def _merge(self, o: torch.Tensor) -> torch.Tensor:
+    def _merge(self, o: torch.Tensor, step: bool = False) -> torch.Tensor:
         if self.out_norm is not None:
             o = self.out_norm(o)
         B, H, T, D = o.shape
+        if step:  # as in _heads: one token needs no Transpose
+            return self.o_proj(o.reshape(B, 1, H * D))  # [B, 1, d_model]
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))  # [B, T, d_model]
 
-    def _qkv(self, x):
-        return self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+    def _qkv(self, x, step: bool = False):
+        return self._heads(self.q_proj(x), step), self._heads(self.k_proj(x), step), self._heads(self.v_proj(x), step)
 
     def forward(self, x: torch.Tensor, state: State | None, form: str = "chunk") -> tuple[torch.Tensor, State]:
         """x [B, T, d_model] -> [B, T, d_model] and the layer's next state; ``form`` names the attention
         form (edgelin.ops.FORMS): "chunk" for the prefill graph, "step" (T = 1) for the decode graph.
         The decay's gate reads the layer input before the short conv, as the gates of Mamba2 and GLA do."""
         g = None if self.decay is None else self.decay(x)  # [B, H, T] or [B, H, T, F]
-        x, state, conv = self._mix(x, state, step=form == "step")
-        q, k, v = self._qkv(x)  # [B, H, T, Dh] each
+        step = form == "step"
+        x, state, conv = self._mix(x, state, step=step)
+        q, k, v = self._qkv(x, step)  # [B, H, T, Dh] each
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
             chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize, g=g,
         )
-        return self._merge(o), {**state, **conv}
+        return self._merge(o, step), {**state, **conv}
 
 
 class SwiGLU(nn.Module):

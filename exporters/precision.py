@@ -207,7 +207,7 @@ def _weights_by_matmul(proto: onnx.ModelProto) -> tuple[list[str], list[str]]:
 def _kept_matmuls(proto: onnx.ModelProto, why: str) -> list[str]:
     """MatMuls a quantiser left in fp32, each with the reason."""
     const, other = _weights_by_matmul(proto)
-    return [f"MatMul {n} (fp32: {why})" for n in const] + [f"MatMul {n} (fp32: its weight is not a constant, e.g. the tied head)" for n in other]
+    return [f"MatMul {n} (fp32: {why})" for n in const] + [f"MatMul {n} (fp32: no constant weight: the tied head, or a product with the state)" for n in other]
 
 
 @contextlib.contextmanager

@@ -115,15 +115,23 @@ def relative_log_decay(g: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.where(causal, L, float("-inf"))  # [..., n, n, ...]
 
 
-def stable_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
-    """num / (den + eps), with eps taking the sign of den.
+def padded_denominator(den: torch.Tensor, eps: float, signed: bool = True) -> torch.Tensor:
+    """den + eps, with eps taking the sign of den when the feature map is ``signed``.
 
-    For non-negative feature maps den >= 0, so this is exactly the textbook num / (den + eps). For signed
-    maps (identity) den can approach zero from either side; pushing it *away* from zero keeps
-    |den| >= eps, so the output is bounded by |num| / eps instead of exploding through a sign change.
+    For non-negative feature maps den >= 0, so this is exactly the textbook den + eps (one Add in a graph;
+    the decode graph relies on that). For signed maps (identity) den can approach zero from either side;
+    pushing it *away* from zero keeps |den| >= eps, so the output is bounded by |num| / eps instead of
+    exploding through a sign change.
     """
-    den = torch.where(den >= 0, den + eps, den - eps)  # not where(den >= 0, eps, -eps): that rounds eps to float32
-    return num / den[..., None]
+    if not signed:
+        return den + eps
+    return torch.where(den >= 0, den + eps, den - eps)  # not where(den >= 0, eps, -eps): that rounds eps to float32
+
+
+def stable_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
+    """num / (den + eps) with den of num's shape less its last axis, eps taking the sign of den
+    (``padded_denominator``: the same result for any map, signed or not)."""
+    return num / padded_denominator(den, eps)[..., None]
 
 
 def advance(state: State, length: int, **updates: torch.Tensor) -> State:

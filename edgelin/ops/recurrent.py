@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, check_decay, featurize, stable_divide
+from edgelin.ops.common import State, advance, check_decay, featurize, padded_denominator
 
 
 def recurrent_step(
@@ -26,27 +26,29 @@ def recurrent_step(
     normalize: bool = True,
     g: torch.Tensor | None = None,  # [B, H, 1] or [B, H, 1, F] log-decay, <= 0
 ) -> tuple[torch.Tensor, State]:
-    """Exactly one token. The decode graph is this function and nothing else."""
+    """Exactly one token. The decode graph is this function and nothing else, and ONNX Runtime pays a
+    fixed cost per node at this size, so every tensor keeps its token axis: the products are MatMuls
+    over [B, H, 1, .] (no Gather of token 0, no Einsum), and for a non-negative map the denominator
+    is one Add (``padded_denominator``)."""
     if q.shape[2] != 1:
         raise ValueError(f"recurrent_step takes one token, got a sequence of {q.shape[2]}")
     g = check_decay(g, q, feature_map)
-    state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)
-    fq, fk = fq[:, :, 0], fk[:, :, 0]  # [B, H, F]
+    state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # [B, H, 1, F]
     S, z = state["S"], state.get("z")
     if g is not None:
-        a = g[:, :, 0].exp()  # [B, H] or [B, H, F]
-        a = a[..., None] if g.dim() == 4 else a[..., None, None]  # [B, H, F, 1] or [B, H, 1, 1]
-        S = a * S  # [B, H, F, Dv]
+        a = g.exp()  # [B, H, 1] or [B, H, 1, F]
+        per_feature = g.dim() == 4
+        S = (a.transpose(-1, -2) if per_feature else a[..., None]) * S  # rows of S: [B, H, F, 1] or [B, H, 1, 1]
         if normalize:
-            z = a[..., 0] * z  # [B, H, F]
-    S = S + fk[..., None] * v[:, :, 0, None, :]  # [B, H, F, Dv]
-    o = torch.einsum("bhf,bhfd->bhd", fq, S)  # [B, H, Dv]
+            z = (a[:, :, 0] if per_feature else a) * z  # [B, H, F]
+    S = S + fk.transpose(-1, -2) * v  # [B, H, F, 1] x [B, H, 1, Dv] -> [B, H, F, Dv]
+    o = fq @ S  # [B, H, 1, Dv]
     updates = {"S": S}
     if normalize:
-        z = z + fk  # [B, H, F]
-        o = stable_divide(o, (fq * z).sum(-1), eps)  # [B, H, Dv]
+        z = z + fk[:, :, 0]  # [B, H, F]
+        o = o / padded_denominator(fq @ z[..., None], eps, feature_map.signed)  # [B, H, 1, Dv] / [B, H, 1, 1]
         updates["z"] = z
-    return o[:, :, None], advance(state, 1, **updates)  # [B, H, 1, Dv]
+    return o, advance(state, 1, **updates)  # [B, H, 1, Dv]
 
 
 def recurrent_linear_attention(q, k, v, *, feature_map, initial_state=None, chunk_size=64, eps=1e-6, normalize=True, g=None):

@@ -133,6 +133,28 @@ def test_decode_graph_has_no_chunk_machinery(exported):
     assert "CumSum" in prefill_ops  # the chunked form really is in the prefill graph
 
 
+@pytest.mark.parametrize("decay", ["none", "scalar"])
+def test_decode_graph_is_lean(exported, decay, tmp_path):
+    """ONNX Runtime pays a fixed cost per node at decode sizes, so the decode graph keeps the token axis
+    (no Gather of token 0 beyond z's update, no Einsum, no head Transposes) and every RMSNorm is in the
+    pattern ONNX Runtime fuses into one node when it loads the graph."""
+    import onnx
+
+    model, out = exported("relu", decay=decay)
+    layers = model.cfg.n_layers
+    ops = [n.op_type for n in onnx.load(str(out / "decode.onnx")).graph.node]
+    assert "Einsum" not in ops
+    assert ops.count("Gather") == 1 + layers  # the embedding, and phi(k) as z's [B, H, F] per layer
+    assert ops.count("Transpose") == layers * (2 if decay == "scalar" else 1)  # phi(k) as a column (+ the gate's [B, H, 1])
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    ort.InferenceSession(str(out / "decode.onnx"), options, providers=["CPUExecutionProvider"])
+    loaded = [n.op_type for n in onnx.load(str(tmp_path / "loaded.onnx"), load_external_data=False).graph.node]
+    assert loaded.count("SimplifiedLayerNormalization") == 2 * layers + 1, sorted(set(loaded))
+    assert "Sqrt" not in loaded and "Pow" not in loaded
+
+
 def test_graph_io_follows_the_contract(exported):
     import onnx
 

@@ -84,7 +84,10 @@ def test_accumulator_region_of_the_fp32_graph(exported):
     graph = onnx.load(str(out / "decode.onnx")).graph
     region = {n.name: n for n in graph.node if n.name in accumulator_region(graph)}
     ops = [n.op_type for n in region.values()]
-    assert ops.count("Div") == 2 and "Shape" not in ops and "Conv" not in ops and "MatMul" not in ops
+    assert ops.count("Div") == 2 and "Shape" not in ops and "Conv" not in ops
+    weights = {i.name for i in graph.initializer}
+    matmuls = [n for n in region.values() if n.op_type == "MatMul"]
+    assert len(matmuls) == 4 and not any(set(n.input) & weights for n in matmuls)  # phi(q) S and phi(q) z per layer, no weight
 
 
 def test_fp16_state_option(exported, tmp_path):
