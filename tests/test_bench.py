@@ -144,6 +144,9 @@ def test_quick_prefill(quick):
     for entry in prefill["ratios"]:
         for key, value in entry.items():
             positive(value, f"ratios.{key}")
+    rate = {(r["form"], r["T"]): r["tokens_per_s"] for r in ok}
+    long = next(e for e in prefill["ratios"] if e["T"] == 256)  # QUICK: pieces of 64 from T = 256
+    assert long["pieces_over_one_piece"] == pytest.approx(rate[("chunk_pieces", 256)] / rate[("chunk", 64)])
 
 
 def test_quick_sweep_and_floor(quick):

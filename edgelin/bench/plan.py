@@ -18,6 +18,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.config import ModelConfig
 from edgelin.errors import EdgelinError
 from edgelin.exporters.exporter import DEFAULT_OPSET
+from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.model import LinearLM
 from edgelin.models import bundled_checkpoint
 from edgelin.runtime.files import check_output_folder
@@ -66,7 +67,7 @@ class Plan:
     position_rounds: int
     position_per_round: int
     prefill_lengths: tuple[int, ...]
-    piece: int  # piece length of the state-carried chunked prefill
+    piece: int  # piece length of the state-carried chunked prefill (FULL: the runtime's default, the manifest's prefill_piece)
     piece_from: int  # ... measured for T >= this
     case_budget_s: float  # timed seconds per prefill case (after its first run)
     min_repeats: int
@@ -89,7 +90,7 @@ class Plan:
 FULL = Plan(
     decode_batches=(1, 8), decode_warmup=20, decode_rounds=10, decode_per_round=30, throughput_batches=(1, 2, 4, 8, 16, 32, 64),
     positions=(128, 1024, 4096, 16384, 65536), position_warmup=5, position_rounds=5, position_per_round=10,
-    prefill_lengths=(256, 1024, 4096, 16384, 65536), piece=4096, piece_from=16384,
+    prefill_lengths=(256, 1024, 4096, 16384, 65536), piece=PREFILL_PIECE, piece_from=4096,
     case_budget_s=3.0, min_repeats=3, max_repeats=20, case_time_cap_s=20.0,
     sweep_length=4096, sweep_chunks=(16, 32, 64, 128, 256),
     bandwidth_bytes=256 << 20, bandwidth_repeats=10, floor_calls=300,

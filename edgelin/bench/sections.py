@@ -325,6 +325,8 @@ class Bench:
                     entry[key] = chunk["tokens_per_s"] / ok[(other, T)]["tokens_per_s"]
             if ("chunk_pieces", T) in ok:
                 entry["pieces_over_chunk"] = ok[("chunk_pieces", T)]["tokens_per_s"] / chunk["tokens_per_s"]
+                if ("chunk", p.piece) in ok:  # a long prompt in pieces vs one call of one piece: what length costs
+                    entry["pieces_over_one_piece"] = ok[("chunk_pieces", T)]["tokens_per_s"] / ok[("chunk", p.piece)]["tokens_per_s"]
             ratios.append(entry)
         described = {"chunk": "the export's prefill graph (chunked parallel form, O(T) memory)",
                      "parallel": "the same LinearLM exported with form='parallel' (quadratic masked form, O(T^2) memory)",
