@@ -37,7 +37,7 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 step, and ORT's GroupQueryAttention on a KV buffer updated in place; the
                 fastest baseline named per position; state vs KV bytes
       prefill   tokens/s and peak memory, T = 256..65,536: chunked graph, O(T^2) masked form,
-                softmax twin, chunked in 4096-token pieces; too-big cases are skipped, with why
+                softmax twin, chunked in the runtime's 1,024-token pieces; too-big cases are skipped, with why
       sweep     prefill tokens/s vs the graph's chunk size (16..256), one export each
       floor     copy bandwidth, decode weight bytes: the lower bound per token, measured / bound
     Opt-in (run only when named with --section; fla and decay build their own models):
