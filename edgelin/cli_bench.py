@@ -30,7 +30,8 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
 
     \b
     Sections (every figure: median [p10-p90] after warm-up; compared contenders interleaved):
-      decode    ms per token, batch 1 and 8: ORT (run, IO binding) vs PyTorch eager step
+      decode    ms per token, batch 1 and 8: ORT (run, IO binding) vs PyTorch eager step;
+                graph nodes as exported and as ONNX Runtime runs them
       throughput
                 ORT decode (IO binding) at batch 1, 2, 4 .. 64: ms per step, tokens/s
       position  decode at positions 128..64k vs two softmax twins: KV cache concatenated per
@@ -51,8 +52,10 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 memory at 1k and 4k, the weight-bytes floor per token; ratios against fp32
 
     Writes OUT/bench.json (atomically) and OUT/*.png (if matplotlib is installed: pip install
-    'edgelin[plots]'); prints the table to stdout and progress to stderr. Run it on a quiet
-    machine; the full run takes a few minutes.
+    'edgelin[plots]'); prints the table to stdout and progress to stderr. The table opens with
+    the speed goals (edgelin/bench/goals.py: eager / ORT >= 4, <= 28 decode nodes per layer,
+    <= 1.3x the weight-bytes floor, long prompts >= 0.9 of one piece's tokens/s) judged on this
+    run's figures. Run it on a quiet machine; the full run takes a few minutes.
 
     \b
     Examples:

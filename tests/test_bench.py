@@ -91,6 +91,38 @@ def test_quick_decode(quick):
             positive(row[name]["tokens_per_s"], f"decode[{B}].{name}.tokens_per_s")
         for key, value in row["ratios"].items():
             positive(value, f"decode[{B}].ratios.{key}")
+    for graph, nodes in decode["graph_nodes"].items():
+        # ONNX Runtime fuses at load (at least each RMSNorm into one node): fewer nodes run than were exported
+        assert 0 < nodes["as_run"] < nodes["exported"], (graph, nodes)
+        assert sum(nodes["as_run_ops"].values()) == nodes["as_run"]
+    assert decode["graph_nodes"]["decode"]["as_run_ops"]["SimplifiedLayerNormalization"] == 2 * quick[0]["model"]["config"]["n_layers"] + 1
+
+
+def test_quick_goals(quick):
+    data, result, _ = quick
+    entries = {g["goal"]: g for g in data["goals"]}
+    assert set(entries) == {"eager_over_ort", "nodes_per_layer", "over_floor", "long_prefill", "vs_softmax", "batch_throughput"}
+    assert entries["eager_over_ort"]["measured"] == data["decode"]["batches"]["1"]["ratios"]["torch_eager_over_ort_iobinding"]
+    assert entries["over_floor"]["measured"] == data["floor"]["batches"]["1"]["measured_over_floor"]
+    layers = data["model"]["config"]["n_layers"]
+    assert entries["nodes_per_layer"]["measured"] == data["decode"]["graph_nodes"]["decode"]["as_run"] / layers
+    for g in entries.values():
+        assert g["met"] is (None if g["target"] is None else (g["measured"] >= g["target"] if g["direction"] == ">=" else g["measured"] <= g["target"]))
+    assert "0. goals" in result.stdout
+
+
+def test_goals_leave_out_what_did_not_run():
+    from edgelin.bench.goals import goal_lines, goals
+
+    record = {"model": {"config": {"n_layers": 4}},
+              "decode": {"batches": {"1": {"ratios": {"torch_eager_over_ort_iobinding": 4.5}}},
+                         "graph_nodes": {"decode": {"exported": 150, "as_run": 120}}},
+              "floor": {"batches": {"1": {"measured_over_floor": 1.31}}}}
+    entries = {g["goal"]: g for g in goals(record)}
+    assert set(entries) == {"eager_over_ort", "nodes_per_layer", "over_floor"}
+    assert entries["eager_over_ort"]["met"] is True and entries["over_floor"]["met"] is False
+    assert entries["nodes_per_layer"]["measured"] == 30 and entries["nodes_per_layer"]["met"] is False
+    assert "NOT met" in "\n".join(goal_lines(goals(record)))
 
 
 def test_quick_position(quick):

@@ -109,6 +109,22 @@ def session_options(threads: int) -> ort.SessionOptions:
     return make_session_options(threads, extra=SESSION_EXTRA)
 
 
+def node_counts(graph: Path, work: Path) -> dict[str, Any]:
+    """Nodes of an ONNX file as exported, and as ONNX Runtime (CPU) runs it after its load-time fusions
+    (e.g. an RMSNorm's six nodes become one SimplifiedLayerNormalization): per-node cost is what binds
+    decode at small sizes, and the second count is the one that pays it."""
+    import onnx
+
+    loaded = work / f"{graph.stem}.as-run.onnx"
+    ort.InferenceSession(str(graph), make_session_options(1, optimized_path=loaded), providers=["CPUExecutionProvider"])
+    ops: dict[str, int] = {}
+    for node in onnx.load(str(loaded), load_external_data=False).graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    loaded.unlink()  # its weights stay in the export's own file: ORT refers to them, it does not copy them
+    exported = len(onnx.load(str(graph), load_external_data=False).graph.node)
+    return {"exported": exported, "as_run": sum(ops.values()), "as_run_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+
+
 # ---- machine facts --------------------------------------------------------------------------------
 def _read(path: str | Path) -> str:
     try:

@@ -15,6 +15,8 @@ import numpy as np
 
 from edgelin.runtime.files import atomic_write, json_ready, write_json
 
+from .goals import goal_lines
+
 
 @dataclass
 class BenchReport:
@@ -210,6 +212,8 @@ def format_table(d: dict) -> str:
         "figures: median [p10-p90] over repeated calls after warm-up; decode contenders interleaved in one process, "
         "prefill forms run back to back per length, all in this one bench run",
     ]
+    if d.get("goals"):
+        lines += ["", *goal_lines(d["goals"])]
     if "decode" in d:
         lines += ["", "1. decode latency per call (ms), median [p10-p90]"]
         for B, row in d["decode"]["batches"].items():

@@ -14,6 +14,7 @@ from torch import nn
 from . import baselines
 from .measure import load_average, machine_facts
 from .decay import decay_section
+from .goals import goals
 from .precision import precision_section
 from .foreign import fla_section
 from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, SECTIONS, Progress, check_options, memory_cap, out_folder,
@@ -118,6 +119,7 @@ def run_bench(
         **results,
         "seconds": time.perf_counter() - t_start,
     }
+    data["goals"] = goals(data)
     report = BenchReport(data)
     make_parents(out)
     if plots:

@@ -37,7 +37,7 @@ from edgelin.runtime.session import Session, open_session
 from edgelin.state import fresh_state
 
 from . import baselines, gqa
-from .measure import cache_bytes, caches, copy_bandwidth, extrapolate, interleaved, ratio, run_worker, session_options, stats
+from .measure import cache_bytes, caches, copy_bandwidth, extrapolate, interleaved, node_counts, ratio, run_worker, session_options, stats
 from .plan import DATA_SEED, Plan, Progress, Subject
 from .report import mb
 
@@ -132,6 +132,7 @@ class Bench:
                 "ort_run_over_ort_iobinding": ratio(row["ort_run"], row["ort_iobinding"]),
             }
             out["batches"][str(B)] = row
+        out["graph_nodes"] = {g: node_counts(self.graph(g), self.work) for g in ("decode", "prefill")}
         return out
 
     # ---- 1b. decode throughput vs batch ----------------------------------------------------------

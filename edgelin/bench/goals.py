@@ -1,0 +1,79 @@
+"""The project's decode and prefill speed goals next to one bench run's figures.
+
+Read from a finished bench record (the sections' JSON), never measured here, so the goals and the
+figures they are judged on come from the same run. Batch 1, the bench's thread count:
+
+    eager_over_ort     PyTorch eager ``step`` ms / ORT decode ms (IO binding), interleaved      >= 4
+    nodes_per_layer    decode graph nodes per layer, as ONNX Runtime runs it (after its
+                       load-time fusions; the exported count is reported beside it)             <= 28
+    over_floor         decode ms per token / the weight-bytes floor                             <= 1.3
+    long_prefill       prefill tokens/s of the longest prompt in the runtime's default pieces
+                       / tokens/s of one call of one piece                                      >= 0.9
+    vs_softmax         the strongest softmax baseline's decode ms / linear decode ms at the
+                       longest position measured (reported, no target)
+    batch_throughput   the best decode tokens/s over the batch curve / batch 1 (reported)
+
+A goal whose section did not run is left out; ``met`` is None for the reported figures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NODES_PER_LAYER = 28
+
+
+def _goal(name: str, what: str, measured: float, target: float | None = None, at_least: bool = True, **extra: Any) -> dict[str, Any]:
+    met = None if target is None else (measured >= target if at_least else measured <= target)
+    return {"goal": name, "what": what, "measured": measured, "target": target,
+            "direction": None if target is None else (">=" if at_least else "<="), "met": met, **extra}
+
+
+def goals(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per goal whose section ran: {goal, what, measured, target, direction, met, ...}."""
+    out = []
+    decode = data.get("decode")
+    if decode and "1" in decode["batches"]:
+        out.append(_goal("eager_over_ort", "PyTorch eager step / ORT decode (IO binding), batch 1",
+                         decode["batches"]["1"]["ratios"]["torch_eager_over_ort_iobinding"], 4.0))
+        layers = ((data.get("model") or {}).get("config") or {}).get("n_layers")
+        nodes = decode.get("graph_nodes", {}).get("decode")
+        if nodes and layers:
+            out.append(_goal("nodes_per_layer", f"decode graph nodes per layer as ONNX Runtime runs it ({nodes['as_run']} in all; "
+                             f"{nodes['exported']} exported, {nodes['exported'] / layers:.1f} per layer)",
+                             nodes["as_run"] / layers, NODES_PER_LAYER, at_least=False))
+    floor = data.get("floor")
+    if floor and "1" in floor["batches"]:
+        out.append(_goal("over_floor", "decode ms per token / weight-bytes floor, batch 1",
+                         floor["batches"]["1"]["measured_over_floor"], 1.3, at_least=False))
+    prefill = data.get("prefill")
+    long = [r for r in (prefill or {}).get("ratios", []) if "pieces_over_one_piece" in r]
+    if long:
+        r = long[-1]
+        out.append(_goal("long_prefill", f"prefill tokens/s at T = {r['T']:,} in the runtime's default pieces / one call of one piece",
+                         r["pieces_over_one_piece"], 0.9))
+    position = data.get("position")
+    rows = [r for r in (position or {}).get("rows", []) if "strongest_baseline" in r]
+    if rows:
+        r = rows[-1]
+        out.append(_goal("vs_softmax", f"strongest softmax baseline ({r['strongest_baseline']}) ms / linear ms at position {r['position']:,}",
+                         r["strongest_over_linear"]))
+    throughput = data.get("throughput")
+    if throughput and throughput["batches"].get("1"):
+        best = throughput["best_batch"]
+        out.append(_goal("batch_throughput", f"best decode tokens/s (batch {best}) / batch 1",
+                         throughput["batches"][str(best)]["tokens_per_s_over_batch_1"]))
+    return out
+
+
+def goal_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """The report's goals block: target, measured, met."""
+    lines = ["0. goals (batch 1 unless stated; every figure from this run)"]
+    for g in entries:
+        target = f"{g['direction']} {g['target']:g}" if g["target"] is not None else "reported"
+        verdict = {True: "met", False: "NOT met", None: ""}[g["met"]]
+        lines.append(f"  {g['goal']:17s} {g['measured']:8.2f}  {target:>9}  {verdict:7s}  {g['what']}")
+    return lines
+
+
+__all__ = ["NODES_PER_LAYER", "goal_lines", "goals"]
