@@ -28,6 +28,7 @@ from torch import nn
 from edgelin.config import ModelConfig
 from edgelin.feature_maps import make_feature_map
 from edgelin.ops import FORMS, State, state_layout
+from edgelin.ops.lengths import check_lengths
 from edgelin.runtime.manifest import StateSpec
 from edgelin.state import fresh_state
 
@@ -58,7 +59,9 @@ class ShortConv(nn.Module):
         weight[:, 0, -1] = 1.0
         self.weight = nn.Parameter(weight)  # [d, 1, size]
 
-    def forward(self, x: torch.Tensor, past: torch.Tensor, step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, past: torch.Tensor, step: bool = False, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``step`` (one token, the decode graph): a weighted sum over the window (Mul + ReduceSum) instead of
         Conv and its two Transposes, which cost ONNX Runtime ~55 us per layer and token on this project's CPU
         (the bundled model decoded 20-32 % faster without them, two interleaved runs)."""
@@ -67,7 +70,15 @@ class ShortConv(nn.Module):
             y = (full * self.weight[:, 0, :].t()).sum(1, keepdim=True)  # [B, size, d] x [size, d] -> [B, 1, d]
         else:
             y = F.conv1d(full.transpose(1, 2), self.weight, groups=self.weight.shape[0]).transpose(1, 2)  # [B, T, d]
+        if lengths is not None:  # a ragged batch: each row's window ends at its last real input
+            return y, self.window(full, lengths)  # [B, T, d], [B, size - 1, d]
         return y, full[:, 1 - self.size :]  # [B, T, d], new window [B, size - 1, d]
+
+    def window(self, full: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The size - 1 inputs before position lengths[b] of each row of ``full`` = [window, x]: rows
+        [lengths[b], lengths[b] + size - 1) of ``full`` [B, size - 1 + T, d] (length 0 keeps the old window)."""
+        at = lengths[:, None] + torch.arange(self.size - 1, device=full.device)[None, :]  # [B, size - 1]
+        return torch.gather(full, 1, at[:, :, None].expand(-1, -1, full.shape[2]))  # [B, size - 1, d]
 
 
 def inverse_softplus(y: torch.Tensor) -> torch.Tensor:
@@ -175,7 +186,9 @@ class LinearAttention(nn.Module):
             layout["conv"] = (("batch", self.conv.size - 1, self.cfg.d_model), "float32", 0.0)
         return layout
 
-    def _mix(self, x: torch.Tensor, state: State | None, step: bool = False) -> tuple[torch.Tensor, State | None, State]:
+    def _mix(
+        self, x: torch.Tensor, state: State | None, step: bool = False, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State | None, State]:
         """The short conv, if any: (mixed x, the attention's part of the state, the conv's new window)."""
         if self.conv is None:
             return x, state, {}
@@ -184,7 +197,7 @@ class LinearAttention(nn.Module):
         else:
             state = dict(state)
             past = state.pop("conv")
-        x, window = self.conv(x, past, step)
+        x, window = self.conv(x, past, step, lengths)
         return x, state, {"conv": window}
 
     def _heads(self, x: torch.Tensor, step: bool = False) -> torch.Tensor:
@@ -204,17 +217,21 @@ class LinearAttention(nn.Module):
     def _qkv(self, x, step: bool = False):
         return self._heads(self.q_proj(x), step), self._heads(self.k_proj(x), step), self._heads(self.v_proj(x), step)
 
-    def forward(self, x: torch.Tensor, state: State | None, form: str = "chunk") -> tuple[torch.Tensor, State]:
+    def forward(
+        self, x: torch.Tensor, state: State | None, form: str = "chunk", lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State]:
         """x [B, T, d_model] -> [B, T, d_model] and the layer's next state; ``form`` names the attention
         form (edgelin.ops.FORMS): "chunk" for the prefill graph, "step" (T = 1) for the decode graph.
-        The decay's gate reads the layer input before the short conv, as the gates of Mamba2 and GLA do."""
+        The decay's gate reads the layer input before the short conv, as the gates of Mamba2 and GLA do.
+        ``lengths`` [B] (sequence forms only): a right-padded ragged batch, see edgelin.ops.lengths."""
         g = None if self.decay is None else self.decay(x)  # [B, H, T] or [B, H, T, F]
         step = form == "step"
-        x, state, conv = self._mix(x, state, step=step)
+        x, state, conv = self._mix(x, state, step=step, lengths=lengths)
+        ragged = {} if lengths is None else {"lengths": lengths}  # the step form takes no lengths
         q, k, v = self._qkv(x, step)  # [B, H, T, Dh] each
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
-            chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize, g=g,
+            chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize, g=g, **ragged,
         )
         return self._merge(o, step), {**state, **conv}
 
@@ -238,8 +255,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, state, form="chunk"):
-        h, state = self.attn(self.attn_norm(x), state, form)
+    def forward(self, x, state, form="chunk", lengths=None):
+        h, state = self.attn(self.attn_norm(x), state, form, lengths)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), state
 
@@ -277,6 +294,8 @@ class LinearLM(nn.Module):
     def chunk_size(self) -> int:
         return self.cfg.chunk_size
 
+    accepts_lengths = True  # forward(..., lengths=) prefills a right-padded ragged batch (edgelin.protocol)
+
     @property
     def state_decays(self) -> bool:
         """S and z forget at a decay < 1 (cfg.decay); the other states (conv window, position) are bounded."""
@@ -311,15 +330,25 @@ class LinearLM(nn.Module):
             return x @ self.embed.weight.T  # [B, T, vocab]
         return self.lm_head(x)  # [B, T, vocab]
 
-    def forward(self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk") -> tuple[torch.Tensor, State]:
+    def forward(
+        self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk", lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State]:
         """input_ids [B, T] -> logits [B, T, vocab], state after the last token. ``form``: the attention
-        form of every layer (edgelin.ops.FORMS); "step" takes T = 1 and is what ``step`` runs."""
+        form of every layer (edgelin.ops.FORMS); "step" takes T = 1 and is what ``step`` runs.
+
+        ``lengths`` [B] int64 (a ragged batch, right padding; sequence forms only): row b's real tokens are
+        its first lengths[b]; its returned state is that after its last real token, exactly as prefilling
+        the row alone, and its logits at t >= lengths[b] mean nothing (edgelin.ops.lengths)."""
+        if lengths is not None:
+            if form == "step":
+                raise ValueError("the step form takes one token per row: no lengths")
+            lengths = check_lengths(lengths, tuple(input_ids.shape))
         if state is None:
             state = self.init_state(input_ids.shape[0])
         x = self.embed(input_ids)  # [B, T, d_model]
         new_state: State = {}
         for i, block in enumerate(self.blocks):
-            x, layer = block(x, self._layer_state(state, i), form)
+            x, layer = block(x, self._layer_state(state, i), form, lengths)
             new_state.update({f"{i}.{name}": t for name, t in layer.items()})
         return self._logits(x), new_state
 

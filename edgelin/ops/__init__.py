@@ -11,6 +11,10 @@
 GLA's data-dependent gate) or [B, H, T, F] per feature (GLA): S_t = exp(g_t) * S_{t-1} + phi(k_t) v_t^T,
 and z likewise (see edgelin.ops.common). The state dict and the graph contract stay as they are; with
 g=None every form runs exactly the undecayed code.
+
+``lengths`` ([B] int64, right padding; accepted by the sequence forms naive, chunk and parallel) makes a
+ragged batch: each row's output and final state are those of its first lengths[b] tokens alone
+(edgelin.ops.lengths). None (the default) runs exactly the code without it.
 """
 
 import torch

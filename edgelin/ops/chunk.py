@@ -23,6 +23,8 @@ With a log-decay g (``g=None`` takes the undecayed code above, op for op):
   The runtime prefills long prompts in pieces of a few thousand tokens, which bounds n.
 - The normaliser rides along as one more column of v (ones) and of S (z): same products, one pass.
 - Padding: g is padded with 0 (no decay), phi(k) and v with zeros, so padded steps change nothing.
+  Rows of different lengths (``lengths`` [B], right padding) take the same path: their padded positions
+  are zeroed the same way (edgelin.ops.lengths) before the chunking.
 
 Memory per batch row and head, in elements (F = feature width, Dv' = Dv + 1 with the normaliser):
     per-head g:     intra decay [n, C, C] = T C,        chunk decay [n+1, n+1],      chunk states [n+1, F, Dv']
@@ -45,6 +47,7 @@ import torch.nn.functional as F
 
 from edgelin.feature_maps import FeatureMap
 from edgelin.ops.common import State, advance, check_decay, featurize, relative_log_decay, stable_divide
+from edgelin.ops.lengths import mask_padding, steps
 
 
 def _exclusive_cumsum(x: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,11 +68,13 @@ def chunk_linear_attention(
     eps: float = 1e-6,
     normalize: bool = True,
     g: torch.Tensor | None = None,  # [B, H, T] or [B, H, T, F] log-decay, <= 0
+    lengths: torch.Tensor | None = None,  # [B] int64 real tokens per row (right padding); None: all T
 ) -> tuple[torch.Tensor, State]:
     g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
+    fk, v, g = mask_padding(fk, v, g, lengths)  # padded positions add nothing and do not decay
     if g is not None:
-        return _chunk_decayed(fq, fk, v, g, state, chunk_size, eps, normalize)
+        return _chunk_decayed(fq, fk, v, g, state, chunk_size, eps, normalize, steps(q.shape[2], lengths))
     B, H, T, _ = q.shape
     C = chunk_size
     n = (T + C - 1) // C
@@ -90,10 +95,10 @@ def chunk_linear_attention(
         o = stable_divide(o, den, eps)
         updates["z"] = z_final
     o = o.reshape(B, H, n * C, v.shape[-1])[:, :, :T]  # [B, H, T, Dv]
-    return o, advance(state, T, **updates)
+    return o, advance(state, steps(T, lengths), **updates)
 
 
-def _chunk_decayed(fq, fk, v, g, state, C, eps, normalize):
+def _chunk_decayed(fq, fk, v, g, state, C, eps, normalize, length):
     B, H, T, f = fq.shape
     n = (T + C - 1) // C
     pad = n * C - T
@@ -138,6 +143,6 @@ def _chunk_decayed(fq, fk, v, g, state, C, eps, normalize):
     o = o.reshape(B, H, n * C, dv)[:, :, :T]  # [B, H, T, Dv']
     final = states[:, :, -1]  # [B, H, F, Dv']
     if not normalize:
-        return o, advance(state, T, S=final)
+        return o, advance(state, length, S=final)
     o = stable_divide(o[..., :-1], o[..., -1], eps)  # [B, H, T, Dv]
-    return o, advance(state, T, S=final[..., :-1], z=final[..., -1])
+    return o, advance(state, length, S=final[..., :-1], z=final[..., -1])

@@ -17,6 +17,7 @@ import torch
 
 from edgelin.feature_maps import FeatureMap
 from edgelin.ops.common import State, advance, check_decay, featurize, stable_divide
+from edgelin.ops.lengths import mask_padding, steps
 
 
 def naive_linear_attention(
@@ -30,11 +31,13 @@ def naive_linear_attention(
     eps: float = 1e-6,
     normalize: bool = True,
     g: torch.Tensor | None = None,  # [B, H, T] or [B, H, T, F] log-decay, <= 0
+    lengths: torch.Tensor | None = None,  # [B] int64 real tokens per row (right padding); None: all T
 ) -> tuple[torch.Tensor, State]:
     g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
+    fk, v, g = mask_padding(fk, v, g, lengths)  # padded positions add nothing and do not decay (edgelin.ops.lengths)
     if g is not None:
-        return _naive_decayed(fq, fk, v, g, state, eps, normalize)
+        return _naive_decayed(fq, fk, v, g, state, eps, normalize, steps(q.shape[2], lengths))
     T = q.shape[2]
     outs = []
     for t in range(T):
@@ -45,7 +48,7 @@ def naive_linear_attention(
     updates = {"S": state["S"] + torch.einsum("bhtf,bhtd->bhfd", fk, v)}  # [B, H, F, Dv]
     if normalize:
         updates["z"] = state["z"] + fk.sum(2)  # [B, H, F]
-    return o, advance(state, T, **updates)
+    return o, advance(state, steps(T, lengths), **updates)
 
 
 def _window_log_decay(g: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +69,7 @@ def _readout(q0, sim, v, state, eps, normalize):
     return num
 
 
-def _naive_decayed(fq, fk, v, g, state, eps, normalize):
+def _naive_decayed(fq, fk, v, g, state, eps, normalize, length):
     per_feature = g.dim() == 4
     T = fq.shape[2]
     outs = []
@@ -88,4 +91,4 @@ def _naive_decayed(fq, fk, v, g, state, eps, normalize):
     updates = {"S": total.exp()[..., None] * state["S"] + torch.einsum("bhtf,bhtd->bhfd", fk_end, v)}  # [B, H, F, Dv]
     if normalize:
         updates["z"] = total.exp() * state["z"] + fk_end.sum(2)  # [B, H, F]
-    return o, advance(state, T, **updates)
+    return o, advance(state, length, **updates)

@@ -11,6 +11,7 @@ import torch
 
 from edgelin.feature_maps import FeatureMap
 from edgelin.ops.common import State, advance, check_decay, featurize, relative_log_decay, stable_divide
+from edgelin.ops.lengths import mask_padding, steps
 
 
 def parallel_linear_attention(
@@ -24,11 +25,13 @@ def parallel_linear_attention(
     eps: float = 1e-6,
     normalize: bool = True,
     g: torch.Tensor | None = None,  # [B, H, T] or [B, H, T, F] log-decay, <= 0
+    lengths: torch.Tensor | None = None,  # [B] int64 real tokens per row (right padding); None: all T
 ) -> tuple[torch.Tensor, State]:
     g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
+    fk, v, g = mask_padding(fk, v, g, lengths)  # padded positions add nothing and do not decay (edgelin.ops.lengths)
     if g is not None:
-        return _parallel_decayed(fq, fk, v, g, state, eps, normalize)
+        return _parallel_decayed(fq, fk, v, g, state, eps, normalize, steps(q.shape[2], lengths))
     T = q.shape[2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()  # [T, T]
     A = torch.einsum("bhtf,bhsf->bhts", fq, fk) * causal  # [B, H, T, T]
@@ -38,11 +41,10 @@ def parallel_linear_attention(
         den = torch.einsum("bhtf,bhf->bht", fq, state["z"]) + A.sum(-1)  # [B, H, T]
         o = stable_divide(o, den, eps)
         updates["z"] = state["z"] + fk.sum(2)  # [B, H, F]
-    return o, advance(state, T, **updates)
+    return o, advance(state, steps(T, lengths), **updates)
 
 
-def _parallel_decayed(fq, fk, v, g, state, eps, normalize):
-    T = fq.shape[2]
+def _parallel_decayed(fq, fk, v, g, state, eps, normalize, length):
     decay = relative_log_decay(g, dim=2).exp()  # [B, H, T, T(, F)], zero above the diagonal
     from_start = g.cumsum(2).exp()  # [B, H, T(, F)]
     if g.dim() == 4:
@@ -60,4 +62,4 @@ def _parallel_decayed(fq, fk, v, g, state, eps, normalize):
         den = torch.einsum("bhtf,bhf->bht", fq0, state["z"]) + A.sum(-1)  # [B, H, T]
         o = stable_divide(o, den, eps)
         updates["z"] = total * state["z"] + fk_end.sum(2)  # [B, H, F]
-    return o, advance(state, T, **updates)
+    return o, advance(state, length, **updates)
