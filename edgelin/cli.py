@@ -52,8 +52,10 @@ def _default_checkpoint(checkpoint: str | None) -> str:
               help="Weights/activations: fp16 (state sums in fp32), int8 (per-channel weights), int4 (MatMulNBits, block 32).")
 @click.option("--state-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
               help="How the recurrent state is stored between steps; float16 only with --precision fp16.")
+@click.option("--ragged", is_flag=True,
+              help="The prefill graph also takes per-row lengths (int64 [batch]): prompts of different lengths prefill in one call, right-padded.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -65,12 +67,13 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
       edgelin export models/stdlib-linear -o out/
       edgelin export ckpt/ -o out/ --chunk-size 128 --force
       edgelin export -o out-int8/ --precision int8
+      edgelin export -o out-ragged/ --ragged
     """
     from edgelin.exporters import export
 
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
-        force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype,
+        force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
     )
     click.echo(result.summary())
 

@@ -15,7 +15,10 @@ starts from ``fresh_state(model.state_specs(), batch)``. Optional members, used 
 ``chunk_size`` (the prefill graph's chunk: example inputs are made longer than it) and
 ``with_chunk_size(n)`` (the same weights with another chunk, for ``export --chunk-size``) and
 ``state_decays`` (True when every float state forgets its past at a decay < 1, so it stays bounded; only
-such a model may store its state in float16, see ``check_float16_state``).
+such a model may store its state in float16, see ``check_float16_state``) and ``accepts_lengths`` (True
+when ``forward(input_ids, state, lengths=lengths)`` prefills a right-padded ragged batch: lengths [B]
+int64, row b's state afterwards exactly that of its first lengths[b] tokens alone; only then may
+``export(..., ragged=True)`` give the prefill graph a ``lengths`` input, see ``check_lengths``).
 """
 
 from __future__ import annotations
@@ -92,6 +95,21 @@ def check_float16_state(model: Any) -> None:
         )
 
 
+def accepts_lengths(model: Any) -> bool:
+    """Whether the model declares that ``forward`` takes per-row ``lengths`` (a ragged batch); absent means no."""
+    return getattr(model, "accepts_lengths", False) is True
+
+
+def check_lengths(model: Any) -> None:
+    """Refuse a ragged prefill graph (``export --ragged``) for a model whose forward takes no lengths."""
+    if not accepts_lengths(model):
+        raise ExportError(
+            f"{type(model).__name__} does not declare accepts_lengths = True (forward(ids, state, lengths=...)), so its "
+            "prefill graph cannot take per-row lengths; export it without --ragged (the runtime then prefills "
+            "prompts of different lengths one by one), or see docs/your-model.md"
+        )
+
+
 def tokenizer(model: Any) -> dict[str, Any]:
     """The manifest's tokenizer entry: the model's own, or bytes for a 256-token vocabulary."""
     own = getattr(model, "tokenizer", None)
@@ -100,4 +118,7 @@ def tokenizer(model: Any) -> dict[str, Any]:
     return {"kind": "bytes"} if model.vocab_size == 256 else {"kind": "ids"}
 
 
-__all__ = ["ExportableModel", "check_float16_state", "check_model", "chunk_size", "state_decays", "tokenizer"]
+__all__ = [
+    "ExportableModel", "accepts_lengths", "check_float16_state", "check_lengths", "check_model", "chunk_size",
+    "state_decays", "tokenizer",
+]

@@ -29,7 +29,7 @@ import torch
 from edgelin import __version__, parity, protocol
 from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
-from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
+from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
 from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir
@@ -62,6 +62,8 @@ class ExportResult:
             detail = f"  {self.nodes[graph]:4d} nodes  exported in {self.seconds[graph]:.1f} s" if graph else ""
             lines.append(f"  {name:14s} {size / 1e6:8.2f} MB{detail}")
         lines.append(f"  state per sequence: {self.manifest.state_bytes(1):,} bytes (constant in sequence length)")
+        if self.manifest.lengths is not None:
+            lines.append(f"  ragged prefill: input {self.manifest.lengths!r} takes each row's length (prompts of different lengths in one call)")
         if self.smoke is None:
             lines.append("  smoke check: skipped (--no-check)")
         else:
@@ -114,15 +116,17 @@ def _check_epsilons(model) -> None:
 
 def build_manifest(
     model, *, opset: int, source: str, precision: str = "fp32", extra: dict | None = None, logits_dtype: str | None = None,
+    ragged: bool = False,
 ) -> Manifest:
     """The manifest of ``model``'s export (edgelin/2): states straight from its state contract, the io of
-    both graphs, the runtime's prefill piece. The graph hashes are added once the files are final
-    (``Manifest.with_hashes``)."""
+    both graphs, the runtime's prefill piece, the prefill graph's ``lengths`` input when ``ragged``. The graph
+    hashes are added once the files are final (``Manifest.with_hashes``)."""
     return Manifest(
         graphs=dict(GRAPH_FILES), input_ids=INPUT_IDS, logits=LOGITS, states=tuple(model.state_specs()),
         vocab_size=model.vocab_size, tokenizer=protocol.tokenizer(model), model=model.model_config(),
         opset=opset, precision=precision, edgelin_version=__version__, source=source, extra=dict(extra or {}),
         logits_dtype=logits_dtype or "float32", prefill_piece=PREFILL_PIECE,  # every precision keeps fp32 logits
+        lengths=LENGTHS if ragged else None,
     )
 
 
@@ -177,7 +181,8 @@ def _finalize(path: Path, manifest_json: str, graph: str) -> onnx.ModelProto:
 
 
 def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Errors]:
-    """ORT CPU vs PyTorch on a short prompt (batch 2, T = chunk + 3) and 4 decode steps: logits errors."""
+    """ORT CPU vs PyTorch on a short prompt (batch 2, T = chunk + 3; a ragged graph: the second row 5 tokens
+    shorter) and 4 decode steps: logits errors."""
     from edgelin.runtime.session import open_session
 
     sessions = {g: open_session(out / f, "cpu") for g, f in GRAPH_FILES.items()}
@@ -185,14 +190,19 @@ def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Error
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, manifest.vocab_size, (2, protocol.chunk_size(model) + 3), generator=gen)
     state = fresh_state(specs, 2)
+    T = ids.shape[1]
+    lengths = torch.tensor([T, max(T - 5, 1)]) if manifest.lengths else None
+    ragged = {} if lengths is None else {"lengths": lengths}
 
     def run(graph: str, x: torch.Tensor, st) -> tuple[np.ndarray, dict]:
         feeds = {name: a.astype(spec.np_dtype, copy=False) for (name, a), spec in zip(to_numpy(specs, st).items(), specs)}
-        got = sessions[graph].run(None, {INPUT_IDS: x.numpy(), **feeds})
+        if graph == "prefill" and lengths is not None:
+            feeds[manifest.lengths] = lengths.numpy()
+        got = sessions[graph].run([manifest.logits] + [s.output for s in specs], {INPUT_IDS: x.numpy(), **feeds})
         return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])})
 
     with torch.no_grad():
-        ref, ref_state = model(ids, state)
+        ref, ref_state = model(ids, state, **ragged)
         got, ort_state = run("prefill", ids, state)
         errors = {"prefill": parity.errors(got, ref.numpy())}
         worst = parity.NONE
@@ -216,10 +226,16 @@ def export(
     progress: Progress | None = None,
     precision: str = "fp32",
     state_dtype: str = "float32",
+    ragged: bool = False,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
-    exports only) are applied to the checked fp32 graphs by ``edgelin.exporters.precision``."""
+    exports only) are applied to the checked fp32 graphs by ``edgelin.exporters.precision``.
+
+    ``ragged``: the prefill graph takes a third kind of input, ``lengths`` int64 [batch] (the manifest's
+    ``lengths``), so prompts of different lengths prefill in one call, right-padded, each row's state exactly
+    as if prefilled alone (``Session.prefill_batch``). Needs a model with ``accepts_lengths``. Off by default:
+    without it the graphs and manifest are those of every earlier export, which any edgelin/2 client drives."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
     check_precision(precision, state_dtype)
@@ -236,11 +252,13 @@ def export(
         model, digest = _resolve_source(source, chunk_size)
         if state_dtype == "float16":
             protocol.check_float16_state(model)
+        if ragged:
+            protocol.check_lengths(model)
         seconds = {}
         for graph, fname in GRAPH_FILES.items():
             say(f"exporting the {graph} graph (opset {opset}) ...")
             t0 = time.perf_counter()
-            spec = graph_spec(model, graph)
+            spec = graph_spec(model, graph, lengths=ragged)
             export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname)
             seconds[graph] = time.perf_counter() - t0
 
@@ -249,7 +267,7 @@ def export(
         op_types = {g: _op_histogram(p) for g, p in protos.items()}
         manifest = build_manifest(
             model, opset=opset, source=digest,
-            extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0},
+            extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0}, ragged=ragged,
         )
         manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype))
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)

@@ -4,6 +4,9 @@ plus everything torch.onnx needs to trace it (``graph_spec``): example inputs, I
 IO names come from the model's state contract (``state_specs()``; each key K becomes input ``state.K``
 and output ``present.K``), so the prefill graph, the decode graph and the manifest cannot disagree.
 The model is anything that follows ``edgelin.protocol``.
+
+A ragged prefill graph (``lengths=True``, for a model with ``accepts_lengths``) takes one more input after
+``input_ids``: ``lengths`` int64 [batch], the real tokens of each right-padded row.
 """
 
 from __future__ import annotations
@@ -18,36 +21,41 @@ from edgelin.protocol import chunk_size
 from edgelin.state import fresh_state
 
 INPUT_IDS = "input_ids"
+LENGTHS = "lengths"  # the ragged prefill graph's per-row token counts, int64 [batch]
 LOGITS = "logits"
 ROLES = {"prefill": "forward", "decode": "step"}  # graph role -> the model method (form) it traces
 EXAMPLE_BATCH = 2  # >= 2: a batch of 1 lets the exporter specialise the batch dim (docs/DESIGN.md, traps)
 MAX_BATCH, MAX_SEQUENCE = 1 << 16, 1 << 24
 
 
-def io_names(model: Any) -> tuple[list[str], list[str]]:
-    """(graph input names, graph output names), in graph order."""
+def io_names(model: Any, lengths: bool = False) -> tuple[list[str], list[str]]:
+    """(graph input names, graph output names), in graph order; ``lengths``: the ragged prefill graph's."""
     specs = model.state_specs()
-    return [INPUT_IDS] + [s.input for s in specs], [LOGITS] + [s.output for s in specs]
+    return [INPUT_IDS] + [LENGTHS] * lengths + [s.input for s in specs], [LOGITS] + [s.output for s in specs]
 
 
 class Graph(nn.Module):
     """``model`` run in one ``form``: "forward" (the prefill graph), "step" (the decode graph), or any
     other name, passed as ``model.forward(..., form=form)`` (e.g. LinearLM's quadratic "parallel" form,
-    a benchmark baseline)."""
+    a benchmark baseline). ``lengths``: the first input after input_ids is the per-row lengths [B],
+    passed as ``forward(..., lengths=...)`` (a ragged batch; not with "step")."""
 
-    def __init__(self, model: nn.Module, form: str = "forward") -> None:
+    def __init__(self, model: nn.Module, form: str = "forward", lengths: bool = False) -> None:
         super().__init__()
-        self.model, self.form = model, form
+        if lengths and form == "step":
+            raise ValueError("the decode graph (form 'step') takes one token per row: no lengths")
+        self.model, self.form, self.lengths = model, form, lengths
         self.keys = [s.key for s in model.state_specs()]
 
-    def forward(self, input_ids: torch.Tensor, *states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, input_ids: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ragged, states = ({"lengths": inputs[0]}, inputs[1:]) if self.lengths else ({}, inputs)
         state = dict(zip(self.keys, states))  # the graph's inputs are in spec order by construction
         if self.form == "forward":
-            logits, new = self.model(input_ids, state)
+            logits, new = self.model(input_ids, state, **ragged)
         elif self.form == "step":
             logits, new = self.model.step(input_ids, state)
         else:
-            logits, new = self.model(input_ids, state, form=self.form)
+            logits, new = self.model(input_ids, state, form=self.form, **ragged)
         return (logits, *(new[key] for key in self.keys))
 
 
@@ -56,20 +64,24 @@ class GraphSpec:
     """What torch.onnx needs for one graph."""
 
     module: Graph
-    example: tuple  # (input_ids, *states)
+    example: tuple  # (input_ids, *states), or (input_ids, lengths, *states)
     input_names: list[str]
     output_names: list[str]
     dynamic_shapes: tuple  # torch.export dynamic_shapes for ``example``
 
 
-def graph_spec(model: nn.Module, role: str, form: str | None = None) -> GraphSpec:
-    """The export recipe of the ``role`` graph ("prefill" or "decode") of ``model``.
+def graph_spec(model: nn.Module, role: str, form: str | None = None, *, lengths: bool = False) -> GraphSpec:
+    """The export recipe of the ``role`` graph ("prefill" or "decode") of ``model``; ``lengths``: the
+    prefill graph takes per-row lengths (a ragged batch; the model must accept them).
 
     Examples are batch 2 and, for prefill, 2 chunks + 3 tokens: an example length below the chunk made
     a graph that failed in ONNX Runtime for longer inputs, with no export error (docs/DESIGN.md, traps).
+    The example lengths differ between the rows (all T and one chunk less), so nothing is traced for
+    one length.
     """
     if role not in ROLES:
         raise ValueError(f"graph role must be one of {', '.join(ROLES)}, got {role!r}")
+    lengths = lengths and role == "prefill"
     specs = model.state_specs()
     p = next(model.parameters(), None)
     state = fresh_state(specs, EXAMPLE_BATCH, dtype=p.dtype if p is not None else torch.float32)
@@ -77,13 +89,14 @@ def graph_spec(model: nn.Module, role: str, form: str | None = None) -> GraphSpe
     length = 1 if role == "decode" else 2 * chunk_size(model) + 3
     ids = torch.zeros(EXAMPLE_BATCH, length, dtype=torch.int64)
     id_dims = {0: batch} if role == "decode" else {0: batch, 1: torch.export.Dim("sequence", min=1, max=MAX_SEQUENCE)}
-    inputs, outputs = io_names(model)
+    inputs, outputs = io_names(model, lengths)
+    ragged = (torch.tensor([length, length - chunk_size(model)], dtype=torch.int64),) if lengths else ()
     return GraphSpec(
-        module=Graph(model, form or ROLES[role]).eval(),
-        example=(ids, *(state[s.key] for s in specs)),
+        module=Graph(model, form or ROLES[role], lengths).eval(),
+        example=(ids, *ragged, *(state[s.key] for s in specs)),
         input_names=inputs, output_names=outputs,
-        dynamic_shapes=(id_dims, tuple({0: batch} for _ in specs)),
+        dynamic_shapes=(id_dims, tuple({0: batch} for _ in (*ragged, *specs))),  # *inputs: lengths, then states
     )
 
 
-__all__ = ["EXAMPLE_BATCH", "Graph", "GraphSpec", "INPUT_IDS", "LOGITS", "ROLES", "graph_spec", "io_names"]
+__all__ = ["EXAMPLE_BATCH", "Graph", "GraphSpec", "INPUT_IDS", "LENGTHS", "LOGITS", "ROLES", "graph_spec", "io_names"]

@@ -5,7 +5,7 @@
     for tok in Generator(session, "Hello", max_new_tokens=32, temperature=0.8, seed=0):
         print(tok.text, end="", flush=True)
 
-Session (load): new_state / prefill / decode / load_state; State: fork / save / rows / stack;
+Session (load): new_state / prefill / prefill_batch (prompts of different lengths) / decode / load_state; State: fork / save / rows / stack;
 Generator: streaming tokens for one prompt or a batch; generate_text: the function behind `edgelin generate`.
 """
 

@@ -5,8 +5,9 @@
         print(tok.text, end="", flush=True)
     gen.stats, gen.results, gen.state    # timings, per-prompt text and ids, the state after it all
 
-Each prompt is prefilled alone (batch 1, in pieces of ``prefill_chunk`` tokens), then the per-sequence
-states are stacked along the batch dim and decoded together. A sequence that finishes (eos, a stop
+A batch of prompts is prefilled together, right-padded, in one prefill call per piece of ``prefill_chunk``
+tokens when the export's prefill graph takes per-row lengths (``Session.prefill_batch``; each row's state is
+that of its prompt alone), else each prompt alone and the states stacked; then the batch is decoded together. A sequence that finishes (eos, a stop
 sequence, max_new_tokens) leaves the batch after its last token has gone through the model, so
 ``gen.state`` continues every sequence exactly where its text ends.
 """
@@ -228,14 +229,12 @@ class Generator:
     def _run(self) -> Iterator[Token]:
         session, n = self.session, len(self.prompt_ids)
         start = time.perf_counter()
-        if self._in_state is None:
-            states = [session.new_state(1) for _ in range(n)]
-        else:  # batch 1 continues in place; a batch is split and stacked again after prefill
-            states = [self._in_state] if n == 1 else self._in_state.split()
-        last = [session.prefill(ids[None], st, chunk=self.prefill_chunk, last_only=True) for ids, st in zip(self.prompt_ids, states)]  # n x [1, V]
+        if n == 1:  # batch 1 continues in place
+            state = session.new_state(1) if self._in_state is None else self._in_state
+            logits = session.prefill(self.prompt_ids[0][None], state, chunk=self.prefill_chunk, last_only=True)  # [1, V]
+        else:  # all prompts in one prefill call per piece where the export takes lengths, else one by one
+            logits, state = session.prefill_batch(self.prompt_ids, self._in_state, chunk=self.prefill_chunk)  # [n, V]
         self.stats.prefill_s = time.perf_counter() - start
-        state = states[0] if n == 1 else State.stack(states)  # [n, ...]
-        logits = np.concatenate(last)  # [n, V]
         _check_finite(logits, "after the prompt (prefill)", list(range(n)))
         rows = list(range(n))  # sequence index of each batch row
         rng = self.sampler.rng()

@@ -15,6 +15,7 @@ manifests are checked against it when written and when read. Standard library + 
       "input_ids": "input_ids", "logits": "logits",
       "logits_layout": {"axes": ["batch", "sequence", "vocab"], "positions": "every", "next_token": "last"},
       "min_sequence": 1, "prefill_piece": 1024,
+      "lengths": "lengths",         (only a ragged export: the prefill graph's per-row lengths, int64 [batch])
       "states": [{"input": "state.0.S", "output": "present.0.S", "shape": ["batch", 4, 64, 64],
                   "dtype": "float32", "init": 0.0}, ...],
       "vocab_size": 256,
@@ -26,6 +27,11 @@ manifests are checked against it when written and when read. Standard library + 
 
 An ``edgelin/1`` manifest (no io, symbols, hashes, layout; tokenizer ``{"kind": "bytes"}``) is still read:
 it is upgraded in memory and ``Manifest.load`` warns (``FormatWarning``).
+
+``lengths`` is optional in edgelin/2: a manifest without it (every export before ragged prefill, and every
+export made without ``--ragged``) describes a prefill graph that takes input_ids and states only, and is
+written without the field, exactly as before. With it, the prefill graph takes a third kind of input:
+right-padded rows of different lengths in one call, each row's state as if prefilled alone.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ REQUIRED_V1 = (
     "model", "opset", "precision", "edgelin_version", "source",
 )
 DROPPED_V1 = ("weights_file",)  # named a file that is not in the export
-FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece")
+FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "lengths")
 SEQUENCE = "sequence"
 SYMBOLS = {
     BATCH: "sequences run together (>= 1); the same for every input and output of one call",
@@ -190,6 +196,7 @@ class Manifest:
     logits_dtype: str = "float32"
     min_sequence: int = 1
     prefill_piece: int = PREFILL_PIECE
+    lengths: str | None = None  # the ragged prefill graph's per-row lengths input, int64 [batch]; None: no such input
     read_from: str = field(default=FORMAT, compare=False)  # the format the manifest was read in (edgelin/1 is upgraded)
 
     def __post_init__(self) -> None:
@@ -203,11 +210,8 @@ class Manifest:
     # ---- the graphs' inputs and outputs --------------------------------------------------------
     def io(self, graph: str) -> dict[str, list[dict[str, Any]]]:
         """Every input and output of ``graph`` ("prefill" or "decode"): name, dtype, shape, in graph order."""
-        seq = SEQUENCE_DIM[graph]
-        return {
-            "inputs": [tensor(self.input_ids, "int64", [BATCH, seq])] + [tensor(s.input, s.dtype, s.shape) for s in self.states],
-            "outputs": [tensor(self.logits, self.logits_dtype, [BATCH, seq, self.vocab_size])] + [tensor(s.output, s.dtype, s.shape) for s in self.states],
-        }
+        return implied_io(graph, self.input_ids, self.logits, self.logits_dtype, self.vocab_size,
+                        [s.to_dict() for s in self.states], self.lengths)
 
     def with_hashes(self, export_dir: str | Path) -> "Manifest":
         """This manifest with the sha256 of the graph files in ``export_dir``."""
@@ -238,6 +242,7 @@ class Manifest:
             "logits_layout": dict(LOGITS_LAYOUT, axes=list(LOGITS_LAYOUT["axes"])),
             "min_sequence": self.min_sequence,
             "prefill_piece": self.prefill_piece,
+            **({} if self.lengths is None else {"lengths": self.lengths}),  # absent: written exactly as before
             "states": [s.to_dict() for s in self.states],
             "vocab_size": self.vocab_size,
             "tokenizer": dict(self.tokenizer),
@@ -293,7 +298,8 @@ class Manifest:
                 s["init"] = int(s["init"])
             states.append(StateSpec.from_dict(s, f"{where}: states[{i}]"))
         vocab = _int(d["vocab_size"])
-        names = [d["input_ids"], d["logits"]] + [s.input for s in states] + [s.output for s in states]
+        lengths = d.get("lengths")
+        names = [d["input_ids"], d["logits"]] + [s.input for s in states] + [s.output for s in states] + [lengths] * (lengths is not None)
         if len(set(names)) != len(names):
             raise ManifestError(f"{where}: input, output and state names are not unique")
         logits_out = d["io"]["prefill"]["outputs"][0] if d["io"]["prefill"]["outputs"] else {}
@@ -308,12 +314,12 @@ class Manifest:
             vocab_size=vocab, tokenizer=tok, model=dict(d["model"]), opset=_int(d["opset"]),
             precision=d["precision"], edgelin_version=d["edgelin_version"], source=d["source"], extra=extra,
             sha256=dict(d["sha256"]) if hashes_given else None, logits_dtype=logits_dtype,
-            min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]),
+            min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]), lengths=lengths,
         )
         for g in GRAPHS:
             if not json_equal(d["io"][g], m.io(g)):
                 raise ManifestError(
-                    f"{where}: io.{g} does not list what input_ids, logits, vocab_size and states imply "
+                    f"{where}: io.{g} does not list what input_ids, lengths, logits, vocab_size and states imply "
                     f"({_short(d['io'][g], 80)}); re-export the model"
                 )
         return m
@@ -361,15 +367,23 @@ class Manifest:
         return path
 
 
+def implied_io(graph: str, input_ids: str, logits: str, logits_dtype: str, vocab: int, states: list[dict], lengths: str | None) -> dict[str, list]:
+    """The io of ``graph`` implied by the manifest fields (states as dicts): input_ids, the prefill graph's
+    lengths if any, every state input; logits, every state output."""
+    seq = SEQUENCE_DIM[graph]
+    ragged = [tensor(lengths, "int64", [BATCH])] if lengths is not None and graph == "prefill" else []
+    return {
+        "inputs": [tensor(input_ids, "int64", [BATCH, seq])] + ragged + [tensor(s["input"], s["dtype"], s["shape"]) for s in states],
+        "outputs": [tensor(logits, logits_dtype, [BATCH, seq, vocab])] + [tensor(s["output"], s["dtype"], s["shape"]) for s in states],
+    }
+
+
 def sync_io(d: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite the ``io`` of a manifest dict from its input_ids, logits, vocab_size and states, in place (for
-    tools and tests that edit a manifest by hand); the logits dtype is kept. Returns ``d``."""
+    """Rewrite the ``io`` of a manifest dict from its input_ids, lengths, logits, vocab_size and states, in
+    place (for tools and tests that edit a manifest by hand); the logits dtype is kept. Returns ``d``."""
     logits_dtype = d.get("io", {}).get("prefill", {}).get("outputs", [{}])[0].get("dtype", "float32")
-    for g, seq in SEQUENCE_DIM.items():
-        d.setdefault("io", {})[g] = {
-            "inputs": [tensor(d["input_ids"], "int64", [BATCH, seq])] + [tensor(s["input"], s["dtype"], s["shape"]) for s in d["states"]],
-            "outputs": [tensor(d["logits"], logits_dtype, [BATCH, seq, d["vocab_size"]])] + [tensor(s["output"], s["dtype"], s["shape"]) for s in d["states"]],
-        }
+    for g in SEQUENCE_DIM:
+        d.setdefault("io", {})[g] = implied_io(g, d["input_ids"], d["logits"], logits_dtype, d["vocab_size"], d["states"], d.get("lengths"))
     return d
 
 

@@ -4,6 +4,7 @@
     state = session.new_state(batch=1)
     logits = session.prefill(ids, state)        # ids int64 [B, T] -> logits [B, T, V]; state advanced
     logits = session.decode(next_ids, state)    # next_ids int64 [B, 1] -> logits [B, 1, V]
+    last, state = session.prefill_batch([ids_a, ids_b])   # prompts of different lengths -> [B, V], their state
 
 Every name, shape and dtype comes from the manifest. At load, each graph's inputs and outputs are
 checked against it, and the provider that ONNX Runtime really activated is checked against the one
@@ -134,6 +135,17 @@ class Session:
         """A state saved with ``State.save``; refused if it comes from another model (or batch size)."""
         return State.load(path, self.manifest, self.device, batch=batch)
 
+    @property
+    def ragged_fallback(self) -> str | None:
+        """Why ``prefill_batch`` prefills prompts one by one, or None when the prefill graph takes per-row
+        lengths (one call for the whole batch)."""
+        if self.manifest.lengths is not None:
+            return None
+        return (
+            "the prefill graph of this export takes no per-row lengths (exported without --ragged, or from a "
+            "model that does not declare accepts_lengths): prompts of different lengths are prefilled one by one"
+        )
+
     # ---- running -------------------------------------------------------------------------------
     def prefill(self, input_ids: Any, state: State, *, chunk: int | None = None, last_only: bool = False) -> np.ndarray:
         """Feed ``input_ids`` [B, T] through the prefill graph, advancing ``state`` in place.
@@ -143,23 +155,76 @@ class Session:
         stays bounded for any T (then ask for ``last_only``: all logits are T * V floats).
         """
         ids = self._check_ids(input_ids, state)
-        T = ids.shape[1]
-        if chunk is None:
-            chunk = T
-        else:
-            chunk = check_int("prefill chunk", chunk, low=1)
+        pieces = []
+        for start, end in self._pieces(ids.shape[1], chunk):
+            logits = self._run("prefill", ids[:, start:end], state)  # [B, t, V]
+            pieces.append(logits[:, -1].copy() if last_only else logits)  # keep [B, V], not the whole piece
+        return pieces[-1] if last_only else np.concatenate(pieces, axis=1)  # [B, V] or [B, T, V]
+
+    def prefill_batch(self, prompts: Any, state: State | None = None, *, chunk: int | None = None) -> tuple[np.ndarray, State]:
+        """Prefill prompts of different lengths together: ``prompts`` is a list of B token-id sequences.
+
+        Returns (each prompt's last logits [B, V], the state of all B sequences) -- the state of row b is that
+        of prompt b prefilled alone, ready for ``decode`` of the whole batch. ``state`` continues B sequences
+        (it is consumed: use the returned state) instead of fresh ones. With a ragged export (the manifest's
+        ``lengths``) the prompts are right-padded and run in one prefill call per piece of ``chunk`` tokens;
+        otherwise one by one (``ragged_fallback`` says why), with the same results.
+        """
+        rows = self._check_prompts(prompts)
+        B = len(rows)
+        if state is None:
+            state = self.new_state(B)
+        elif not isinstance(state, State) or state.batch != B:
+            got = state.batch if isinstance(state, State) else type(state).__name__
+            raise RuntimeInputError(f"the state holds {got} sequence(s) but there are {B} prompt(s)")
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)  # [B]
+        T = int(lengths.max())
+        if self.manifest.lengths is None:
+            singles = [state] if B == 1 else state.split()
+            last = [self.prefill(r[None], st, chunk=chunk, last_only=True) for r, st in zip(rows, singles)]  # B x [1, V]
+            return np.concatenate(last), (singles[0] if B == 1 else State.stack(singles))
+        pad = self.manifest.tokenizer.get("pad_id") or 0
+        ids = np.full((B, T), pad, dtype=np.int64)  # [B, T], right-padded
+        for b, r in enumerate(rows):
+            ids[b, : len(r)] = r
+        ids = self._check_ids(ids, state)
+        last = np.empty((B, self.vocab_size), dtype=self._logits_dtype["prefill"])  # [B, V]
+        for start, end in self._pieces(T, chunk):
+            here = np.clip(lengths - start, 0, end - start)  # [B] real tokens of each row in this piece
+            logits = self._run("prefill", ids[:, start:end], state, here)  # [B, t, V]
+            ends = np.flatnonzero((lengths > start) & (lengths <= end))  # rows whose last token is in this piece
+            last[ends] = logits[ends, lengths[ends] - start - 1]
+        return last, state
+
+    def _check_prompts(self, prompts: Any) -> list[np.ndarray]:
+        """One int64 [T_b] array per prompt, each non-empty (ids are checked with the padded batch)."""
+        if isinstance(prompts, np.ndarray) and prompts.ndim == 2:
+            prompts = list(prompts)
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise RuntimeInputError("prefill_batch takes a non-empty list of prompts (token-id sequences)")
+        rows = []
+        for i, p in enumerate(prompts):
+            r = np.asarray(p)
+            if r.ndim != 1 or r.size == 0:
+                raise RuntimeInputError(f"prompt {i} must be a non-empty flat sequence of token ids, got shape {list(r.shape)}")
+            if not np.issubdtype(r.dtype, np.integer):
+                raise RuntimeInputError(f"prompt {i} must hold integer token ids, got {r.dtype}")
+            bad = np.flatnonzero((r < 0) | (r >= self.vocab_size))
+            if bad.size:
+                raise RuntimeInputError(f"token id {int(r[bad[0]])} at position {int(bad[0])} of prompt {i} is outside the vocabulary [0, {self.vocab_size})")
+            rows.append(r.astype(np.int64))
+        return rows
+
+    def _pieces(self, T: int, chunk: int | None) -> list[tuple[int, int]]:
+        """(start, end) of each prefill call over T tokens: pieces of at most ``chunk``, none shorter than min_sequence."""
+        chunk = T if chunk is None else check_int("prefill chunk", chunk, low=1)
         least = self.manifest.min_sequence
         if T < least:
             raise RuntimeInputError(f"prefill takes at least {least} token(s) (the manifest's min_sequence), got {T}")
         starts = list(range(0, T, max(chunk, least)))
         if len(starts) > 1 and T - starts[-1] < least:  # never a last piece shorter than the graph accepts
             starts.pop()
-        ends = starts[1:] + [T]
-        pieces = []
-        for start, end in zip(starts, ends):
-            logits = self._run("prefill", ids[:, start:end], state)  # [B, t, V]
-            pieces.append(logits[:, -1].copy() if last_only else logits)  # keep [B, V], not the whole piece
-        return pieces[-1] if last_only else np.concatenate(pieces, axis=1)  # [B, V] or [B, T, V]
+        return list(zip(starts, starts[1:] + [T]))
 
     def decode(self, input_ids: Any, state: State) -> np.ndarray:
         """One token per sequence through the decode graph: ids [B, 1] (or [B]) -> logits [B, 1, V]."""
@@ -196,11 +261,17 @@ class Session:
             )
         return np.ascontiguousarray(ids, dtype=np.int64)
 
-    def _run(self, graph: str, ids: np.ndarray, state: State) -> np.ndarray:
-        """One graph run: ids int64 [B, t] -> logits [B, t, V]; the state moves on."""
+    def _run(self, graph: str, ids: np.ndarray, state: State, lengths: np.ndarray | None = None) -> np.ndarray:
+        """One graph run: ids int64 [B, t] -> logits [B, t, V]; the state moves on. A ragged prefill graph
+        also takes each row's real tokens, ``lengths`` [B] (default: all t)."""
         m, sess = self.manifest, self._sessions[graph]
+        ragged = graph == "prefill" and m.lengths is not None
+        if ragged and lengths is None:
+            lengths = np.full(ids.shape[0], ids.shape[1], dtype=np.int64)  # [B]: no padding
         if not self.io_binding:
             feeds = {m.input_ids: ids, **{s.input: v.numpy() for s, v in zip(m.states, state.values)}}
+            if ragged:
+                feeds[m.lengths] = np.ascontiguousarray(lengths, dtype=np.int64)
             logits, *states = sess.run([m.logits] + [s.output for s in m.states], feeds)
             state._advance([to_ortvalue(a, self.device) for a in states])
             return logits
@@ -214,6 +285,9 @@ class Session:
                 state._bindings[key] = bound
         io, ids_buffer, logits = bound
         ids_buffer[...] = ids
+        if ragged:  # bound per call (prefill bindings are never kept); the array lives until the run is done
+            lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # [B]
+            io.bind_ortvalue_input(m.lengths, to_ortvalue(lengths, CPU))
         sess.run_with_iobinding(io)
         if self.device != CPU:
             io.synchronize_outputs()

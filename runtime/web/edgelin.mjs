@@ -18,7 +18,8 @@
 // reproduces the Python runtime's tokens. Sampling (temperature, top-k, top-p) follows the same
 // rules but draws from a small seeded generator of its own (sfc32): a seed gives the same stream
 // every time in JavaScript, but not the stream numpy gives for that seed in Python.
-// Batch 1 only.
+// Batch 1 only. A ragged export (the manifest names `lengths`, the prefill graph's per-row token counts)
+// is fed lengths = [tokens in the call]: no padding, the same results as an export without the input.
 
 export const FORMAT = "edgelin/2";
 export const VERSION = "0.1.0";
@@ -60,11 +61,13 @@ export function checkManifest(m) {
     if (!TYPED[s.dtype]) fail(`state ${s.input} has dtype ${s.dtype}`);
     if (s.shape[0] !== "batch" || !s.shape.slice(1).every((d) => Number.isInteger(d) && d > 0)) fail(`state ${s.input} has shape ${JSON.stringify(s.shape)}`);
   }
+  if (m.lengths !== undefined && (typeof m.lengths !== "string" || !m.lengths)) fail("'lengths' must be a name");
   for (const g of GRAPHS) {
     const names = (list) => list.map((t) => t.name).sort().join(",");
-    const wantIn = [m.input_ids, ...m.states.map((s) => s.input)].sort().join(",");
+    const ragged = g === "prefill" && m.lengths !== undefined ? [m.lengths] : [];
+    const wantIn = [m.input_ids, ...ragged, ...m.states.map((s) => s.input)].sort().join(",");
     const wantOut = [m.logits, ...m.states.map((s) => s.output)].sort().join(",");
-    if (names(m.io[g].inputs) !== wantIn || names(m.io[g].outputs) !== wantOut) fail(`io.${g} does not match input_ids, logits and states`);
+    if (names(m.io[g].inputs) !== wantIn || names(m.io[g].outputs) !== wantOut) fail(`io.${g} does not match input_ids, lengths, logits and states`);
   }
   const logits = m.io.prefill.outputs.find((t) => t.name === m.logits);
   if (logits.dtype !== "float32" && logits.dtype !== "float16") fail(`logits dtype ${logits.dtype}`);
@@ -349,6 +352,9 @@ export class Model {
     const m = this.manifest;
     const feeds = { ...state.tensors };
     feeds[m.input_ids] = new this.ort.Tensor("int64", BigInt64Array.from(ids, (i) => BigInt(i)), [1, ids.length]);
+    if (graph === "prefill" && m.lengths !== undefined) {
+      feeds[m.lengths] = new this.ort.Tensor("int64", BigInt64Array.of(BigInt(ids.length)), [1]); // one row, unpadded
+    }
     const out = await this.sessions[graph].run(feeds);
     for (const s of m.states) state.tensors[s.input] = out[s.output];
     const data = out[m.logits].data;

@@ -80,3 +80,13 @@ def test_export_help_teaches():
     assert result.exit_code == 0
     for text in ("CHECKPOINT", "--chunk-size", "--force", "--no-check", "Examples"):
         assert text in result.output
+
+
+def test_export_ragged_gives_the_prefill_graph_lengths(checkpoint, tmp_path):
+    out = tmp_path / "out"
+    result = run("export", checkpoint, "-o", out, "--ragged")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "edgelin.json").read_text())
+    assert manifest["lengths"] == "lengths"
+    assert {"name": "lengths", "dtype": "int64", "shape": ["batch"]} in manifest["io"]["prefill"]["inputs"]
+    assert "ragged prefill: input 'lengths'" in result.stdout and "-> ok" in result.stdout

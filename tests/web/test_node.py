@@ -2,8 +2,9 @@
 
 Python writes the cases (prompts, its greedy ids, text and logits; tokenizer and sampler expectations)
 to a JSON file; ``node --test tests/web/edgelin.test.mjs`` checks the module against them: greedy ids
-equal, logits within 1e-4 (one ONNX Runtime thread on each side), on the bundled model's export and on a
-cosFormer export (an int64 state). Skipped, with the reason, where node or onnxruntime-node is missing.
+equal, logits within 1e-4 (one ONNX Runtime thread on each side), on the bundled model's export, on a
+cosFormer export (an int64 state) and on a ragged export (its prefill graph takes per-row lengths, which
+the module feeds). Skipped, with the reason, where node or onnxruntime-node is missing.
 """
 
 from __future__ import annotations
@@ -85,17 +86,30 @@ def _sampling_cases():
     return cases
 
 
-def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundled_export, exported, python_greedy, tmp_path):
+@pytest.fixture(scope="module")
+def ragged_export(tmp_path_factory, exported):
+    """The cosFormer test model (conv 4, an int64 position state) exported with a ragged prefill graph."""
+    from edgelin.exporters import export
+
+    model, _ = exported("cosformer")
+    out = tmp_path_factory.mktemp("web") / "ragged"
+    export(model, out, check=False, ragged=True)
+    return out
+
+
+def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundled_export, exported, ragged_export, python_greedy, tmp_path):
     _, cos_dir = exported("cosformer")
     from edgelin.runtime.manifest import Manifest
 
     assert any(s.dtype == "int64" for s in Manifest.load(cos_dir).states), "the cosFormer export should carry an int64 state"
+    assert Manifest.load(ragged_export).lengths is not None and Manifest.load(cos_dir).lengths is None
     prompts = [(n, _bytes(t), piece) for n, t, piece in PROMPTS]
     decoding, encoding = _tokenizer_cases()
     cases = {
         "exports": [
             _export_case("bundled", bundled_export, python_greedy, 40, prompts),
             _export_case("cosformer", cos_dir, python_greedy, 24, prompts),
+            _export_case("cosformer-ragged", ragged_export, python_greedy, 24, prompts),
         ],
         "decoding": decoding, "encoding": encoding, "sampling": _sampling_cases(),
     }
