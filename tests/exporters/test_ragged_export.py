@@ -245,3 +245,38 @@ def test_the_manifest_names_lengths_once_and_only_for_prefill(exports, tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Manifest.from_dict(sync_io(stale)).lengths is None
+
+
+def test_validate_checks_a_ragged_export(exports):
+    """`edgelin validate` adds a ragged check for an export with lengths (and none for one without)."""
+    from edgelin.validate import validate
+
+    model, out = exports("cosformer-conv4-fixed")
+    report = validate(out, model, steps=8)
+    ragged = [c for c in report.checks if c.name == "ragged prefill == each prompt alone"]
+    assert [c.status for c in ragged] == ["pass"], report.table()
+    assert report.passed, report.table()
+
+
+def test_a_ragged_fp16_export(exports, tmp_path):
+    """The precision conversion keeps the int64 lengths input: a float16 export with a float16 state
+    prefills a ragged batch as each prompt alone, within the fp16 budgets."""
+    model = tiny("bundled-relu-conv4-scalar")
+    out = tmp_path / "fp16"
+    export(model, out, ragged=True, precision="fp16", state_dtype="float16")  # smoke-checked on a padded row
+    session = load(out, provider="cpu", threads=1)
+    assert session.manifest.io("prefill")["inputs"][1] == {"name": "lengths", "dtype": "int64", "shape": ["batch"]}
+    rows = prompts(8)
+    last, state = session.prefill_batch(rows)
+    lb, sb = budget("fp16", "logits"), budget("fp16", "state")
+    for b, ids in enumerate(rows):
+        alone = session.new_state(1)
+        ref = session.prefill(ids[None], alone, last_only=True)[0]
+        e = errors(last[b].astype(np.float32), ref.astype(np.float32))
+        assert within(e, lb), f"row {b}: {e}"
+        for name, a in alone.numpy().items():
+            got = state.numpy()[name][b]
+            if a.dtype == np.int64:
+                assert np.array_equal(got, a[0]), name
+            else:
+                assert within(errors(got.astype(np.float32), a[0].astype(np.float32)), sb), f"row {b}: {name}"
