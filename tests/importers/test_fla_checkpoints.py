@@ -178,3 +178,29 @@ def test_half_precision_weights_load_as_float32(ckpt):
     weight = model.model.layers[0].attn.q_proj.weight
     saved = load_file(ckpt / "model.safetensors")["model.layers.0.attn.q_proj.weight"]
     assert weight.dtype == torch.float32 and torch.equal(weight, saved.to(torch.float32))
+
+
+def test_an_import_without_lengths_exports_plain_and_prefills_a_batch_one_by_one(base, tmp_path):
+    """fla imports do not declare accepts_lengths: `export --ragged` refuses them by name, the plain export
+    runs a batch of prompts of different lengths one by one, each as it runs alone."""
+    import numpy as np
+
+    from edgelin.errors import ExportError
+    from edgelin.exporters import export
+    from edgelin.protocol import accepts_lengths
+    from edgelin.runtime import load
+
+    model = load_checkpoint(base)
+    assert not accepts_lengths(model)
+    with pytest.raises(ExportError, match="accepts_lengths"):
+        export(model, tmp_path / "ragged", ragged=True)
+    export(model, tmp_path / "plain", check=False)
+    session = load(tmp_path / "plain", provider="cpu", threads=1)
+    assert "one by one" in session.ragged_fallback
+    prompts = [np.arange(n) % 97 for n in (3, 17, 1)]
+    last, state = session.prefill_batch(prompts)
+    for b, ids in enumerate(prompts):
+        alone = session.new_state(1)
+        np.testing.assert_array_equal(last[b], session.prefill(ids[None], alone, last_only=True)[0])
+        for name, a in alone.numpy().items():
+            np.testing.assert_array_equal(state.numpy()[name][b], a[0], err_msg=name)
