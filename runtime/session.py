@@ -27,7 +27,7 @@ from edgelin.runtime.check import check_graph, graph_io
 from edgelin.runtime.manifest import GRAPHS, Manifest
 from edgelin.runtime.state import CPU, Device, State, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
-from edgelin.runtime.options import check_int
+from edgelin.runtime.options import check_int, check_number
 
 PROVIDERS = ("auto", "cpu", "cuda")
 CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
@@ -161,7 +161,9 @@ class Session:
             pieces.append(logits[:, -1].copy() if last_only else logits)  # keep [B, V], not the whole piece
         return pieces[-1] if last_only else np.concatenate(pieces, axis=1)  # [B, V] or [B, T, V]
 
-    def prefill_batch(self, prompts: Any, state: State | None = None, *, chunk: int | None = None) -> tuple[np.ndarray, State]:
+    def prefill_batch(
+        self, prompts: Any, state: State | None = None, *, chunk: int | None = None, max_padding: float | None = None
+    ) -> tuple[np.ndarray, State]:
         """Prefill prompts of different lengths together: ``prompts`` is a list of B token-id sequences.
 
         Returns (each prompt's last logits [B, V], the state of all B sequences) -- the state of row b is that
@@ -169,6 +171,10 @@ class Session:
         (it is consumed: use the returned state) instead of fresh ones. With a ragged export (the manifest's
         ``lengths``) the prompts are right-padded and run in one prefill call per piece of ``chunk`` tokens;
         otherwise one by one (``ragged_fallback`` says why), with the same results.
+
+        Padding is computed like real tokens: ``max_padding`` (>= 1) groups the prompts by length so that no
+        call computes more than ``max_padding`` times its real tokens (longest first, each group one ragged
+        call, the rows put back in prompt order). None: all prompts in one call.
         """
         rows = self._check_prompts(prompts)
         B = len(rows)
@@ -177,12 +183,24 @@ class Session:
         elif not isinstance(state, State) or state.batch != B:
             got = state.batch if isinstance(state, State) else type(state).__name__
             raise RuntimeInputError(f"the state holds {got} sequence(s) but there are {B} prompt(s)")
-        lengths = np.array([len(r) for r in rows], dtype=np.int64)  # [B]
-        T = int(lengths.max())
         if self.manifest.lengths is None:
             singles = [state] if B == 1 else state.split()
             last = [self.prefill(r[None], st, chunk=chunk, last_only=True) for r, st in zip(rows, singles)]  # B x [1, V]
             return np.concatenate(last), (singles[0] if B == 1 else State.stack(singles))
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)  # [B]
+        groups = [list(range(B))] if max_padding is None else length_groups(lengths, check_number("max_padding", max_padding, low=1.0))
+        if len(groups) == 1:
+            return self._prefill_ragged(rows, state, chunk), state
+        parts = [state.rows(g) for g in groups]
+        last = np.concatenate([self._prefill_ragged([rows[i] for i in g], part, chunk) for g, part in zip(groups, parts)])  # [B, V], grouped order
+        order = np.argsort(np.concatenate(groups))  # row b of the result is row order[b] of the groups
+        return last[order], State.stack(parts).rows(order.tolist())
+
+    def _prefill_ragged(self, rows: list[np.ndarray], state: State, chunk: int | None) -> np.ndarray:
+        """Right-padded rows through the ragged prefill graph, one call per piece: each row's last logits [B, V]."""
+        B = len(rows)
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)  # [B]
+        T = int(lengths.max())
         pad = self.manifest.tokenizer.get("pad_id") or 0
         ids = np.full((B, T), pad, dtype=np.int64)  # [B, T], right-padded
         for b, r in enumerate(rows):
@@ -194,7 +212,7 @@ class Session:
             logits = self._run("prefill", ids[:, start:end], state, here)  # [B, t, V]
             ends = np.flatnonzero((lengths > start) & (lengths <= end))  # rows whose last token is in this piece
             last[ends] = logits[ends, lengths[ends] - start - 1]
-        return last, state
+        return last
 
     def _check_prompts(self, prompts: Any) -> list[np.ndarray]:
         """One int64 [T_b] array per prompt, each non-empty (ids are checked with the padded batch)."""
@@ -308,6 +326,19 @@ class Session:
         return io, ids_buffer, logits
 
 
+def length_groups(lengths: np.ndarray, max_padding: float) -> list[list[int]]:
+    """Prompt indices grouped for ragged prefill calls: longest first, a group grows while its padded work
+    (size x its longest) stays within ``max_padding`` x its real tokens. One group when the lengths are close."""
+    groups: list[list[int]] = []
+    for i in np.argsort(-lengths, kind="stable").tolist():
+        g = groups[-1] if groups else None
+        if g is not None and (len(g) + 1) * lengths[g[0]] <= max_padding * (lengths[g].sum() + lengths[i]):
+            g.append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 # ---- opening and checking the graphs -------------------------------------------------------------
 def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dict[str, ort.InferenceSession]]:
     """Create both sessions; returns ("cuda" | "cpu", sessions). CUDA counts only if ORT reports it active."""
@@ -395,4 +426,4 @@ def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.Inferen
         raise ManifestError(f"ONNX Runtime cannot load {path}: {first[:300]}; re-export the model") from None
 
 
-__all__ = ["OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "load", "make_session_options", "open_session"]
+__all__ = ["OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "length_groups", "load", "make_session_options", "open_session"]

@@ -190,21 +190,50 @@ def test_an_export_without_lengths_prefills_one_by_one(exports):
         assert_state_row(state.numpy(), b, alone.numpy(), f"row {b}")
 
 
-def test_batched_generation_uses_one_prefill_call(exports):
-    """Generator with several prompts prefills them together on a ragged export, and generates what each
-    prompt generates alone (greedy)."""
+@pytest.mark.parametrize("lengths, calls", [
+    pytest.param((C + 3, C + 1, C + 2), 1, id="similar-lengths-one-call"),
+    pytest.param((2, 3 * C + 5, 1, C), 4, id="different-lengths-grouped"),
+])
+def test_batched_generation_prefills_together(exports, lengths, calls):
+    """Generator with several prompts prefills them together on a ragged export (prompts of similar lengths
+    in one call; lengths far apart in groups, RAGGED_MAX_PADDING), and generates what each prompt generates
+    alone (greedy), in prompt order."""
     _, out = exports("bundled-relu-conv4-scalar")
     session = load(out, provider="cpu", threads=1)
-    rows = [list(map(int, p)) for p in prompts(7, (2, C + 3, 1))]
-    calls = []
+    rows = [list(map(int, p)) for p in prompts(7, lengths)]
+    seen = []
     run = session._run
-    session._run = lambda graph, *a: calls.append(graph) or run(graph, *a)
+    session._run = lambda graph, *a: seen.append(graph) or run(graph, *a)
     together = Generator(session, rows, max_new_tokens=6).run()
     session._run = run
-    assert calls.count("prefill") == 1
+    assert seen.count("prefill") == calls
     for b, ids in enumerate(rows):
         alone = Generator(session, [ids], max_new_tokens=6).run()
         assert together.results[b].ids == alone.results[0].ids, f"prompt {b}"
+
+
+def test_length_groups():
+    from edgelin.runtime.session import length_groups
+
+    assert length_groups(np.array([5, 5, 5]), 1.0) == [[0, 1, 2]]
+    assert length_groups(np.array([1, 100, 90, 2]), 1.25) == [[1, 2], [3], [0]]  # 200 <= 237.5; 4 > 3.75
+    assert length_groups(np.array([1, 100, 90, 2]), 100.0) == [[1, 2, 3, 0]]
+    assert length_groups(np.array([3, 1, 2]), 1.0) == [[0], [2], [1]]
+
+
+def test_grouped_prefill_keeps_prompt_order(exports):
+    """max_padding = 1 (every length its own call): the rows come back in prompt order, each as alone."""
+    _, out = exports("relu-conv2-gla")
+    session = load(out, provider="cpu", threads=1)
+    rows = prompts(9, (3, C + 1, 1, 3 * C + 5, C + 1))
+    last, state = session.prefill_batch(rows, max_padding=1.0)
+    batched = state.numpy()
+    for b, ids in enumerate(rows):
+        alone = session.new_state(1)
+        assert_logits(last[b], session.prefill(ids[None], alone, last_only=True)[0], f"row {b}")
+        assert_state_row(batched, b, alone.numpy(), f"row {b}")
+    with pytest.raises(RuntimeInputError, match="max_padding"):
+        session.prefill_batch(rows, max_padding=0.5)
 
 
 def test_prefill_batch_refuses_bad_prompts(exports):
