@@ -75,9 +75,14 @@ def chunk_size(model: Any) -> int:
     return value if isinstance(value, int) and value > 0 else DEFAULT_CHUNK
 
 
+def _declares(model: Any, flag: str) -> bool:
+    """An optional protocol flag: True only when the model sets it to True; absent means no."""
+    return getattr(model, flag, False) is True
+
+
 def state_decays(model: Any) -> bool:
-    """Whether the model declares that its float states decay (stay bounded); absent means no."""
-    return getattr(model, "state_decays", False) is True
+    """Whether the model declares that its float states decay (stay bounded)."""
+    return _declares(model, "state_decays")
 
 
 # Why a running sum cannot live in float16 (README, "Edge precision"): float16 has an 11-bit
@@ -96,8 +101,8 @@ def check_float16_state(model: Any) -> None:
 
 
 def accepts_lengths(model: Any) -> bool:
-    """Whether the model declares that ``forward`` takes per-row ``lengths`` (a ragged batch); absent means no."""
-    return getattr(model, "accepts_lengths", False) is True
+    """Whether the model declares that ``forward`` takes per-row ``lengths`` (a ragged batch)."""
+    return _declares(model, "accepts_lengths")
 
 
 def check_lengths(model: Any) -> None:
