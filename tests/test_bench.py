@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -472,3 +473,29 @@ def test_precision_section_skips_an_export_source(tmp_path, exported):
 
     x = precision_section(QUICK, 1, lambda _m: None, source=exported("relu")[1])
     assert x["status"] == "skipped" and "needs the model itself" in x["reason"]
+
+
+# ---- the README's Performance figures are the committed bench record's --------------------------------
+def _readme_goal_rows() -> list[list[str]]:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Performance"):]
+    section = section[section.index("| goal |"):]
+    section = section[: section.index("\n\n")]
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()[2:]]
+
+
+def test_readme_goals_table_is_the_committed_bench_record():
+    """docs/bench/bench.json is the run the README's Performance section quotes: its goals table must
+    carry each goal of that record, in order, with the measured figure and the verdict the bench gave."""
+    record = json.loads((Path(__file__).resolve().parents[1] / "docs" / "bench" / "bench.json").read_text())
+    assert not record["quick"]
+    rows = _readme_goal_rows()
+    assert len(rows) == len(record["goals"])
+    for row, goal in zip(rows, record["goals"]):
+        label, target, measured, verdict = row
+        assert f"{goal['measured']:.2f}" in measured, (goal["goal"], measured)
+        assert verdict == {True: "met", False: "not met", None: ""}[goal["met"]], (goal["goal"], verdict)
+        if goal["target"] is None:
+            assert target == "reported"
+        else:
+            assert f"{goal['target']:g}" in target and ("≥" if goal["direction"] == ">=" else "≤") in target, (goal["goal"], target)
