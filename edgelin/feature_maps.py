@@ -49,7 +49,7 @@ def make_feature_map(
 class FeatureMap(nn.Module):
     name: ClassVar[str] = ""
     needs_position: ClassVar[bool] = False  # True: forward() needs positions [B, T] (int64)
-    signed: ClassVar[bool] = False  # True: phi can be negative, so phi(q)^T z can be near zero
+    signed: ClassVar[bool] = False  # True: phi can be negative (for some input or position), so phi(q)^T z can be near zero
 
     def __init__(self, head_dim: int, **_: object) -> None:
         super().__init__()
@@ -161,9 +161,13 @@ class CosFormer(FeatureMap):
     carried in the attention state ("pos"), so prefill and decode agree on it. M is a fixed horizon
     (config ``cosformer_horizon``): keys further back than M get weight <= 0, so keep M above the
     longest context you run.
+
+    Signed: past the horizon cos a_i < 0, so phi(q)^T z can approach zero from either side and the
+    denominator needs the sign-taking eps in every form (decode included).
     """
 
     needs_position = True
+    signed = True
 
     def __init__(self, head_dim: int, *, horizon: int = 16384, **_: object) -> None:
         super().__init__(head_dim)

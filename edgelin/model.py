@@ -340,8 +340,8 @@ class LinearLM(nn.Module):
         its first lengths[b]; its returned state is that after its last real token, exactly as prefilling
         the row alone, and its logits at t >= lengths[b] mean nothing (edgelin.ops.lengths)."""
         if lengths is not None:
-            if form == "step":
-                raise ValueError("the step form takes one token per row: no lengths")
+            if form in ("step", "recurrent"):
+                raise ValueError(f"the {form} form takes no lengths (ragged batches run in the naive, chunk and parallel forms)")
             lengths = check_lengths(lengths, tuple(input_ids.shape))
         if state is None:
             state = self.init_state(input_ids.shape[0])

@@ -28,7 +28,7 @@ from edgelin.runtime.files import check_output_file
 from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.runtime.sampling import Sampler
 from edgelin.runtime.session import Session, load
-from edgelin.runtime.state import State
+from edgelin.runtime.state import State, check_state_for
 from edgelin.runtime.tokenizer import StreamDecoder
 from edgelin.runtime.options import check_int
 
@@ -170,9 +170,8 @@ class Generator:
         texts, self.prompt_ids = self._encode(prompts)
         tokenizer = session.tokenizer if texts or stop else _optional_tokenizer(session)  # text needs a tokenizer
         self.eos_id = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
-        if state is not None and (not isinstance(state, State) or state.batch != len(self.prompt_ids)):
-            got = state.batch if isinstance(state, State) else type(state).__name__
-            raise RuntimeInputError(f"the state holds {got} sequence(s) but there are {len(self.prompt_ids)} prompt(s)")
+        if state is not None:
+            check_state_for(state, len(self.prompt_ids))
         self._in_state = state
         self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, list(stop)) for _ in self.prompt_ids]
         self.stats = Stats(prompt_tokens=sum(len(p) for p in self.prompt_ids))

@@ -25,7 +25,7 @@ import onnxruntime as ort
 from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
 from edgelin.runtime.check import check_graph, graph_io
 from edgelin.runtime.manifest import GRAPHS, Manifest
-from edgelin.runtime.state import CPU, Device, State, to_ortvalue
+from edgelin.runtime.state import CPU, Device, State, check_state_for, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 from edgelin.runtime.options import check_int, check_number
 
@@ -178,17 +178,18 @@ class Session:
         """
         rows = self._check_prompts(prompts)
         B = len(rows)
+        if max_padding is not None:
+            max_padding = check_number("max_padding", max_padding, low=1.0)
         if state is None:
             state = self.new_state(B)
-        elif not isinstance(state, State) or state.batch != B:
-            got = state.batch if isinstance(state, State) else type(state).__name__
-            raise RuntimeInputError(f"the state holds {got} sequence(s) but there are {B} prompt(s)")
+        else:
+            check_state_for(state, B)
         if self.manifest.lengths is None:
             singles = [state] if B == 1 else state.split()
             last = [self.prefill(r[None], st, chunk=chunk, last_only=True) for r, st in zip(rows, singles)]  # B x [1, V]
             return np.concatenate(last), (singles[0] if B == 1 else State.stack(singles))
         lengths = np.array([len(r) for r in rows], dtype=np.int64)  # [B]
-        groups = [list(range(B))] if max_padding is None else length_groups(lengths, check_number("max_padding", max_padding, low=1.0))
+        groups = [list(range(B))] if max_padding is None else length_groups(lengths, max_padding)
         if len(groups) == 1:
             return self._prefill_ragged(rows, state, chunk), state
         parts = [state.rows(g) for g in groups]

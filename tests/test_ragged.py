@@ -173,11 +173,13 @@ def test_bad_lengths_are_refused():
         (torch.tensor([-1, 2]), r"lengths\[0\] is -1"),
         (torch.tensor([5]), r"shape \[B\] = \[2\]"),
         (torch.tensor([5.0, 5.0]), "integer tensor"),
+        (torch.tensor([True, False]), "integer tensor"),
     ):
         with pytest.raises(ValueError, match=msg):
             model(ids, lengths=lengths)
-    with pytest.raises(ValueError, match="step form"):
-        model(ids[:, :1], lengths=torch.tensor([1, 1]), form="step")
+    for form in ("step", "recurrent"):
+        with pytest.raises(ValueError, match=f"the {form} form takes no lengths"):
+            model(ids[:, :1], lengths=torch.tensor([1, 1]), form=form)
 
 
 def test_mask_padding_without_lengths_is_the_identity():

@@ -7,8 +7,8 @@ figures they are judged on come from the same run. Batch 1, the bench's thread c
     nodes_per_layer    decode graph nodes per layer, as ONNX Runtime runs it (after its
                        load-time fusions; the exported count is reported beside it)             <= 28
     over_floor         decode ms per token / the weight-bytes floor                             <= 1.3
-    long_prefill       prefill tokens/s of the longest prompt in the runtime's default pieces
-                       / tokens/s of one call of one piece                                      >= 0.9
+    long_prefill       prefill tokens/s of the longest prompt in the plan's pieces (a full run: the
+                       runtime's default, 1,024) / tokens/s of one call of one piece            >= 0.9
     vs_softmax         the strongest softmax baseline's decode ms / linear decode ms at the
                        longest position measured (reported, no target)
     batch_throughput   the best decode tokens/s over the batch curve / batch 1 (reported)
@@ -50,7 +50,9 @@ def goals(data: dict[str, Any]) -> list[dict[str, Any]]:
     long = [r for r in (prefill or {}).get("ratios", []) if "pieces_over_one_piece" in r]
     if long:
         r = long[-1]
-        out.append(_goal("long_prefill", f"prefill tokens/s at T = {r['T']:,} in the runtime's default pieces / one call of one piece",
+        piece = prefill.get("piece")
+        pieces = f"{piece:,}-token pieces" if piece else "pieces"
+        out.append(_goal("long_prefill", f"prefill tokens/s at T = {r['T']:,} in {pieces} / one call of one piece",
                          r["pieces_over_one_piece"], 0.9))
     position = data.get("position")
     rows = [r for r in (position or {}).get("rows", []) if "strongest_baseline" in r]

@@ -317,18 +317,17 @@ class Bench:
         ok = {(r["form"], r["T"]): r for r in rows if r["status"] == "ok"}
         ratios = []
         for T in p.prefill_lengths:
-            chunk = ok.get(("chunk", T))
-            if chunk is None:
-                continue
+            chunk, pieces = ok.get(("chunk", T)), ok.get(("chunk_pieces", T))
             entry: dict[str, Any] = {"T": T}
             for other, key in (("parallel", "chunk_over_parallel"), ("softmax", "chunk_over_softmax")):
-                if (other, T) in ok:
+                if chunk is not None and (other, T) in ok:
                     entry[key] = chunk["tokens_per_s"] / ok[(other, T)]["tokens_per_s"]
-            if ("chunk_pieces", T) in ok:
-                entry["pieces_over_chunk"] = ok[("chunk_pieces", T)]["tokens_per_s"] / chunk["tokens_per_s"]
-                if ("chunk", p.piece) in ok:  # a long prompt in pieces vs one call of one piece: what length costs
-                    entry["pieces_over_one_piece"] = ok[("chunk_pieces", T)]["tokens_per_s"] / ok[("chunk", p.piece)]["tokens_per_s"]
-            ratios.append(entry)
+            if pieces is not None and chunk is not None:
+                entry["pieces_over_chunk"] = pieces["tokens_per_s"] / chunk["tokens_per_s"]
+            if pieces is not None and ("chunk", p.piece) in ok:  # a long prompt in pieces vs one call of one piece: what length costs
+                entry["pieces_over_one_piece"] = pieces["tokens_per_s"] / ok[("chunk", p.piece)]["tokens_per_s"]
+            if len(entry) > 1:  # kept even where the one-call run was skipped: the pieces are what the runtime does
+                ratios.append(entry)
         described = {"chunk": "the export's prefill graph (chunked parallel form, O(T) memory)",
                      "parallel": "the same LinearLM exported with form='parallel' (quadratic masked form, O(T^2) memory)",
                      "softmax": "SoftmaxLM of the same size (random weights) exported here, causal softmax over all T",
@@ -338,7 +337,7 @@ class Bench:
                     "tokens/s = T / median; ratios are of tokens/s",
             "forms": {form: described[form] for form, *_ in forms},
             "lengths": list(p.prefill_lengths), "memory_cap_bytes": self.memory_cap, "time_cap_s": p.case_time_cap_s,
-            "rows": rows, "ratios": ratios,
+            "rows": rows, "ratios": ratios, "piece": p.piece,
             "skipped": [f"{r['form']} T={r['T']}: {r['reason']}" for r in rows if r["status"] != "ok"],
         }
         if self.twin is None:

@@ -42,7 +42,8 @@ def check_lengths(lengths: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor
     """``lengths`` as int64 [B] for input ids of ``shape`` [B, T]; ValueError unless every 0 <= length <= T
     (the values are checked in eager mode only: an exported graph cannot raise on data)."""
     B, T = shape
-    if not isinstance(lengths, torch.Tensor) or lengths.is_floating_point() or lengths.is_complex() or tuple(lengths.shape) != (B,):
+    integer = isinstance(lengths, torch.Tensor) and not (lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool)
+    if not integer or tuple(lengths.shape) != (B,):
         got = f"{lengths.dtype} {list(lengths.shape)}" if isinstance(lengths, torch.Tensor) else type(lengths).__name__
         raise ValueError(f"lengths must be an integer tensor of shape [B] = [{B}] (real tokens per row), got {got}")
     if not (torch.compiler.is_exporting() or torch.compiler.is_compiling()):

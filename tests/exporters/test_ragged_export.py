@@ -188,6 +188,9 @@ def test_an_export_without_lengths_prefills_one_by_one(exports):
         alone = session.new_state(1)
         np.testing.assert_array_equal(last[b], session.prefill(ids[None], alone, last_only=True)[0])
         assert_state_row(state.numpy(), b, alone.numpy(), f"row {b}")
+    for bad in (0.5, float("nan"), "x"):  # refused as on a ragged export, though no grouping happens here
+        with pytest.raises(RuntimeInputError, match="max_padding"):
+            session.prefill_batch(rows, max_padding=bad)
 
 
 @pytest.mark.parametrize("lengths, calls", [
@@ -243,8 +246,10 @@ def test_prefill_batch_refuses_bad_prompts(exports):
                      ([[1.5]], "integer token ids")):
         with pytest.raises(RuntimeInputError, match=msg):
             session.prefill_batch(bad)
-    with pytest.raises(RuntimeInputError, match="holds 1 sequence"):
+    with pytest.raises(RuntimeInputError, match=r"holds 1 sequence\(s\) but there are 2 prompt\(s\); create it with new_state\(2\)"):
         session.prefill_batch([[1], [2]], session.new_state(1))
+    with pytest.raises(RuntimeInputError, match="state must be a State"):
+        session.prefill_batch([[1], [2]], {"state.0.S": np.zeros(1)})
 
 
 def test_a_model_without_lengths_is_refused_for_a_ragged_export(tmp_path):

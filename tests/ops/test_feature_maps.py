@@ -57,7 +57,7 @@ def test_every_map_builds_and_out_dim_is_its_width(name, head_dim, n_features):
 @pytest.mark.parametrize("name", available())
 def test_unsigned_maps_are_non_negative(name):
     """Maps that declare signed=False must never produce a negative feature (their denominator is >= 0)."""
-    fm = make_feature_map(name, 8, horizon=64)  # cosformer: positions up to 40 < 64, so cos and sin >= 0
+    fm = make_feature_map(name, 8, horizon=16)  # cosformer: positions 17..39 pass its horizon, where cos < 0
     x = 10 * torch.randn(2, 2, 40, 8, dtype=torch.float64)
     y = torch.cat([apply(fm, x, is_query=True), apply(fm, x, is_query=False)])
     if fm.signed:
@@ -271,3 +271,27 @@ def test_identity_with_denominator_is_finite_where_it_crosses_zero(form):
     ref, _ = FORMS["naive"](q, k, v, feature_map=fm, eps=eps, normalize=True)
     assert rel_err(o, ref) <= F64_TOL
     assert torch.equal(state["z"], torch.tensor([[[1.0, 0.0]]], dtype=torch.float64))
+
+
+def test_cosformer_past_its_horizon_divides_like_the_reference():
+    """cosFormer's features turn negative past its horizon (cos a < 0), so phi(q)^T z can sit just below
+    zero: the decode step must take eps with the denominator's sign, as the sequence forms do, not add it."""
+    eps = 1e-6
+    fm = make_feature_map("cosformer", 4, horizon=8)
+    g = torch.Generator().manual_seed(0)
+    q = torch.rand(1, 1, 1, 4, generator=g, dtype=torch.float64) + 0.1  # [B, H, 1, D]
+    k = torch.zeros(1, 1, 1, 4, dtype=torch.float64)  # the token adds nothing: z stays as set below
+    v = torch.randn(1, 1, 1, 3, generator=g, dtype=torch.float64)
+    pos = torch.tensor([20])  # > horizon
+    fq = fm(q, is_query=True, positions=pos[:, None])[:, :, 0]  # [B, H, F]
+    assert (fq < 0).any()
+    z = torch.rand(1, 1, 8, generator=g, dtype=torch.float64)
+    z = z - (((fq * z).sum(-1) + 0.999 * eps) / (fq**2).sum(-1))[..., None] * fq  # phi(q)^T z = -0.999 eps
+    S = torch.randn(1, 1, 8, 3, generator=g, dtype=torch.float64)
+    out = {form: FORMS[form](q, k, v, feature_map=fm, initial_state={"S": S, "z": z, "pos": pos}, chunk_size=4, eps=eps, normalize=True)[0]
+           for form in ("naive", "chunk", "recurrent", "step")}
+    den = (fq * z).sum()
+    assert -eps < den < 0
+    for form in ("chunk", "recurrent", "step"):
+        assert rel_err(out[form], out["naive"]) <= F64_TOL, form
+
