@@ -34,6 +34,12 @@ def io_names(model: Any, lengths: bool = False) -> tuple[list[str], list[str]]:
     return [INPUT_IDS] + [LENGTHS] * lengths + [s.input for s in specs], [LOGITS] + [s.output for s in specs]
 
 
+def within_tokens(lengths: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """``lengths`` [B] clamped to [0, T]: a graph cannot raise on data, so a client's out-of-range length
+    means "none" (below 0) or "all" (above T) instead of a wrong conv window or an ONNX Runtime error."""
+    return torch.minimum(lengths.clamp(min=0), torch.full_like(lengths, input_ids.shape[1]))  # [B]
+
+
 class Graph(nn.Module):
     """``model`` run in one ``form``: "forward" (the prefill graph), "step" (the decode graph), or any
     other name, passed as ``model.forward(..., form=form)`` (e.g. LinearLM's quadratic "parallel" form,
@@ -48,7 +54,7 @@ class Graph(nn.Module):
         self.keys = [s.key for s in model.state_specs()]
 
     def forward(self, input_ids: torch.Tensor, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ragged, states = ({"lengths": inputs[0]}, inputs[1:]) if self.lengths else ({}, inputs)
+        ragged, states = ({"lengths": within_tokens(inputs[0], input_ids)}, inputs[1:]) if self.lengths else ({}, inputs)
         state = dict(zip(self.keys, states))  # the graph's inputs are in spec order by construction
         if self.form == "forward":
             logits, new = self.model(input_ids, state, **ragged)

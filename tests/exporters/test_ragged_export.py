@@ -224,6 +224,25 @@ def test_length_groups():
     assert length_groups(np.array([3, 1, 2]), 1.0) == [[0], [2], [1]]
 
 
+@pytest.mark.parametrize("name", ["bundled-relu-conv4-scalar", "cosformer-conv4-fixed"])
+def test_out_of_range_lengths_are_clamped_in_the_graph(exports, name):
+    """A graph cannot raise on data: a length below 0 means none of the row, above T all of it -- the same
+    outputs as 0 and T, not a wrong conv window (negative) or an ONNX Runtime index error (above T)."""
+    _, out = exports(name)
+    session = load(out, provider="cpu", threads=1)
+    graph = session._sessions["prefill"]
+    T = C + 3
+    ids = np.random.default_rng(3).integers(0, VOCAB, (2, T))
+    state = session.new_state(2).numpy()  # {state input name: zeros}
+
+    def run(lengths):
+        return graph.run(None, {"input_ids": ids, "lengths": np.array(lengths, dtype=np.int64), **state})
+
+    for bad, same in (([T, -1], [T, 0]), ([T + 4, 3], [T, 3]), ([-7, 10**9], [0, T])):
+        for got, ref in zip(run(bad), run(same)):
+            np.testing.assert_array_equal(got, ref, err_msg=f"lengths {bad} vs {same}")
+
+
 def test_grouped_prefill_keeps_prompt_order(exports):
     """max_padding = 1 (every length its own call): the rows come back in prompt order, each as alone."""
     _, out = exports("relu-conv2-gla")
