@@ -306,9 +306,31 @@ def test_validate_checks_a_ragged_export(exports):
 
     model, out = exports("cosformer-conv4-fixed")
     report = validate(out, model, steps=8)
-    ragged = [c for c in report.checks if c.name == "ragged prefill == each prompt alone"]
+    ragged = [c for c in report.checks if c.name.startswith("ragged prefill == each prompt alone")]
     assert [c.status for c in ragged] == ["pass"], report.table()
     assert report.passed, report.table()
+
+
+def test_validate_runs_ragged_prefill_grouped_and_in_pieces(exports, monkeypatch):
+    """The ragged check also runs prompts as a batched Generator does (grouped by length, in pieces): a
+    fault only there (here: one row's logits moved when prefill_batch is given pieces) fails it, by name."""
+    from edgelin.runtime.session import Session
+    from edgelin.validate import validate
+
+    model, out = exports("bundled-relu-conv4-scalar")
+    real = Session.prefill_batch
+
+    def faulty(self, prompts, state=None, *, chunk=None, max_padding=None):
+        last, state = real(self, prompts, state, chunk=chunk, max_padding=max_padding)
+        if chunk is not None:
+            last = last.copy()
+            last[1] += 1e-2
+        return last, state
+
+    monkeypatch.setattr(Session, "prefill_batch", faulty)
+    report = validate(out, model, steps=8)
+    check = next(c for c in report.checks if c.name.startswith("ragged prefill == each prompt alone"))
+    assert check.status == "fail" and f"grouped, in pieces of {C + 1}, prompt 1" in check.where, report.table()
 
 
 def test_a_ragged_fp16_export(exports, tmp_path):
