@@ -182,6 +182,22 @@ def test_quick_prefill(quick):
     assert long["pieces_over_one_piece"] == pytest.approx(rate[("chunk_pieces", 256)] / rate[("chunk", 64)])
 
 
+def test_prefill_ratios_keep_the_pieces_where_the_one_call_run_was_skipped():
+    from edgelin.bench.sections import prefill_ratios
+
+    def row(form, T, rate, status="ok"):
+        return {"form": form, "T": T, "tokens_per_s": rate, "status": status}
+
+    rows = [row("chunk", 1024, 100.0), row("softmax", 1024, 50.0), row("chunk", 4096, 80.0), row("chunk_pieces", 4096, 96.0),
+            row("chunk", 65536, None, "skipped"), row("chunk_pieces", 65536, 90.0)]
+    assert prefill_ratios(rows, (1024, 4096, 65536), 1024) == [
+        {"T": 1024, "chunk_over_softmax": 2.0},
+        {"T": 4096, "pieces_over_chunk": 1.2, "pieces_over_one_piece": 0.96},
+        {"T": 65536, "pieces_over_one_piece": 0.9},  # no one-call figure to compare with, the pieces still count
+    ]
+    assert prefill_ratios(rows[:1], (1024,), 1024) == []  # nothing to compare: no entry
+
+
 def test_quick_sweep_and_floor(quick):
     data = quick[0]
     sweep = data["sweep"]

@@ -314,20 +314,7 @@ class Bench:
                 if form == "chunk_pieces" and T < p.piece_from:
                     continue
                 rows.append(self._case(form, graph, T, piece, histories[form], quadratic, stateful))
-        ok = {(r["form"], r["T"]): r for r in rows if r["status"] == "ok"}
-        ratios = []
-        for T in p.prefill_lengths:
-            chunk, pieces = ok.get(("chunk", T)), ok.get(("chunk_pieces", T))
-            entry: dict[str, Any] = {"T": T}
-            for other, key in (("parallel", "chunk_over_parallel"), ("softmax", "chunk_over_softmax")):
-                if chunk is not None and (other, T) in ok:
-                    entry[key] = chunk["tokens_per_s"] / ok[(other, T)]["tokens_per_s"]
-            if pieces is not None and chunk is not None:
-                entry["pieces_over_chunk"] = pieces["tokens_per_s"] / chunk["tokens_per_s"]
-            if pieces is not None and ("chunk", p.piece) in ok:  # a long prompt in pieces vs one call of one piece: what length costs
-                entry["pieces_over_one_piece"] = pieces["tokens_per_s"] / ok[("chunk", p.piece)]["tokens_per_s"]
-            if len(entry) > 1:  # kept even where the one-call run was skipped: the pieces are what the runtime does
-                ratios.append(entry)
+        ratios = prefill_ratios(rows, p.prefill_lengths, p.piece)
         described = {"chunk": "the export's prefill graph (chunked parallel form, O(T) memory)",
                      "parallel": "the same LinearLM exported with form='parallel' (quadratic masked form, O(T^2) memory)",
                      "softmax": "SoftmaxLM of the same size (random weights) exported here, causal softmax over all T",
@@ -397,6 +384,27 @@ class Bench:
         }
 
 
+def prefill_ratios(rows: list[dict[str, Any]], lengths: tuple[int, ...], piece: int) -> list[dict[str, Any]]:
+    """Per length, the ratios of tokens/s between the prefill forms that ran ("status" ok): chunk over
+    parallel and softmax, pieces over chunk, and pieces over one call of one piece. A length whose one-call
+    run was skipped keeps its pieces-over-one-piece ratio: the pieces are what the runtime does."""
+    ok = {(r["form"], r["T"]): r["tokens_per_s"] for r in rows if r["status"] == "ok"}
+    ratios = []
+    for T in lengths:
+        chunk, pieces, one_piece = ok.get(("chunk", T)), ok.get(("chunk_pieces", T)), ok.get(("chunk", piece))
+        entry: dict[str, Any] = {"T": T}
+        for other, key in (("parallel", "chunk_over_parallel"), ("softmax", "chunk_over_softmax")):
+            if chunk is not None and (other, T) in ok:
+                entry[key] = chunk / ok[(other, T)]
+        if pieces is not None and chunk is not None:
+            entry["pieces_over_chunk"] = pieces / chunk
+        if pieces is not None and one_piece is not None:
+            entry["pieces_over_one_piece"] = pieces / one_piece
+        if len(entry) > 1:
+            ratios.append(entry)
+    return ratios
+
+
 def graph_weight_bytes(path: Path) -> int:
     """Bytes of a graph's initializers and Constant nodes."""
     proto = onnx.load(str(path), load_external_data=False)
@@ -405,4 +413,4 @@ def graph_weight_bytes(path: Path) -> int:
     return sum(int(np.prod(t.dims, dtype=np.int64)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize for t in tensors)
 
 
-__all__ = ["Bench", "POSITION_KEYS", "graph_weight_bytes"]
+__all__ = ["Bench", "POSITION_KEYS", "graph_weight_bytes", "prefill_ratios"]
