@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import warnings
+from collections import Counter
 
 import click
 
@@ -16,8 +17,13 @@ def _summary(r: dict) -> str:
     def rate(x: float) -> str:
         return "n/a" if x is None or math.isnan(x) else f"{x:,.0f} tok/s"
 
+    if "results" in r:
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(Counter(x["stop_reason"] for x in r["results"]).items()))
+        what = f"{len(r['results'])} prompts, {r['new_tokens']} new tokens ({reasons}), prompts {r['prompt_tokens']} tokens"
+    else:
+        what = f"{r['new_tokens']} new tokens ({r['stop_reason']}), prompt {r['prompt_tokens']} tokens"
     return (
-        f"[{r['provider']}] {r['new_tokens']} new tokens ({r['stop_reason']}), prompt {r['prompt_tokens']} tokens; "
+        f"[{r['provider']}] {what}; "
         f"time to first token {r['time_to_first_token_s'] * 1e3:.1f} ms, prefill {rate(r['prefill_tokens_per_s'])}, "
         f"decode {rate(r['decode_tokens_per_s'])}"
     )
@@ -25,7 +31,9 @@ def _summary(r: dict) -> str:
 
 @click.command("generate", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("export_dir", type=click.Path(path_type=str))
-@click.option("--prompt", "-p", required=True, help="Text to continue (the model's tokenizer encodes it).")
+@click.option("--prompt", "-p", required=True, multiple=True,
+              help="Text to continue (the model's tokenizer encodes it). Repeat for a batch: the prompts run together "
+                   "and each continuation prints after the run, under a header naming its prompt.")
 @click.option("--max-new-tokens", "-n", type=int, default=128, show_default=True, help="Tokens to generate at most.")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy; higher = more random.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="Sample only from the K most likely tokens (0 = off).")
@@ -42,7 +50,9 @@ def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed
     """Generate text from an export folder (prefill.onnx + decode.onnx + edgelin.json).
 
     Text streams to stdout as it is produced; a summary line with the provider actually used and the
-    timings goes to stderr. Runs on ONNX Runtime alone: torch is not imported.
+    timings goes to stderr. Several --prompt run as one batch (prompts of similar length prefilled
+    together, decode batched; each continuation is that of its prompt alone), printed when all are done.
+    Runs on ONNX Runtime alone: torch is not imported.
 
     \b
     Examples:
@@ -51,6 +61,7 @@ def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed
       edgelin generate out/ -p "Q: hi" --stop "Q:" --json
       edgelin generate out/ -p "Hello, " --state-out chat.npz     # keep the conversation ...
       edgelin generate out/ -p " and then" --state-in chat.npz    # ... and continue it later
+      edgelin generate out/ -p "def add(" -p "import " -n 40         # a batch of two prompts
     """
     from edgelin.runtime import ProviderWarning, generate_text
 
@@ -61,14 +72,20 @@ def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed
     with warnings.catch_warnings():  # a warning (e.g. CUDA not active) is one line on stderr, printed when it happens
         warnings.simplefilter("always", ProviderWarning)
         warnings.showwarning = lambda message, *_, **__: click.echo(f"edgelin: warning: {message}", err=True)
+        batch = len(prompt) > 1
         result = generate_text(
-            export_dir, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            seed=seed, stop=stop, provider=provider, threads=threads, state_in=state_in, state_out=state_out,
-            on_text=None if as_json else stream,
+            export_dir, list(prompt) if batch else prompt[0], max_new_tokens=max_new_tokens, temperature=temperature,
+            top_k=top_k, top_p=top_p, seed=seed, stop=stop, provider=provider, threads=threads, state_in=state_in,
+            state_out=state_out, on_text=None if as_json or batch else stream,
         )
     if as_json:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
         click.echo(json.dumps(clean))
+        return
+    if batch:
+        for i, r in enumerate(result["results"]):
+            click.echo(f"--- prompt {i + 1} of {len(prompt)}: {r['prompt']!r} ({r['stop_reason']}) ---")
+            click.echo(r["text"])
     else:
         click.echo("")
-        click.echo(_summary(result), err=True)
+    click.echo(_summary(result), err=True)

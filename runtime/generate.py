@@ -322,7 +322,7 @@ def _optional_tokenizer(session: Session):
 # ---- the library function behind `edgelin generate` ----------------------------------------------
 def generate_text(
     export: str | os.PathLike | Session,
-    prompt: str,
+    prompt: str | Sequence[str],
     *,
     max_new_tokens: int = 256,
     temperature: float = 0.0,
@@ -340,13 +340,26 @@ def generate_text(
     """Generate a continuation of ``prompt`` and return it with timings.
 
     ``export`` is an export folder (loaded here) or an open Session. ``on_text`` is called with each
-    piece of text as soon as it is released. ``state_in`` continues a conversation saved with
-    ``state_out`` (written atomically, after the generation finished).
+    piece of text as soon as it is released (one prompt only). ``state_in`` continues a conversation saved
+    with ``state_out`` (written atomically, after the generation finished).
     Returns {"text", "new_tokens", "stop_reason", "provider", "prompt_tokens", "time_to_first_token_s",
     "prefill_tokens_per_s", "decode_tokens_per_s", ..., "load_s", "state_out"}.
+
+    A list of prompts runs as one batch (``Generator``: prompts of similar length prefilled together,
+    decode batched; each continuation is that of its prompt alone) and returns "results", one
+    {"prompt", "text", "stop_reason"} per prompt in order, in place of "text" and "stop_reason"; the
+    timings and token counts are the batch's. ``state_in`` / ``state_out`` then hold one row per prompt.
     """
-    if not isinstance(prompt, str) or not prompt:
-        raise RuntimeInputError("the prompt is empty; give some text with --prompt")
+    batch = not isinstance(prompt, str)
+    prompts = list(prompt) if batch else [prompt]
+    if not prompts:
+        raise RuntimeInputError("no prompt given; give some text with --prompt")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p:
+            raise RuntimeInputError(f"prompt {i + 1} of {len(prompts)} is empty; give some text with --prompt" if batch
+                                    else "the prompt is empty; give some text with --prompt")
+    if batch and on_text is not None:
+        raise RuntimeInputError("on_text streams one prompt; with several, read each continuation from the results")
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load
     _check_options(max_new_tokens, DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, stop)
     if state_out is not None:  # before any work: a bad path must not cost the generated text
@@ -354,21 +367,22 @@ def generate_text(
     t0 = time.perf_counter()
     session = export if isinstance(export, Session) else load(export, provider=provider, threads=threads)
     load_s = time.perf_counter() - t0
-    state = session.load_state(state_in, batch=1) if state_in is not None else None
+    state = session.load_state(state_in, batch=len(prompts)) if state_in is not None else None
     gen = Generator(
-        session, prompt, state=state, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-        top_p=top_p, seed=seed, stop=stop, prefill_chunk=prefill_chunk,
+        session, prompts if batch else prompt, state=state, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, stop=stop, prefill_chunk=prefill_chunk,
     )
     for tok in gen:
         if on_text is not None and tok.text:
             on_text(tok.text)
     if state_out is not None:
         gen.state.save(state_out)
-    result = gen.results[0]
-    return {
-        "text": result.text, "stop_reason": result.stop_reason, "provider": session.provider,
-        **gen.stats.to_dict(), "load_s": load_s, "state_out": str(state_out) if state_out is not None else None,
-    }
+    if batch:
+        texts: dict[str, Any] = {"results": [{"prompt": p, "text": r.text, "stop_reason": r.stop_reason} for p, r in zip(prompts, gen.results)]}
+    else:
+        texts = {"text": gen.results[0].text, "stop_reason": gen.results[0].stop_reason}
+    return {**texts, "provider": session.provider, **gen.stats.to_dict(), "load_s": load_s,
+            "state_out": str(state_out) if state_out is not None else None}
 
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "Result", "Stats", "Token", "generate_text"]

@@ -53,6 +53,32 @@ def test_state_out_then_state_in_continues_the_conversation(tiny, session, tmp_p
     assert json.loads(second.stdout)["text"] == Generator(session, whole, max_new_tokens=8).run().text
 
 
+def test_several_prompts_run_as_one_batch_each_as_alone(tiny, session):
+    prompts = ["Hi", "A much longer prompt than the first one"]
+    result = invoke(tiny[1], "-p", prompts[0], "-p", prompts[1], "-n", "12", "--provider", "cpu")
+    assert result.exit_code == 0, result.stderr
+    want = [Generator(session, p, max_new_tokens=12).run().text for p in prompts]
+    blocks = [f"--- prompt {i + 1} of 2: {p!r} (length) ---\n{w}\n" for i, (p, w) in enumerate(zip(prompts, want))]
+    assert result.stdout == "".join(blocks)
+    assert result.stderr.startswith("[cpu] 2 prompts, 24 new tokens (2 length)")
+    out = json.loads(invoke(tiny[1], "-p", prompts[0], "-p", prompts[1], "-n", "12", "--provider", "cpu", "--json").stdout)
+    assert out["results"] == [{"prompt": p, "text": w, "stop_reason": "length"} for p, w in zip(prompts, want)]
+    assert "text" not in out and out["new_tokens"] == 24
+
+
+def test_a_batch_state_out_then_state_in_continues_every_conversation(tiny, session, tmp_path):
+    path = tmp_path / "two.npz"
+    first = invoke(tiny[1], "-p", "One.", "-p", "Second one.", "-n", "6", "--provider", "cpu", "--state-out", path, "--json")
+    assert first.exit_code == 0, first.stderr
+    second = invoke(tiny[1], "-p", " Next", "-p", " Then", "-n", "6", "--provider", "cpu", "--state-in", path, "--json")
+    assert second.exit_code == 0, second.stderr
+    for r, before, after in zip(json.loads(second.stdout)["results"], ("One.", "Second one."), (" Next", " Then")):
+        whole = list(before.encode()) + Generator(session, before, max_new_tokens=6).run().results[0].ids + list(after.encode())
+        assert r["text"] == Generator(session, whole, max_new_tokens=6).run().text
+    assert_one_line_error(invoke(tiny[1], "-p", "Hi", "-p", "Ho", "-p", "Ha", "--provider", "cpu", "--state-in", path),
+                          "two.npz holds 2 sequence(s) but 3 are needed here")
+
+
 def test_help_teaches_with_examples():
     result = invoke("--help")
     assert result.exit_code == 0
@@ -82,6 +108,7 @@ def test_bad_options_exit_2_with_one_line(tiny, args, match):
 
 def test_empty_prompt(tiny):
     assert_one_line_error(invoke(tiny[1], "--prompt", "", "--provider", "cpu"), "the prompt is empty")
+    assert_one_line_error(invoke(tiny[1], "-p", "Hi", "-p", "", "--provider", "cpu"), "prompt 2 of 2 is empty")
 
 
 def test_not_an_export(tmp_path):
