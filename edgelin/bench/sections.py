@@ -246,7 +246,8 @@ class Bench:
                     row.update({"strongest_baseline": strongest, "strongest_over_linear": row[POSITION_KEYS[strongest][1]]})
             rows.append(row)
         out = {
-            "what": f"ms per decode step at batch 1 after P tokens; every contender carries its state/cache over the {steps} steps timed; "
+            "what": f"ms per decode step at batch 1 after P tokens; every contender carries its state/cache over its {steps} steps "
+                    f"({self.plan.position_warmup} warm-up, {steps - self.plan.position_warmup} timed); "
                     "x_over_linear = baseline ms / linear ms (above 1: linear is faster); strongest = the fastest baseline measured at P",
             "softmax_baseline": "SoftmaxLM (same widths, RoPE, random weights) decode step exported here with past k/v of dynamic length; "
                                 "present k/v (a new, one-longer copy each step) fed back through IO binding; its cache starts from random values of length P",
