@@ -25,7 +25,7 @@ import onnxruntime as ort
 from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
 from edgelin.runtime.check import check_graph, graph_io
 from edgelin.runtime.manifest import GRAPHS, Manifest
-from edgelin.runtime.state import CPU, Device, State, check_state_for, to_ortvalue
+from edgelin.runtime.state import CPU, Device, State, check_state_for, require_state, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 from edgelin.runtime.options import check_int, check_number
 
@@ -257,8 +257,7 @@ class Session:
 
     def _check_ids(self, input_ids: Any, state: State) -> np.ndarray:
         """Token ids as int64 [B, T], every id inside the vocabulary: ORT's Gather does not check."""
-        if not isinstance(state, State):
-            raise RuntimeInputError(f"state must be a State (from Session.new_state), got {type(state).__name__}")
+        require_state(state)
         if not state.same_model(self.manifest):
             raise RuntimeInputError("this state belongs to another model; create it with this session's new_state()")
         if state.device != self.device:

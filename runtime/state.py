@@ -265,12 +265,17 @@ def _check_header(path: Path, raw: np.ndarray, manifest: Manifest, batch: int | 
     return header
 
 
-def check_state_for(state: object, prompts: int) -> None:
-    """RuntimeInputError unless ``state`` is a State of ``prompts`` sequences (one per prompt)."""
+def require_state(state: object) -> None:
+    """RuntimeInputError unless ``state`` is a State."""
     if not isinstance(state, State):
         raise RuntimeInputError(f"state must be a State (from Session.new_state), got {type(state).__name__}")
+
+
+def check_state_for(state: object, prompts: int) -> None:
+    """RuntimeInputError unless ``state`` is a State of ``prompts`` sequences (one per prompt)."""
+    require_state(state)
     if state.batch != prompts:
         raise RuntimeInputError(f"the state holds {state.batch} sequence(s) but there are {prompts} prompt(s); create it with new_state({prompts})")
 
 
-__all__ = ["CPU", "SNAPSHOT_FORMAT", "State", "check_state_for", "to_ortvalue"]
+__all__ = ["CPU", "SNAPSHOT_FORMAT", "State", "check_state_for", "require_state", "to_ortvalue"]

@@ -40,7 +40,8 @@ def mask_padding(
 
 def check_lengths(lengths: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """``lengths`` as int64 [B] for input ids of ``shape`` [B, T]; ValueError unless every 0 <= length <= T
-    (the values are checked in eager mode only: an exported graph cannot raise on data)."""
+    (the values are checked in eager mode only: an exported graph cannot raise on data, so the export's graph
+    wrapper clamps them to [0, T], exporters/graphs.py)."""
     B, T = shape
     integer = isinstance(lengths, torch.Tensor) and not (lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool)
     if not integer or tuple(lengths.shape) != (B,):
