@@ -54,11 +54,16 @@ def _default_checkpoint(checkpoint: str | None) -> str:
               help="How the recurrent state is stored between steps; float16 only with --precision fp16.")
 @click.option("--ragged", is_flag=True,
               help="The prefill graph also takes per-row lengths (int64 [batch]): prompts of different lengths prefill in one call, right-padded.")
+@click.option("--tokenizer", "tokenizer", type=click.Path(), default=None,
+              help="A Hugging Face tokenizer (a folder with tokenizer.json, or the file) to export with the model "
+                   "[default: CHECKPOINT's own tokenizer.json, if it has one].")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
+    A tokenizer.json in it (or --tokenizer) is copied into OUT and described in edgelin.json, with the
+    bos/eos/pad ids of generation_config.json, config.json or tokenizer_config.json.
     The export is written to a temporary folder and moved to OUT only when both graphs exported,
     passed onnx.checker (full check) and the smoke comparison; a failure leaves nothing behind.
 
@@ -68,12 +73,14 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
       edgelin export ckpt/ -o out/ --chunk-size 128 --force
       edgelin export -o out-int8/ --precision int8
       edgelin export -o out-ragged/ --ragged
+      edgelin export fla-ckpt/ -o out/ --tokenizer path/to/tokenizer/
     """
     from edgelin.exporters import export
 
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
         force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
+        tokenizer=tokenizer,
     )
     click.echo(result.summary())
 

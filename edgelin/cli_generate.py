@@ -11,6 +11,22 @@ from collections import Counter
 import click
 
 from edgelin.cli_common import user_errors
+from edgelin.errors import RuntimeInputError
+
+
+def _parse_ids(text: str, i: int, n: int) -> list[int]:
+    """--prompt-ids "1,2,3" (commas and/or spaces) -> [1, 2, 3]; a one-line error naming the bad item."""
+    where = f"--prompt-ids {i + 1} of {n}" if n > 1 else "--prompt-ids"
+    items = [x for x in text.replace(",", " ").split()]
+    if not items:
+        raise RuntimeInputError(f"{where} is empty; give token ids such as 1,2,3")
+    out = []
+    for x in items:
+        try:
+            out.append(int(x))
+        except ValueError:
+            raise RuntimeInputError(f"{where}: {x[:40]!r} is not a token id; give integers such as 1,2,3") from None
+    return out
 
 
 def _summary(r: dict) -> str:
@@ -31,10 +47,16 @@ def _summary(r: dict) -> str:
 
 @click.command("generate", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("export_dir", type=click.Path(path_type=str))
-@click.option("--prompt", "-p", required=True, multiple=True,
+@click.option("--prompt", "-p", multiple=True,
               help="Text to continue (the model's tokenizer encodes it). Repeat for a batch: the prompts run together "
                    "and each continuation prints after the run, under a header naming its prompt.")
+@click.option("--prompt-ids", "prompt_ids", multiple=True, metavar="IDS",
+              help="Token ids to continue instead of text, e.g. 1,2,3 (commas or spaces). Repeatable for a batch. "
+                   "Without a tokenizer in the export, the generated ids are printed.")
 @click.option("--max-new-tokens", "-n", type=int, default=128, show_default=True, help="Tokens to generate at most.")
+@click.option("--min-new-tokens", type=int, default=0, show_default=True, help="Generate at least this many tokens: no eos before (as Hugging Face's min_new_tokens).")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True,
+              help="Hugging Face's (CTRL) penalty on every id already in the sequence: 1 = off, 1.1-1.3 discourages loops.")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy; higher = more random.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="Sample only from the K most likely tokens (0 = off).")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling: smallest set of tokens with probability >= P (1 = off).")
@@ -46,7 +68,8 @@ def _summary(r: dict) -> str:
 @click.option("--state-out", type=click.Path(path_type=str), default=None, help="Save the state after the generated text (.npz, written atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + timings) instead of streaming.")
 @user_errors
-def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed, stop, provider, threads, state_in, state_out, as_json):
+def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, repetition_penalty, temperature, top_k, top_p, seed, stop,
+             provider, threads, state_in, state_out, as_json):
     """Generate text from an export folder (prefill.onnx + decode.onnx + edgelin.json).
 
     Text streams to stdout as it is produced; a summary line with the provider actually used and the
@@ -62,6 +85,8 @@ def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed
       edgelin generate out/ -p "Hello, " --state-out chat.npz     # keep the conversation ...
       edgelin generate out/ -p " and then" --state-in chat.npz    # ... and continue it later
       edgelin generate out/ -p "def add(" -p "import " -n 40         # a batch of two prompts
+      edgelin generate out/ -p "class Stack:" --repetition-penalty 1.2
+      edgelin generate out/ --prompt-ids 1,2,3 -n 20                 # token ids in (and out, without a tokenizer)
     """
     from edgelin.runtime import ProviderWarning, generate_text
 
@@ -72,9 +97,16 @@ def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed
     with warnings.catch_warnings():  # a warning (e.g. CUDA not active) is one line on stderr, printed when it happens
         warnings.simplefilter("always", ProviderWarning)
         warnings.showwarning = lambda message, *_, **__: click.echo(f"edgelin: warning: {message}", err=True)
-        batch = len(prompt) > 1
+        if prompt and prompt_ids:
+            raise RuntimeInputError("give --prompt or --prompt-ids, not both")
+        if not prompt and not prompt_ids:
+            raise RuntimeInputError("no prompt given; give some text with --prompt, or token ids with --prompt-ids 1,2,3")
+        ids = [_parse_ids(p, i, len(prompt_ids)) for i, p in enumerate(prompt_ids)]
+        batch = len(prompt or ids) > 1
+        texts = (list(prompt) if batch else prompt[0]) if prompt else None
         result = generate_text(
-            export_dir, list(prompt) if batch else prompt[0], max_new_tokens=max_new_tokens, temperature=temperature,
+            export_dir, texts, prompt_ids=(ids if batch else ids[0]) if ids else None, max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop=stop, provider=provider, threads=threads, state_in=state_in,
             state_out=state_out, on_text=None if as_json or batch else stream,
         )
@@ -82,10 +114,13 @@ def generate(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, seed
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}
         click.echo(json.dumps(clean))
         return
+    def shown(r: dict) -> str:  # the text, or the ids where no tokenizer decoded them
+        return r["text"] if result["has_text"] else " ".join(map(str, r["ids"]))
+
     if batch:
         for i, r in enumerate(result["results"]):
-            click.echo(f"--- prompt {i + 1} of {len(prompt)}: {r['prompt']!r} ({r['stop_reason']}) ---")
-            click.echo(r["text"])
+            click.echo(f"--- prompt {i + 1} of {len(result['results'])}: {r['prompt']!r} ({r['stop_reason']}) ---")
+            click.echo(shown(r))
     else:
-        click.echo("")
+        click.echo("" if result["has_text"] else shown(result))
     click.echo(_summary(result), err=True)

@@ -32,8 +32,9 @@ from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
+from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir
-from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest
+from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest, file_sha256
 from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
 
@@ -116,14 +117,15 @@ def _check_epsilons(model) -> None:
 
 def build_manifest(
     model, *, opset: int, source: str, precision: str = "fp32", extra: dict | None = None, logits_dtype: str | None = None,
-    ragged: bool = False,
+    ragged: bool = False, tokenizer: dict | None = None,
 ) -> Manifest:
     """The manifest of ``model``'s export (edgelin/2): states straight from its state contract, the io of
-    both graphs, the runtime's prefill piece, the prefill graph's ``lengths`` input when ``ragged``. The graph
+    both graphs, the runtime's prefill piece, the prefill graph's ``lengths`` input when ``ragged``, the
+    ``tokenizer`` entry given (a checkpoint's Hugging Face tokenizer) or the model's own. The graph
     hashes are added once the files are final (``Manifest.with_hashes``)."""
     return Manifest(
         graphs=dict(GRAPH_FILES), input_ids=INPUT_IDS, logits=LOGITS, states=tuple(model.state_specs()),
-        vocab_size=model.vocab_size, tokenizer=protocol.tokenizer(model), model=model.model_config(),
+        vocab_size=model.vocab_size, tokenizer=tokenizer or protocol.tokenizer(model), model=model.model_config(),
         opset=opset, precision=precision, edgelin_version=__version__, source=source, extra=dict(extra or {}),
         logits_dtype=logits_dtype or "float32", prefill_piece=PREFILL_PIECE,  # every precision keeps fp32 logits
         lengths=LENGTHS if ragged else None,
@@ -227,6 +229,7 @@ def export(
     precision: str = "fp32",
     state_dtype: str = "float32",
     ragged: bool = False,
+    tokenizer: str | Path | None = None,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -235,7 +238,13 @@ def export(
     ``ragged``: the prefill graph takes a third kind of input, ``lengths`` int64 [batch] (the manifest's
     ``lengths``), so prompts of different lengths prefill in one call, right-padded, each row's state exactly
     as if prefilled alone (``Session.prefill_batch``). Needs a model with ``accepts_lengths``. Off by default:
-    without it the graphs and manifest are those of every earlier export, which any edgelin/2 client drives."""
+    without it the graphs and manifest are those of every earlier export, which any edgelin/2 client drives.
+
+    ``tokenizer``: a Hugging Face tokenizer (a folder holding ``tokenizer.json``, or the file); by default the
+    checkpoint folder's own ``tokenizer.json`` where it has one. It is copied into the export with its
+    companion files and described in the manifest (kind ``huggingface``; ``edgelin.exporters.tokenizer``
+    says where each special id comes from). Without one the model's own tokenizer entry is kept (bytes for a
+    256-id LinearLM, else ``ids``)."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
     check_precision(precision, state_dtype)
@@ -248,8 +257,14 @@ def export(
     tmp, created = work_dir(out_dir)
 
     try:
+        checkpoint_dir = source if isinstance(source, (str, os.PathLike)) else None
+        tokenizer_json = find_tokenizer(checkpoint_dir, tokenizer)
         say(f"loading {source if isinstance(source, (str, os.PathLike)) else type(source).__name__}")
         model, digest = _resolve_source(source, chunk_size)
+        tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint_dir)
+        if tok is not None:
+            say(f"tokenizer: {tokenizer_json} (" + ", ".join(f"{k} {tok.spec[k]} from {tok.sources[k]}" for k in ("bos_id", "eos_id", "pad_id") if k in tok.sources)
+                + f"; add_bos {tok.spec['add_bos']} from {tok.sources['add_bos']})")
         if state_dtype == "float16":
             protocol.check_float16_state(model)
         if ragged:
@@ -268,6 +283,7 @@ def export(
         manifest = build_manifest(
             model, opset=opset, source=digest,
             extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0}, ragged=ragged,
+            tokenizer=None if tok is None else tok.spec,
         )
         manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype))
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
@@ -281,6 +297,10 @@ def export(
             for graph in GRAPH_FILES:
                 _finalize(tmp / GRAPH_FILES[graph], embedded_json, graph)
         manifest = manifest.with_hashes(tmp)
+        for name, path in ({} if tok is None else tok.files).items():
+            shutil.copyfile(path, tmp / name)
+            if file_sha256(tmp / name) != tok.spec["files"][name]:
+                raise ExportError(f"{path} changed while it was being exported; export again")
         (tmp / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
 
         smoke = None

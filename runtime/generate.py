@@ -8,9 +8,15 @@
 A batch of prompts is prefilled together, right-padded, one prefill call per piece of ``prefill_chunk``
 tokens for each group of prompts of similar lengths (``RAGGED_MAX_PADDING``), when the export's prefill graph
 takes per-row lengths (``Session.prefill_batch``; each row's state is that of its prompt alone), else each
-prompt alone and the states stacked; then the batch is decoded together. A sequence that finishes (eos, a stop
-sequence, max_new_tokens) leaves the batch after its last token has gone through the model, so
+prompt alone and the states stacked; then the batch is decoded together. A sequence that finishes (any of the
+eos ids, a stop sequence, max_new_tokens) leaves the batch after its last token has gone through the model, so
 ``gen.state`` continues every sequence exactly where its text ends.
+
+The generation controls follow Hugging Face ``generate``: ``repetition_penalty`` (CTRL: the logit of every id
+already in the sequence -- its prompt and what was generated since -- is divided by the penalty where it is
+positive and multiplied by it where it is negative), ``min_new_tokens`` (every eos id is masked until that
+many tokens were generated), then temperature, top-k and top-p (``Sampler``). ``process_logits`` is that
+first step alone.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from edgelin.runtime.sampling import Sampler
 from edgelin.runtime.session import Session, load
 from edgelin.runtime.state import State, check_state_for
 from edgelin.runtime.tokenizer import StreamDecoder
-from edgelin.runtime.options import check_int
+from edgelin.runtime.options import check_int, check_number
 
 MAX_NEW_TOKENS = 1_000_000  # a sane cap: the state is constant-size, but a typo like 1e12 should not run for days
 DEFAULT_PREFILL_CHUNK = PREFILL_PIECE  # the manifest's recommended prefill piece, written by the exporter
@@ -39,6 +45,7 @@ DEFAULT_PREFILL_CHUNK = PREFILL_PIECE  # the manifest's recommended prefill piec
 # 12-512 in one call took 2.0-2.6x the time of one prompt at a time (1 and 2 threads), grouped at 1.25 1.1x;
 # lengths 17-31 took 0.7-0.8x in one call or grouped at 1.25 (fewer calls); lengths 200-256 0.9-1.0x.
 RAGGED_MAX_PADDING = 1.25
+MAX_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
@@ -86,15 +93,27 @@ class Result:
 class _Sequence:
     """Per-prompt bookkeeping: decoded text, held-back text that may start a stop sequence, the reason to stop."""
 
-    def __init__(self, decoder: StreamDecoder | None, stop: Sequence[str]) -> None:
+    def __init__(self, decoder: StreamDecoder | None, stop: Sequence[str], prompt: np.ndarray, track: bool) -> None:
         self.result = Result()
         self.decoder, self.stop = decoder, stop
         self.held = ""  # decoded text not yet released
+        # the distinct ids of the sequence so far (prompt + generated), for the repetition penalty
+        self._seen: dict[int, None] | None = dict.fromkeys(prompt.tolist()) if track else None
+        self._seen_array: np.ndarray | None = None
 
-    def push(self, token_id: int, eos_id: int | None, max_new: int) -> str:
+    def seen(self) -> np.ndarray:
+        """The distinct ids of the prompt and of every generated token (int64 [N])."""
+        if self._seen_array is None:
+            self._seen_array = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
+        return self._seen_array
+
+    def push(self, token_id: int, eos_ids: frozenset[int], max_new: int) -> str:
         """Record one new token; returns the text it releases, and sets result.stop_reason when done."""
         r = self.result
-        if token_id == eos_id:
+        if self._seen is not None and token_id not in self._seen:
+            self._seen[token_id] = None
+            self._seen_array = None
+        if token_id in eos_ids:
             r.stop_reason = "eos"
             if self.decoder is not None:
                 self.held += self.decoder.flush()
@@ -125,9 +144,11 @@ class _Sequence:
         return text
 
 
-def _check_options(max_new_tokens: Any, prefill_chunk: Any, stop: Any) -> list[str]:
+def _check_options(max_new_tokens: Any, prefill_chunk: Any, stop: Any, repetition_penalty: Any = 1.0, min_new_tokens: Any = 0) -> list[str]:
     check_int("max_new_tokens", max_new_tokens, low=0, high=MAX_NEW_TOKENS)
     check_int("prefill_chunk", prefill_chunk, low=1)
+    check_number("repetition_penalty", repetition_penalty, low=0, high=MAX_PENALTY, open_low=True, hint="1 = off; 1.1-1.3 discourages repeats")
+    check_int("min_new_tokens", min_new_tokens, low=0, high=MAX_NEW_TOKENS, hint="eos is masked until this many tokens were generated")
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
         raise RuntimeInputError(f"stop sequences must be non-empty strings, got {stop!r}")
@@ -141,7 +162,10 @@ class Generator:
     state: continue from this state (batch = number of prompts) instead of a fresh one; it is
         consumed -- ``fork()`` it first to keep it. The state after generation is ``gen.state``.
     max_new_tokens: tokens to produce per prompt at most; stop: strings that end a sequence (not included
-    in its text); eos_id: token that ends a sequence (default: the tokenizer's);
+    in its text); eos_id: a token id, or a list of them, that ends a sequence (default: the manifest's, every
+    id of its eos_ids); min_new_tokens: no eos before this many tokens (Hugging Face's min_new_tokens);
+    repetition_penalty: Hugging Face's (CTRL) penalty over the ids of the sequence so far, this prompt and what
+    it generated (a state passed in carries no ids: what came before it is not penalised); 1 = off;
     temperature / top_k / top_p / seed: see ``Sampler``; prefill_chunk: the longest piece of prompt
     run through the prefill graph at once (default: the manifest's prefill_piece).
     """
@@ -158,22 +182,26 @@ class Generator:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
-        eos_id: int | None = None,
+        eos_id: int | Sequence[int] | None = None,
         prefill_chunk: int | None = None,
+        repetition_penalty: float = 1.0,
+        min_new_tokens: int = 0,
     ) -> None:
         if prefill_chunk is None:  # the export's recommended prefill piece (manifest), else the runtime's default
             prefill_chunk = getattr(getattr(session, "manifest", None), "prefill_piece", DEFAULT_PREFILL_CHUNK)
-        stop = _check_options(max_new_tokens, prefill_chunk, stop)
+        stop = _check_options(max_new_tokens, prefill_chunk, stop, repetition_penalty, min_new_tokens)
         self.session = session
         self.sampler = Sampler(temperature, top_k, top_p, seed)
         self.max_new_tokens, self.prefill_chunk = int(max_new_tokens), int(prefill_chunk)
+        self.repetition_penalty, self.min_new_tokens = float(repetition_penalty), int(min_new_tokens)
         texts, self.prompt_ids = self._encode(prompts)
         tokenizer = session.tokenizer if texts or stop else _optional_tokenizer(session)  # text needs a tokenizer
-        self.eos_id = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
+        self.eos_ids = _eos_set(eos_id) if eos_id is not None else _manifest_eos(session, tokenizer)
         if state is not None:
             check_state_for(state, len(self.prompt_ids))
         self._in_state = state
-        self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, list(stop)) for _ in self.prompt_ids]
+        track = self.repetition_penalty != 1.0
+        self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, list(stop), p, track) for p in self.prompt_ids]
         self.stats = Stats(prompt_tokens=sum(len(p) for p in self.prompt_ids))
         self._iter = self._run()
         self._done = False
@@ -250,6 +278,12 @@ class Generator:
             return
         first, step = None, 0
         while True:
+            if self.repetition_penalty != 1.0 or self.min_new_tokens > 0:
+                seqs = [self._seqs[seq] for seq in rows]
+                logits = process_logits(
+                    logits, [s.seen() for s in seqs] if self.repetition_penalty != 1.0 else [], [len(s.result.ids) for s in seqs],
+                    repetition_penalty=self.repetition_penalty, min_new_tokens=self.min_new_tokens, eos_ids=self.eos_ids,
+                )
             ids = self.sampler(logits, rng)  # [R]
             now = time.perf_counter()
             if first is None:
@@ -260,7 +294,7 @@ class Generator:
             self.stats.decode_tokens = self.stats.new_tokens - n
             for row, seq in enumerate(rows):
                 s = self._seqs[seq]
-                text = s.push(int(ids[row]), self.eos_id, self.max_new_tokens)
+                text = s.push(int(ids[row]), self.eos_ids, self.max_new_tokens)
                 if s.result.stop_reason != "eos":
                     yield Token(seq, int(ids[row]), text)
             live = [row for row, seq in enumerate(rows) if self._seqs[seq].result.stop_reason is None]
@@ -301,6 +335,51 @@ class Generator:
         return self._after
 
 
+def _eos_set(eos_id: Any) -> frozenset[int]:
+    """eos_id as given to Generator: None, an id, or a sequence of ids -> the set of ids that end a sequence."""
+    items = [] if eos_id is None else [eos_id] if isinstance(eos_id, (int, np.integer)) and not isinstance(eos_id, bool) else eos_id
+    if not isinstance(items, (list, tuple, np.ndarray, frozenset, set)):
+        raise RuntimeInputError(f"eos_id must be a token id or a list of them, got {eos_id!r}")
+    return frozenset(check_int("eos_id", i, low=0) for i in items)
+
+
+def process_logits(logits: np.ndarray, seen: Sequence[np.ndarray], new_tokens: Sequence[int], *,
+                   repetition_penalty: float = 1.0, min_new_tokens: int = 0, eos_ids: frozenset[int] | Sequence[int] = ()) -> np.ndarray:
+    """Hugging Face ``generate``'s logits processors, before sampling: logits [R, V] -> a processed copy.
+
+    seen[r]: the distinct ids of row r's sequence so far (``RepetitionPenaltyLogitsProcessor``: each one's logit
+    divided by the penalty where it is positive, multiplied where it is negative -- in the logits' dtype);
+    new_tokens[r]: tokens row r has generated so far (``MinNewTokensLengthLogitsProcessor``: below
+    ``min_new_tokens`` every eos id's logit is -inf)."""
+    out = np.array(logits, copy=True)
+    if repetition_penalty != 1.0:
+        penalty = out.dtype.type(repetition_penalty)
+        for row, ids in enumerate(seen):
+            x = out[row, ids]
+            out[row, ids] = np.where(x < 0, x * penalty, x / penalty)
+    if min_new_tokens > 0 and eos_ids:
+        eos = np.fromiter(sorted(eos_ids), dtype=np.int64)
+        eos = eos[eos < out.shape[-1]]
+        for row, n in enumerate(new_tokens):
+            if n < min_new_tokens:
+                out[row, eos] = -np.inf
+    return out
+
+
+def _id_prompts(prompt_ids: Any) -> tuple[bool, list[list[int]]]:
+    """(a batch?, the prompts as lists of ints) from one id sequence or a list of them; a one-line error otherwise."""
+    if isinstance(prompt_ids, np.ndarray):
+        prompt_ids = prompt_ids.tolist()
+    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+        raise RuntimeInputError("prompt_ids must be a non-empty list of token ids (or a list of such lists)")
+    batch = not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt_ids)
+    prompts = [list(p) if isinstance(p, (list, tuple, np.ndarray)) else p for p in prompt_ids] if batch else [list(prompt_ids)]
+    for n, p in enumerate(prompts):
+        if not isinstance(p, list) or not p or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in p):
+            raise RuntimeInputError(f"prompt ids {n + 1} of {len(prompts)} must be a non-empty list of integer token ids, got {p!r}"[:200])
+    return batch, [[int(i) for i in p] for p in prompts]
+
+
 def _check_finite(logits: np.ndarray, when: str, seqs: list[int]) -> None:
     """Stop with an error, not garbage tokens, when the model's logits [R, V] are NaN or infinite."""
     bad = ~np.isfinite(logits).all(axis=-1)  # [R]
@@ -310,6 +389,15 @@ def _check_finite(logits: np.ndarray, when: str, seqs: list[int]) -> None:
             f"the logits became NaN/infinite {when} (sequence {seq}); the model or its state has overflowed -- "
             "check the weights (edgelin validate) or start from a fresh state"
         )
+
+
+def _manifest_eos(session: Session, tokenizer: Any) -> frozenset[int]:
+    """Every eos id: the tokenizer's, else the manifest's (an id-only export may name them too)."""
+    if tokenizer is not None:
+        return frozenset(getattr(tokenizer, "eos_ids", None) or ([] if tokenizer.eos_id is None else [tokenizer.eos_id]))
+    spec = getattr(getattr(session, "manifest", None), "tokenizer", None) or {}
+    ids = spec.get("eos_ids") or ([] if spec.get("eos_id") is None else [spec["eos_id"]])
+    return frozenset(int(i) for i in ids)
 
 
 def _optional_tokenizer(session: Session):
@@ -322,9 +410,12 @@ def _optional_tokenizer(session: Session):
 # ---- the library function behind `edgelin generate` ----------------------------------------------
 def generate_text(
     export: str | os.PathLike | Session,
-    prompt: str | Sequence[str],
+    prompt: str | Sequence[str] | None = None,
     *,
+    prompt_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
     max_new_tokens: int = 256,
+    repetition_penalty: float = 1.0,
+    min_new_tokens: int = 0,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -339,29 +430,37 @@ def generate_text(
 ) -> dict[str, Any]:
     """Generate a continuation of ``prompt`` and return it with timings.
 
-    ``export`` is an export folder (loaded here) or an open Session. ``on_text`` is called with each
-    piece of text as soon as it is released (one prompt only). ``state_in`` continues a conversation saved
+    ``export`` is an export folder (loaded here) or an open Session. ``prompt_ids`` replaces ``prompt``
+    with token ids (one list of ids, or a list of such lists for a batch); the text is then decoded only
+    where the export has a tokenizer ("" otherwise; "ids" always holds the generated ids). ``on_text`` is
+    called with each piece of text as soon as it is released (one prompt only). ``state_in`` continues a conversation saved
     with ``state_out`` (written atomically, after the generation finished).
-    Returns {"text", "new_tokens", "stop_reason", "provider", "prompt_tokens", "time_to_first_token_s",
+    Returns {"text", "ids", "has_text" (False: no tokenizer decoded the ids), "new_tokens", "stop_reason", "provider", "prompt_tokens", "time_to_first_token_s",
     "prefill_tokens_per_s", "decode_tokens_per_s", ..., "load_s", "state_out"}.
 
     A list of prompts runs as one batch (``Generator``: prompts of similar length prefilled together,
     decode batched; each continuation is that of its prompt alone) and returns "results", one
-    {"prompt", "text", "stop_reason"} per prompt in order, in place of "text" and "stop_reason"; the
-    timings and token counts are the batch's. ``state_in`` / ``state_out`` then hold one row per prompt.
+    {"prompt", "text", "ids", "stop_reason"} per prompt in order, in place of "text", "ids" and "stop_reason";
+    the timings and token counts are the batch's. ``state_in`` / ``state_out`` then hold one row per prompt.
     """
-    batch = not isinstance(prompt, str)
-    prompts = list(prompt) if batch else [prompt]
-    if not prompts:
-        raise RuntimeInputError("no prompt given; give some text with --prompt")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str) or not p:
-            raise RuntimeInputError(f"prompt {i + 1} of {len(prompts)} is empty; give some text with --prompt" if batch
-                                    else "the prompt is empty; give some text with --prompt")
+    if (prompt is None) == (prompt_ids is None):
+        raise RuntimeInputError("give either a text prompt (--prompt) or token ids (--prompt-ids), not both" if prompt is not None
+                                else "no prompt given; give some text with --prompt, or token ids with --prompt-ids")
+    if prompt_ids is not None:
+        batch, prompts = _id_prompts(prompt_ids)
+    else:
+        batch = not isinstance(prompt, str)
+        prompts = list(prompt) if batch else [prompt]
+        if not prompts:
+            raise RuntimeInputError("no prompt given; give some text with --prompt")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str) or not p:
+                raise RuntimeInputError(f"prompt {i + 1} of {len(prompts)} is empty; give some text with --prompt" if batch
+                                        else "the prompt is empty; give some text with --prompt")
     if batch and on_text is not None:
         raise RuntimeInputError("on_text streams one prompt; with several, read each continuation from the results")
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load
-    _check_options(max_new_tokens, DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, stop)
+    _check_options(max_new_tokens, DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, stop, repetition_penalty, min_new_tokens)
     if state_out is not None:  # before any work: a bad path must not cost the generated text
         check_output_file(state_out, "state file")
     t0 = time.perf_counter()
@@ -369,8 +468,9 @@ def generate_text(
     load_s = time.perf_counter() - t0
     state = session.load_state(state_in, batch=len(prompts)) if state_in is not None else None
     gen = Generator(
-        session, prompts if batch else prompt, state=state, max_new_tokens=max_new_tokens, temperature=temperature,
+        session, prompts if batch else prompts[0], state=state, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, stop=stop, prefill_chunk=prefill_chunk,
+        repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
     )
     for tok in gen:
         if on_text is not None and tok.text:
@@ -378,11 +478,13 @@ def generate_text(
     if state_out is not None:
         gen.state.save(state_out)
     if batch:
-        texts: dict[str, Any] = {"results": [{"prompt": p, "text": r.text, "stop_reason": r.stop_reason} for p, r in zip(prompts, gen.results)]}
+        texts: dict[str, Any] = {"results": [{"prompt": p, "text": r.text, "ids": list(r.ids), "stop_reason": r.stop_reason}
+                                             for p, r in zip(prompts, gen.results)]}
     else:
-        texts = {"text": gen.results[0].text, "stop_reason": gen.results[0].stop_reason}
-    return {**texts, "provider": session.provider, **gen.stats.to_dict(), "load_s": load_s,
+        texts = {"text": gen.results[0].text, "ids": list(gen.results[0].ids), "stop_reason": gen.results[0].stop_reason}
+    has_text = gen._seqs[0].decoder is not None  # the export's tokenizer decoded the ids
+    return {**texts, "has_text": has_text, "provider": session.provider, **gen.stats.to_dict(), "load_s": load_s,
             "state_out": str(state_out) if state_out is not None else None}
 
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "Result", "Stats", "Token", "generate_text"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "Result", "Stats", "Token", "generate_text", "process_logits"]

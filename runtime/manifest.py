@@ -76,6 +76,10 @@ SEQUENCE_DIM = {"prefill": SEQUENCE, "decode": 1}  # the token dim of input_ids 
 LOGITS_LAYOUT = {"axes": (BATCH, SEQUENCE, "vocab"), "positions": "every", "next_token": "last"}
 LOGITS_DTYPES = ("float32", "float16")
 TOKEN_INTS = ("offset", "bos_id", "eos_id", "pad_id")
+# tokenizer fields beyond the six every manifest has; a 'huggingface' tokenizer has them all
+TOKENIZER_OPTIONAL = ("eos_ids", "add_bos", "skip_special_tokens", "files")
+HUGGINGFACE = "huggingface"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 PREFILL_PIECE = 1024  # the runtime's default longest prefill call (tokens); bounds memory for any prompt length
 HASH_BLOCK = 1 << 20
 
@@ -170,10 +174,10 @@ def normalize_tokenizer(spec: Any, where: str = "tokenizer") -> dict[str, Any]:
         raise ManifestError(f"{where} must be an object with a 'kind'")
     kind = spec["kind"]
     out = {"kind": kind, "encoding": "utf-8" if kind == "bytes" else None, "offset": 0, "bos_id": None, "eos_id": None, "pad_id": None}
-    unknown = sorted(set(spec) - set(out))
+    unknown = sorted(set(spec) - set(out) - set(TOKENIZER_OPTIONAL))
     if unknown:
-        raise ManifestError(f"{where} has unknown field(s) {', '.join(map(str, unknown))}; known: {', '.join(out)}")
-    out.update(spec)
+        raise ManifestError(f"{where} has unknown field(s) {', '.join(map(str, unknown))}; known: {', '.join(list(out) + list(TOKENIZER_OPTIONAL))}")
+    out.update(spec)  # the optional fields stay absent where not given: such a manifest is written as before they existed
     return out
 
 
@@ -307,6 +311,8 @@ class Manifest:
         if logits_dtype not in LOGITS_DTYPES:
             raise ManifestError(f"{where}: the logits must be one of {', '.join(LOGITS_DTYPES)}, io says {_short(logits_dtype)}")
         tok = dict(d["tokenizer"], **{k: _int(v) for k, v in d["tokenizer"].items() if k in TOKEN_INTS and v is not None})
+        if "eos_ids" in tok:
+            tok["eos_ids"] = [_int(i) for i in tok["eos_ids"]]
         _check_tokenizer(tok, vocab, where)
         extra = {k: v for k, v in d.items() if k not in FIELDS}
         m = cls(
@@ -401,6 +407,21 @@ def _check_tokenizer(tok: dict[str, Any], vocab: int, where: str) -> None:
     for key in ("bos_id", "eos_id", "pad_id"):
         if tok[key] is not None and tok[key] >= vocab:
             raise ManifestError(f"{where}: tokenizer {key} {tok[key]} is outside the vocabulary [0, {vocab})")
+    eos_ids = tok.get("eos_ids")
+    if eos_ids is not None:
+        for i in eos_ids:
+            if i >= vocab:
+                raise ManifestError(f"{where}: tokenizer eos_ids holds {i}, outside the vocabulary [0, {vocab})")
+        if (tok["eos_id"] is None) != (not eos_ids) or (eos_ids and eos_ids[0] != tok["eos_id"]):
+            raise ManifestError(f"{where}: tokenizer eos_ids {eos_ids} must begin with eos_id {tok['eos_id']} (and be empty when it is null)")
+    if tok["kind"] == HUGGINGFACE:
+        missing = [k for k in TOKENIZER_OPTIONAL if k not in tok]
+        if missing:
+            raise ManifestError(f"{where}: a 'huggingface' tokenizer needs {', '.join(missing)}; re-export the model")
+        if tok["add_bos"] and tok["bos_id"] is None:
+            raise ManifestError(f"{where}: the tokenizer has add_bos true but bos_id null; re-export the model")
+    elif "files" in tok or "add_bos" in tok:
+        raise ManifestError(f"{where}: only a 'huggingface' tokenizer has 'files' and 'add_bos', this one is {tok['kind']!r}")
 
 
 def _from_v1(d: dict[str, Any], where: str) -> Manifest:
@@ -534,7 +555,7 @@ def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
 
 
 __all__ = [
-    "BATCH", "DTYPES", "FORMAT", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "PREFILL_PIECE", "SEQUENCE",
+    "BATCH", "DTYPES", "FORMAT", "HUGGINGFACE", "TOKENIZER_FILES", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "PREFILL_PIECE", "SEQUENCE",
     "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "canonical_json", "canonical_manifest_equal",
     "file_sha256", "normalize_tokenizer", "parse_json", "plain_file_name", "sync_io",
 ]

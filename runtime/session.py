@@ -120,7 +120,7 @@ class Session:
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the manifest names; ManifestError if the runtime does not know its kind."""
         if self._tokenizer is None:
-            self._tokenizer = make_tokenizer(self.manifest.tokenizer)
+            self._tokenizer = make_tokenizer(self.manifest.tokenizer, self.export_dir, self.manifest.vocab_size)
         return self._tokenizer
 
     def __repr__(self) -> str:

@@ -57,12 +57,13 @@ def test_several_prompts_run_as_one_batch_each_as_alone(tiny, session):
     prompts = ["Hi", "A much longer prompt than the first one"]
     result = invoke(tiny[1], "-p", prompts[0], "-p", prompts[1], "-n", "12", "--provider", "cpu")
     assert result.exit_code == 0, result.stderr
-    want = [Generator(session, p, max_new_tokens=12).run().text for p in prompts]
+    runs = [Generator(session, p, max_new_tokens=12).run() for p in prompts]
+    want = [g.text for g in runs]
     blocks = [f"--- prompt {i + 1} of 2: {p!r} (length) ---\n{w}\n" for i, (p, w) in enumerate(zip(prompts, want))]
     assert result.stdout == "".join(blocks)
     assert result.stderr.startswith("[cpu] 2 prompts, 24 new tokens (2 length)")
     out = json.loads(invoke(tiny[1], "-p", prompts[0], "-p", prompts[1], "-n", "12", "--provider", "cpu", "--json").stdout)
-    assert out["results"] == [{"prompt": p, "text": w, "stop_reason": "length"} for p, w in zip(prompts, want)]
+    assert out["results"] == [{"prompt": p, "text": g.text, "ids": g.results[0].ids, "stop_reason": "length"} for p, g in zip(prompts, runs)]
     assert "text" not in out and out["new_tokens"] == 24
 
 

@@ -68,10 +68,15 @@ def test_manifest_kind_selects_the_tokenizer():
     assert make_tokenizer({"kind": "bytes", "eos_id": 0}).eos_id == 0
 
 
-@pytest.mark.parametrize("spec", [{"kind": "sentencepiece"}, {"kind": "ids"}, {}], ids=["unknown", "ids", "none"])
+@pytest.mark.parametrize("spec", [{"kind": "sentencepiece"}, {}], ids=["unknown", "none"])
 def test_unknown_tokenizer_kind_is_a_clear_error(spec):
-    with pytest.raises(ManifestError, match=r"tokenizer kind .* \(known: bytes\)"):
+    with pytest.raises(ManifestError, match=r"tokenizer kind .* \(known: bytes, huggingface\); pass token ids instead of text \(edgelin generate --prompt-ids"):
         make_tokenizer(spec)
+
+
+def test_an_ids_only_export_says_what_to_pass_instead_of_text():
+    with pytest.raises(ManifestError, match=r"no text tokenizer .*--prompt-ids 1,2,3.*--tokenizer PATH"):
+        make_tokenizer({"kind": "ids"})
 
 
 def test_bad_eos_id_is_refused():

@@ -1,0 +1,193 @@
+"""Hugging Face tokenizers trained here with the ``tokenizers`` package (small, well under a second each), and
+one export of a tiny model for each.
+
+``hf_tokenizer(kind)`` -> a folder with ``tokenizer.json`` (and the companion files of that kind):
+- ``bytelevel``: GPT-2-style byte-level BPE; eos ``<|endoftext|>``; generation_config.json names two eos ids.
+- ``sentencepiece``: Llama-style: Metaspace pre-tokenizer, BPE with byte fallback (``<0x00>``..``<0xFF>`` at ids
+  3..258), a post-processor that prepends ``<s>``; tokenizer_config.json names the special tokens.
+- ``ascii``: a BPE over ASCII text with an unknown token, split on whitespace and punctuation, no decoder
+  (``tokenizers`` then joins the tokens with spaces).
+
+``hf_export(kind)`` -> an export folder of a tiny LinearLM (vocab 512) exported with that tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+VOCAB = 512  # the tiny model's vocabulary: every tokenizer here fits in it
+CORPUS = [
+    "Hello world, this is a test of the tokenizer. The quick brown fox jumps over the lazy dog.",
+    "def stack(items):\n    return [x for x in items if x]\n\nclass Stack:\n    pass\n",
+    "Emoji 😀🦀👍🏽 and CJK 漢字かな한국어 and combining e\u0301 a\u0308 n\u0303 café naïve.",
+    "Numbers 0123456789, symbols !@#$%^&*()[]{}<>/\\|~`'\" and tabs\tand newlines\n",
+] * 20
+KINDS = ("bytelevel", "sentencepiece", "ascii")
+
+
+def _bytelevel(tk):
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|end|>"], initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def _sentencepiece(tk):
+    meta = dict(replacement="\u2581", prepend_scheme="first", split=False)
+    tok = tk.Tokenizer(tk.models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(**meta)
+    trainer = tk.trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator(CORPUS, trainer)
+    # SentencePiece's layout: the specials, then the 256 byte pieces, then the learned pieces
+    data = json.loads(tok.to_str())
+    learned = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+    vocab = {t: i for i, (t, _) in enumerate(learned[:3])}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for t, _ in learned[3:]:
+        vocab.setdefault(t, len(vocab))
+    data["model"]["vocab"] = vocab
+    for added in data["added_tokens"]:
+        added["id"] = vocab[added["content"]]
+    data["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Metaspace", **meta}]}
+    tok = tk.Tokenizer.from_str(json.dumps(data))
+    tok.post_processor = tk.processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    return tok
+
+
+def _ascii(tk):
+    tok = tk.Tokenizer(tk.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = tk.pre_tokenizers.Whitespace()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["[UNK]", "[EOS]"], initial_alphabet=[chr(c) for c in range(32, 127)],
+    )
+    tok.train_from_iterator([t.encode("ascii", "ignore").decode() for t in CORPUS], trainer)
+    return tok
+
+
+BUILD = {"bytelevel": _bytelevel, "sentencepiece": _sentencepiece, "ascii": _ascii}
+
+
+def write_companions(kind: str, folder) -> None:
+    if kind == "bytelevel":
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 1], "bos_token_id": 0}))
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "model_max_length": 1024}))
+    elif kind == "sentencepiece":
+        (folder / "tokenizer_config.json").write_text(json.dumps({
+            "bos_token": {"content": "<s>", "lstrip": False}, "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<unk>",
+        }))
+        (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    else:
+        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "[EOS]", "add_bos_token": False}))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tmp_path_factory):
+    """kind -> a folder with that tokenizer's tokenizer.json and companion files (trained once per session)."""
+    tk = pytest.importorskip("tokenizers")
+    cache = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            folder = tmp_path_factory.mktemp(f"tok-{kind}")
+            tok = BUILD[kind](tk)
+            assert tok.get_vocab_size(with_added_tokens=True) <= VOCAB
+            tok.save(str(folder / "tokenizer.json"))
+            write_companions(kind, folder)
+            cache[kind] = folder
+        return cache[kind]
+
+    return get
+
+
+def tiny_lm(vocab_size: int = VOCAB, seed: int = 0):
+    """A 2-layer LinearLM (d_model 32) with sharpened weights, so greedy streams vary."""
+    import torch
+
+    from edgelin.config import ModelConfig
+    from edgelin.model import LinearLM
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=2, head_dim=16, chunk_size=16,
+                      feature_map="elu+1", normalisation="denominator", conv_size=4)
+    model = LinearLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(15.0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """vocab size -> a checkpoint folder (config.json + model.safetensors) of the tiny model, no tokenizer."""
+    from edgelin.checkpoint import save_checkpoint
+
+    cache = {}
+
+    def get(vocab: int):
+        if vocab not in cache:
+            cache[vocab] = save_checkpoint(tiny_lm(vocab), tmp_path_factory.mktemp(f"ckpt-{vocab}"))
+        return cache[vocab]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory, hf_tokenizer):
+    """A checkpoint folder of a tiny LinearLM (vocab 512) with the byte-level BPE tokenizer's files inside."""
+    import shutil
+
+    from edgelin.checkpoint import save_checkpoint
+
+    ckpt = tmp_path_factory.mktemp("ckpt-bytelevel")
+    save_checkpoint(tiny_lm(), ckpt)
+    for f in hf_tokenizer("bytelevel").iterdir():
+        shutil.copyfile(f, ckpt / f.name)
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def hf_export(tmp_path_factory, hf_checkpoint, hf_tokenizer):
+    """kind -> an export folder of the tiny model with that tokenizer.
+
+    ``bytelevel`` is a real export of ``hf_checkpoint`` (the tokenizer picked up from the checkpoint folder,
+    as a user's would be). The other kinds reuse its graphs (one export costs 10-30 s here): a copy of it whose
+    tokenizer files and manifest entry are replaced by what the exporter's ``hf_tokenizer_entry`` makes of that
+    tokenizer (the graphs' embedded manifest copy then still names the byte-level one: the runtime reads only
+    edgelin.json)."""
+    import json
+    import shutil
+
+    from edgelin.exporters import export
+    from edgelin.exporters.tokenizer import hf_tokenizer_entry
+    from edgelin.runtime.manifest import MANIFEST_FILE, Manifest
+
+    cache = {}
+
+    def get(kind: str):
+        if "bytelevel" not in cache:
+            out = tmp_path_factory.mktemp("export-bytelevel") / "out"
+            export(hf_checkpoint, out, check=False)
+            cache["bytelevel"] = out
+        if kind not in cache:
+            out = tmp_path_factory.mktemp(f"export-{kind}") / "out"
+            shutil.copytree(cache["bytelevel"], out)
+            for name in json.loads((out / MANIFEST_FILE).read_text())["tokenizer"]["files"]:
+                (out / name).unlink()
+            entry = hf_tokenizer_entry(hf_tokenizer(kind) / "tokenizer.json", VOCAB)
+            for name, path in entry.files.items():
+                shutil.copyfile(path, out / name)
+            data = json.loads((out / MANIFEST_FILE).read_text())
+            data["tokenizer"] = entry.spec
+            (out / MANIFEST_FILE).write_text(Manifest.from_dict(data).to_json())
+            cache[kind] = out
+        return cache[kind]
+
+    return get
