@@ -7,6 +7,7 @@ the tests all compare through this module, so "close enough" has one definition 
     within(err, budget)           -> bool   every bound in the budget holds and nothing is non-finite
     compare(got, ref, budget)     -> [Comparison]   named arrays, paired by name, every pair reported
     agreement(got, ref)           -> top-1 agreement of two logits arrays [..., vocab]
+    rel_max(got, ref)             -> max|got - ref| / max|ref|, the ops' accuracy measure (edgelin.ops)
     budget(precision, kind)       -> the bounds for one comparison (ParityError for an unknown one)
 """
 
@@ -167,4 +168,19 @@ def agreement(got, ref) -> float:
     return float(same.mean()) if same.size else 1.0
 
 
-__all__ = ["BUDGETS", "Comparison", "Errors", "ParityError", "agreement", "budget", "compare", "errors", "within"]
+def rel_max(got, ref) -> float:
+    """max|got - ref| / max|ref| in float64: the accuracy measure of the ops' contract
+    (``edgelin.ops.REFERENCE_TOLERANCE``) and of ``edgelin.state.state_mismatch``. Infinite for a shape
+    mismatch or a non-finite difference (NaN is never close); 0 for two empty arrays."""
+    got, ref = (np.asarray(x.detach().cpu().double() if hasattr(x, "detach") else x, dtype=np.float64) for x in (got, ref))
+    if got.shape != ref.shape:
+        return math.inf
+    if got.size == 0:
+        return 0.0
+    diff = np.abs(got - ref).max()
+    if not np.isfinite(diff):
+        return math.inf
+    return float(diff / max(float(np.abs(ref).max()), 1e-300))
+
+
+__all__ = ["BUDGETS", "Comparison", "Errors", "ParityError", "agreement", "budget", "compare", "errors", "rel_max", "within"]

@@ -10,6 +10,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
+from edgelin.parity import rel_max
 from edgelin.runtime.manifest import BATCH, StateSpec
 
 State = dict[str, torch.Tensor]
@@ -53,7 +54,7 @@ def state_mismatch(
         if g.shape != w.shape or g.dtype != dtype:
             return f"state {key}: {tuple(g.shape)} {g.dtype} != {tuple(w.shape)} {dtype}"
         if w.is_floating_point():
-            err = ((g.double() - w.double()).abs().max() / w.double().abs().max().clamp_min(1e-300)).item() if w.numel() else 0.0
+            err = rel_max(g, w)
             if not err <= tol:
                 return f"state {key}: relative error {err:.3g} > {tol:g}"
         elif not torch.equal(g, w):

@@ -1,12 +1,19 @@
-"""Shared pytest set-up for the edgelin suite (test modules import nothing from each other).
+"""Shared pytest set-up for the edgelin suite (test modules import nothing from each other; shared helpers
+live in tests/testkit, on the path through pyproject's ``pythonpath``).
 
-``exported(feature_map, **config_overrides)`` gives (model, export dir) of a tiny LinearLM, exported
-once per test session and shared by the exporter, runtime and parity tests.
+``exported(feature_map, **config_overrides)`` gives (model, export dir) of a tiny LinearLM and
+``bundled_export(precision)`` an export of the bundled model; ``export_cache`` exports any other
+configuration. Each configuration is exported once per run, shared by every xdist worker
+(testkit.exports); a test that changes an export works on a copy.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from testkit.exports import ExportCache, count_traces, run_root, trace_summary
 
 
 def pytest_configure(config):
@@ -14,6 +21,30 @@ def pytest_configure(config):
         "markers",
         "slow: builds or installs something (e.g. the wheel, an export of the bundled model); deselect with -m 'not slow'",
     )
+
+
+def _shared_root(config):
+    return run_root(config._tmp_path_factory.getbasetemp())
+
+
+def pytest_sessionstart(session):
+    count_traces(_shared_root(session.config))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller (or a run without xdist) checks once, after every worker
+    changed = ExportCache(_shared_root(session.config)).untouched()
+    if changed:
+        session.config._edgelin_changed = changed
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for line in trace_summary(_shared_root(config)):
+        terminalreporter.write_line(line)
+    for folder in getattr(config, "_edgelin_changed", []):
+        terminalreporter.write_line(f"FAILED: a test wrote into the shared export {folder}; copy it first (testkit.exports.copy_of)")
 
 
 WEIGHT_SCALE = 15.0  # at init scale greedy decoding repeats one token; sharper weights give varied streams
@@ -55,8 +86,15 @@ def _torch_one_thread():
 
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory):
-    """(feature map, config overrides) -> (model, export dir); each exported once per session."""
+def export_cache(tmp_path_factory) -> ExportCache:
+    """``get(label, key, build)``: the folder ``build(folder)`` exported into, once per key in the whole run
+    (every xdist worker shares it). The folder is shared: read it, or copy it (testkit.exports.copy_of)."""
+    return ExportCache(run_root(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="session")
+def exported(export_cache):
+    """(feature map, config overrides) -> (model, export dir); each exported once per run."""
     from edgelin.exporters import export
 
     cache: dict[tuple, tuple] = {}
@@ -64,9 +102,9 @@ def exported(tmp_path_factory):
     def get(feature_map: str = "elu+1", **overrides):
         key = (feature_map, tuple(sorted(overrides.items())))
         if key not in cache:
-            model = tiny_model(feature_map, **overrides)
-            out = tmp_path_factory.mktemp("export") / feature_map.replace("+", "p")
-            export(model, out, check=False)
+            model = tiny_model(feature_map, **overrides)  # deterministic: every worker builds the same weights
+            recipe = {"tiny_model": [feature_map, sorted(overrides.items())], "scale": WEIGHT_SCALE, "config": model.model_config()}
+            out = export_cache.get(f"tiny-{feature_map.replace('+', 'p')}", recipe, lambda folder: export(model, folder, check=False))
             cache[key] = (model, out)
         return cache[key]
 
@@ -76,22 +114,18 @@ def exported(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def bundled_export(tmp_path_factory):
-    """precision -> export dir of the bundled model (models/stdlib-linear) in that precision; each exported
-    once per session (about 30 s each on a quiet 2-core machine). Skips where the install has no bundled model."""
+def bundled_export(export_cache):
+    """precision -> export dir of the bundled model (models/stdlib-linear) in that precision, smoke-checked;
+    each exported once per run (about 30 s each on a quiet 2-core machine). Skips where the install has no
+    bundled model."""
     from edgelin.exporters import export
     from edgelin.models import bundled_checkpoint
 
-    cache: dict[str, object] = {}
-
-    def get(precision: str):
+    def get(precision: str = "fp32"):
         checkpoint = bundled_checkpoint()
         if checkpoint is None:
             pytest.skip("this install has no bundled model")
-        if precision not in cache:
-            out = tmp_path_factory.mktemp("bundled") / precision
-            export(checkpoint, out, precision=precision)
-            cache[precision] = out
-        return cache[precision]
+        return export_cache.get(f"bundled-{precision}", {"checkpoint": str(checkpoint), "precision": precision},
+                                lambda folder: export(checkpoint, folder, precision=precision))
 
     return get

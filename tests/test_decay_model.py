@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from edgelin.config import FEATURE_MAPS, ModelConfig
 from edgelin.model import DECAYS, LinearLM
 from edgelin.state import state_mismatch
+from testkit import rel_err
 
 TOL = 1e-10  # float64, relative: max|a - b| / max|b|
 C = 8  # chunk of the float64 models
@@ -25,11 +26,6 @@ B = 3
 LENGTHS = [pytest.param(t, id=f"T{t}") for t in (1, C - 1, C, C + 1, 3 * C + 5)]
 DECAYED = ("fixed", "scalar", "gla")
 VOCAB = 64
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 def config(decay: str, fm: str, **overrides) -> ModelConfig:

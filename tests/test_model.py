@@ -15,15 +15,11 @@ from edgelin.config import FEATURE_MAPS, NORMALISATIONS, ModelConfig
 from edgelin.feature_maps import make_feature_map
 from edgelin.model import LinearLM
 from edgelin.state import state_mismatch
+from testkit import rel_err
 
 
 TOL = 1e-10  # relative error in float64: max|a - b| / max|b|
 B, T_TOTAL = 3, 30
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 def tiny_config(feature_map: str, normalisation: str = "denominator", tie: bool = True, decay: str = "none") -> ModelConfig:

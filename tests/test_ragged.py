@@ -16,6 +16,7 @@ from edgelin.config import ModelConfig
 from edgelin.model import LinearLM
 from edgelin.ops import FORMS
 from edgelin.ops.lengths import mask_padding
+from testkit import rel_err
 
 TOL = 1e-10  # float64, relative: max|a - b| / max|b|
 C = 8  # chunk
@@ -34,11 +35,6 @@ CONFIGS = {
     "identity-no-denominator": ("identity", "none", 3, "scalar"),
 }
 CASES = [pytest.param(name, id=name) for name in CONFIGS]
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 @functools.lru_cache(maxsize=None)

@@ -15,21 +15,18 @@ import pytest
 import torch
 
 from edgelin.config import FEATURE_MAPS
-from edgelin.parity import BUDGETS
+from edgelin.parity import budget
 from edgelin.runtime.manifest import Manifest
+from testkit import assert_within
 
 CHUNK = 16  # the chunk of the tiny models exported by tests/exporters/conftest.py
 
-MAX_ABS = BUDGETS["fp32"]["logits"]["max_abs"]
-REL_L2 = BUDGETS["fp32"]["logits"]["rel_l2"]
+LOGITS = budget("fp32", "logits")
+REL_L2 = LOGITS["rel_l2"]
 
 
 def assert_close(got: np.ndarray, ref: np.ndarray, what: str) -> None:
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
-    max_abs = np.abs(got - ref).max()
-    rel = np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)
-    assert max_abs <= MAX_ABS and rel <= REL_L2, f"{what}: max abs {max_abs:.2e} (<= {MAX_ABS}), rel L2 {rel:.2e} (<= {REL_L2})"
+    assert_within(got, ref, LOGITS, what)
 
 
 class Graphs:

@@ -24,6 +24,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from testkit import max_abs
 
 _FLA = None
 
@@ -126,10 +127,6 @@ def run(model, prompt: torch.Tensor, steps: torch.Tensor, *, raw: bool = False):
 
 
 # ---- shared by the parity tests of every family ----------------------------------------------------
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
-
-
 def import_vs_fla(folder: Path, prompt: torch.Tensor, steps: torch.Tensor, ref_prefill, ref_decode, budget: float):
     """edgelin's import of ``folder`` against fla's logits: prefill of ``prompt``, then each token of ``steps``
     through ``step``. Asserts both within ``budget`` (max abs) and returns (model, final state)."""

@@ -22,6 +22,7 @@ from edgelin.importers import IMPORTERS
 from edgelin.protocol import ExportableModel, check_model
 from edgelin.runtime.manifest import Manifest
 from edgelin.validate import validate
+from testkit import max_abs
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S, relative L2
@@ -78,10 +79,6 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
         oracle = fla_oracle.load(folder, fused=fused)
         _RESULTS[case_id] = folder, prompt, steps, fla_oracle.run(oracle, prompt, steps, raw=True)
     return _RESULTS[case_id]
-
-
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:

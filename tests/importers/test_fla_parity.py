@@ -18,6 +18,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.exporters import export
 from edgelin.runtime.manifest import Manifest
 from edgelin.validate import validate
+from testkit import max_abs
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # the running sums S and z, relative L2
@@ -59,10 +60,6 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
         fused = not options  # fla's defaults end to end, its fused RMSNorm and SwiGLU kernels included
         _RESULTS[case_id] = folder, prompt, steps, fla_oracle.run(fla_oracle.load(folder, fused=fused), prompt, steps)
     return _RESULTS[case_id]
-
-
-def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
 
 
 @pytest.mark.parametrize("case_id", list(CASES))

@@ -25,19 +25,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgelin.feature_maps import make_feature_map
-from edgelin.state import state_mismatch
-from edgelin.ops import FORMS, REFERENCE_TOLERANCE, SEQUENCE_FORMS, chunk_linear_attention, recurrent_linear_attention, recurrent_step
-
-
-TOLERANCE = REFERENCE_TOLERANCE  # the ops' accuracy contract (edgelin.ops): relative error per tensor, by dtype
-TINY = 1e-300
+from edgelin.ops import FORMS, SEQUENCE_FORMS, chunk_linear_attention, recurrent_linear_attention, recurrent_step
+from testkit.covering import covering, ident
+from testkit.linear import D, DTYPE_LABEL, DTYPES, N_FEATURES, PREFIX, TOLERANCE, cast_state, check_against, feature_map
+from testkit.linear import random_qkv as _random_qkv
 
 C = 16  # chunk size
-H, D = 4, 8  # heads, head width (Dk = Dv = D)
-N_FEATURES = 12  # performer: F != D
-HORIZON = 1024  # cosformer
-PREFIX = 7  # tokens run through the naive form to make a non-zero initial state
+H = 4  # heads
 GAMMAS = (0.5, 1 - 2**-5, 1 - 2**-9, 0.9999)  # one per head
 LONG = 500
 LENGTHS = (1, C - 1, C, C + 1, 3 * C + 5, LONG)
@@ -56,16 +50,6 @@ MAPS = (
 LONG_MAPS = (("identity", False), ("elu+1", True), ("performer", True))
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(TINY)).item()
-
-
-@functools.lru_cache(maxsize=None)
-def feature_map(name: str):
-    return make_feature_map(name, D, n_features=N_FEATURES, seed=0, horizon=HORIZON)
-
-
 def make_gate(kind: str, B: int, T: int, width: int, seed: int) -> torch.Tensor:
     """A log-decay of the given kind, float64: [B, H, T] or [B, H, T, width]."""
     if kind == "fixed":
@@ -81,8 +65,7 @@ def make_gate(kind: str, B: int, T: int, width: int, seed: int) -> torch.Tensor:
 
 
 def random_qkv(B: int, T: int, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(B, H, T, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    return _random_qkv(B, H, T, seed)
 
 
 @functools.lru_cache(maxsize=None)
@@ -101,45 +84,39 @@ def reference(name: str, normalize: bool, kind: str, T: int, B: int, with_state:
     return q, k, v, g, initial, o, final
 
 
-def cast_state(state, dtype):
-    if state is None:
-        return None
-    return {n: t.to(dtype) if t.is_floating_point() else t.clone() for n, t in state.items()}
+# The grid: every value of every axis and every pair of axes; in full: every form with every gate at every
+# length from a fresh and a carried state, with every map and in both dtypes, and every gate at every length
+# in both dtypes. The long length runs with batch 1, from a carried state and for three maps only, to keep
+# the suite at seconds: the naive reference loops over T, and the parallel form's per-feature decay tensor is
+# [B, H, T, T, F].
+AXES = {
+    "form": FAST_FORMS, "kind": GATES, "map": MAPS, "T": LENGTHS, "B": (1, 3), "with_state": (False, True), "dtype": DTYPES,
+}
+FULL = (("form", "kind", "T", "with_state"), ("form", "kind", "map"), ("form", "kind", "dtype"), ("kind", "T", "dtype"))
 
 
-def check_against(o, state, ref_o, ref_state, dtype, tol):
-    assert o.shape == ref_o.shape and o.dtype == dtype
-    assert torch.isfinite(o).all(), "non-finite output"
-    assert rel_err(o, ref_o) <= tol, f"output: relative error {rel_err(o, ref_o):.3g} > {tol:g}"
-    assert not (why := state_mismatch(state, ref_state, tol=tol, float_dtype=dtype)), why
+def allowed(row) -> bool:
+    return row["T"] != LONG or (row["map"] in LONG_MAPS and row["B"] == 1 and row["with_state"])
 
 
-def _cases():
-    dtypes = {torch.float64: "f64", torch.float32: "f32"}
-    for form in FAST_FORMS:
-        for kind in GATES:
-            for name, normalize in MAPS:
-                for T in LENGTHS:
-                    if T == LONG and (name, normalize) not in LONG_MAPS:
-                        continue
-                    for B in ((1,) if T == LONG else (1, 3)):
-                        for with_state in ((True,) if T == LONG else (False, True)):
-                            for dtype, dname in dtypes.items():
-                                ident = (
-                                    f"{form}-{kind}-{name}-{'den' if normalize else 'noden'}-T{T}-B{B}"
-                                    f"-{'state' if with_state else 'fresh'}-{dname}"
-                                )
-                                yield pytest.param(form, kind, name, normalize, T, B, with_state, dtype, id=ident)
+LABELS = {
+    "map": lambda m: f"{m[0]}-{'den' if m[1] else 'noden'}", "T": lambda t: f"T{t}", "B": lambda b: f"B{b}",
+    "with_state": lambda w: "state" if w else "fresh", "dtype": DTYPE_LABEL.get,
+}
+GRID = covering(AXES, full=FULL, allowed=allowed)
 
 
-@pytest.mark.parametrize("form, kind, name, normalize, T, B, with_state, dtype", list(_cases()))
+@pytest.mark.parametrize(
+    "form, kind, name, normalize, T, B, with_state, dtype",
+    [pytest.param(r["form"], r["kind"], *r["map"], *list(r.values())[3:], id=ident(r, LABELS)) for r in GRID],
+)
 def test_fast_form_matches_naive(form, kind, name, normalize, T, B, with_state, dtype):
     q, k, v, g, initial, ref_o, ref_state = reference(name, normalize, kind, T, B, with_state)
     o, state = FORMS[form](
         q.to(dtype), k.to(dtype), v.to(dtype), feature_map=feature_map(name), g=g.to(dtype),
         initial_state=cast_state(initial, dtype), chunk_size=C, normalize=normalize,
     )
-    check_against(o, state, ref_o, ref_state, dtype, TOLERANCE[dtype])
+    check_against(o, state, ref_o, ref_state, dtype)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 37, 64], ids=lambda c: f"C{c}")
@@ -247,7 +224,7 @@ def test_extreme_decay_stays_finite(form, per_feature, pattern, dtype):
         ref_state = {"S": fk[:, :, -1, :, None] * v[:, :, -1, None, :], "z": fk[:, :, -1]}
     else:
         ref_o, ref_state = FORMS["naive"](q, k, v, feature_map=fm, g=g, initial_state=initial)
-    check_against(o, state, ref_o, ref_state, dtype, TOLERANCE[dtype])
+    check_against(o, state, ref_o, ref_state, dtype)
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,11 @@ from edgelin.config import FEATURE_MAPS, ModelConfig
 from edgelin.errors import ConfigError
 from edgelin.feature_maps import available, make_feature_map
 from edgelin.ops import FORMS, stable_divide
+from testkit import rel_err
 
 
 F64_TOL = 1e-10  # relative error, float64
 F32_TOL = 1e-5  # relative error, float32 (see tests/ops/test_forms.py)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 def apply(fm, x: torch.Tensor, *, is_query: bool, start: int = 0) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
 For every feature map and both normalisations: outputs and every final-state tensor, at awkward lengths
 around the chunk size (1, C-1, C, C+1) and a long one, batch 1 and 3, float32 and float64, from a fresh
-state and from a non-zero state (the naive form run over a random prefix).
+state and from a non-zero state (the naive form run over a random prefix). The cases are a covering grid
+(testkit.covering), not the full product of the seven axes: every pair of axis values appears, every form
+runs every length from both states in both dtypes, and every map in every form with and without the
+denominator (tests/ops/test_grids.py checks the grid's coverage).
 
 The reference is always the naive form in float64 on the same (float64-cast) inputs, so a float32 run
 is measured against the true value, not against another float32 computation.
@@ -15,51 +18,25 @@ import functools
 import pytest
 import torch
 
-from edgelin.feature_maps import available, make_feature_map
-from edgelin.state import state_mismatch
-from edgelin.ops import FORMS, REFERENCE_TOLERANCE, SEQUENCE_FORMS, recurrent_step
-
-
-TOLERANCE = REFERENCE_TOLERANCE  # the ops' accuracy contract (edgelin.ops): relative error per tensor, by dtype
-TINY = 1e-300
+from edgelin.feature_maps import available
+from edgelin.ops import FORMS, SEQUENCE_FORMS, recurrent_step
+from testkit import rel_err
+from testkit.covering import covering, ident
+from testkit.linear import D, DTYPE_LABEL, DTYPES, PREFIX, TOLERANCE, cast_state, check_against, feature_map
+from testkit.linear import random_qkv as _random_qkv
 
 C = 16  # chunk size
-H, D = 2, 8  # heads, head width (Dk = Dv = D)
-N_FEATURES = 12  # performer: F != D and not a multiple of D (a partial orthogonal block)
-HORIZON = 1024  # cosformer: long enough that every weight is positive, short enough that sin matters
-PREFIX = 7  # tokens run through the naive form to make a non-zero initial state
+H = 2  # heads
 LENGTHS = (1, C - 1, C, C + 1, 500)
 FAST_FORMS = ("chunk", "recurrent", "parallel")
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(TINY)).item()
-
-
-@functools.lru_cache(maxsize=None)
-def feature_map(name: str):
-    torch.manual_seed(0)  # learned maps draw their parameters from the global generator
-    fm = make_feature_map(name, D, n_features=N_FEATURES, seed=0, horizon=HORIZON)
-    if name == "elementwise_product":
-        # Signed through its weights (a product of two affine maps), so shifting q and k (random_qkv) does not
-        # keep its denominator away from zero. Biases of +5 keep both factors positive on these inputs.
-        with torch.no_grad():
-            for layer in (fm.q.layer1, fm.q.layer2):
-                layer.bias.add_(5.0)
-    return fm
-
-
 def random_qkv(name: str, normalize: bool, B: int, T: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=torch.float64) for _ in range(3))
-    if feature_map(name).signed and normalize:
-        # A signed map's denominator phi(q)^T z is a sum of terms of both signs; where it lands near zero
-        # the output is ill-conditioned (error ~ eps_machine * sum|terms| / |den|) for *any* summation
-        # order, so two correct forms disagree there. Shift q and k so the denominator stays far from
-        # zero; tests/ops/test_feature_maps.py covers the crossing itself.
-        q, k = q + 2.0, k + 2.0
-    return q, k, v
+    # A signed map's denominator phi(q)^T z is a sum of terms of both signs; where it lands near zero the
+    # output is ill-conditioned (error ~ eps_machine * sum|terms| / |den|) for *any* summation order, so two
+    # correct forms disagree there. Shift q and k so the denominator stays far from zero;
+    # tests/ops/test_feature_maps.py covers the crossing itself.
+    return _random_qkv(B, H, T, seed, shift=2.0 if feature_map(name).signed and normalize else 0.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,42 +52,31 @@ def reference(name: str, normalize: bool, T: int, B: int, with_state: bool):
     return q, k, v, initial, o, final
 
 
-def cast_state(state, dtype):
-    if state is None:
-        return None
-    return {n: t.to(dtype) if t.is_floating_point() else t.clone() for n, t in state.items()}
+# The grid: every value of every axis, every pair of axes, and in full: every form at every length from a
+# fresh and a carried state in both dtypes, and every map with and without the denominator in every form.
+AXES = {
+    "form": FAST_FORMS, "name": available(), "normalize": (True, False), "T": LENGTHS, "B": (1, 3),
+    "dtype": DTYPES, "with_state": (False, True),
+}
+FULL = (("form", "T", "with_state", "dtype"), ("form", "name", "normalize"))
+LABELS = {
+    "normalize": lambda n: "den" if n else "noden", "T": lambda t: f"T{t}", "B": lambda b: f"B{b}",
+    "dtype": DTYPE_LABEL.get, "with_state": lambda w: "state" if w else "fresh",
+}
+GRID = covering(AXES, full=FULL)
 
 
-def _cases():
-    dtypes = {torch.float64: "f64", torch.float32: "f32"}
-    for form in FAST_FORMS:
-        for name in available():
-            for normalize in (True, False):
-                for T in LENGTHS:
-                    for B in (1, 3):
-                        for dtype, dname in dtypes.items():
-                            for with_state in (False, True):
-                                ident = (
-                                    f"{form}-{name}-{'den' if normalize else 'noden'}-T{T}-B{B}-{dname}"
-                                    f"-{'state' if with_state else 'fresh'}"
-                                )
-                                yield pytest.param(form, name, normalize, T, B, dtype, with_state, id=ident)
-
-
-@pytest.mark.parametrize("form, name, normalize, T, B, dtype, with_state", list(_cases()))
+@pytest.mark.parametrize("form, name, normalize, T, B, dtype, with_state", [pytest.param(*r.values(), id=ident(r, LABELS)) for r in GRID])
 def test_fast_form_matches_naive(form, name, normalize, T, B, dtype, with_state):
     q, k, v, initial, ref_o, ref_state = reference(name, normalize, T, B, with_state)
     o, state = FORMS[form](
         q.to(dtype), k.to(dtype), v.to(dtype), feature_map=feature_map(name),
         initial_state=cast_state(initial, dtype), chunk_size=C, normalize=normalize,
     )
-    tol = TOLERANCE[dtype]
-    assert o.shape == ref_o.shape and o.dtype == dtype
-    assert rel_err(o, ref_o) <= tol, f"output: relative error {rel_err(o, ref_o):.3g} > {tol:g}"
     assert list(state) == list(ref_state), "state keys differ from the reference"
     expected_keys = ["S"] + (["z"] if normalize else []) + (["pos"] if feature_map(name).needs_position else [])
     assert sorted(state) == sorted(expected_keys)
-    assert not (why := state_mismatch(state, ref_state, tol=tol, float_dtype=dtype)), why
+    check_against(o, state, ref_o, ref_state, dtype)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 37, 64], ids=lambda c: f"C{c}")

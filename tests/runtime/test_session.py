@@ -8,15 +8,12 @@ from edgelin.errors import RuntimeInputError
 from edgelin.parity import BUDGETS
 from edgelin.state import from_numpy
 from edgelin.runtime import load
+from testkit import rel_l2
 
 # ORT vs PyTorch, fp32: the project's logits budget
 PARITY_ABS = BUDGETS["fp32"]["logits"]["max_abs"]
 # chunked vs one-shot prefill of the same graph: the budget, not to be loosened
 CHUNK_ABS, CHUNK_REL_L2 = 1e-4, 1e-5
-
-
-def rel_l2(a, b):
-    return float(np.linalg.norm((a - b).ravel()) / np.linalg.norm(b.ravel()))
 
 
 def torch_state(state, model):

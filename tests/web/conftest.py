@@ -38,17 +38,9 @@ def executable(name: str, *alternatives: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def bundled_export(tmp_path_factory):
-    """The bundled model exported once per test session (about a minute)."""
-    from edgelin.exporters import export
-    from edgelin.models import bundled_checkpoint
-
-    ckpt = bundled_checkpoint()
-    if ckpt is None:
-        pytest.skip("this checkout has no bundled model")
-    out = tmp_path_factory.mktemp("web") / "bundled"
-    export(str(ckpt), out, check=False)
-    return out
+def bundled_export(bundled_export):
+    """The bundled model's fp32 export, the one the whole run shares (tests/conftest.py)."""
+    return bundled_export("fp32")
 
 
 @pytest.fixture(scope="session")
