@@ -15,7 +15,12 @@ from edgelin.runtime.files import check_output_dir
 DEFAULT_PROMPTS = ("def fibonacci(n):", "The for statement is used to")  # a code and a prose continuation
 # Seeded sampling: greedy decoding of a small byte-level model falls into loops; a moderate temperature with
 # a nucleus keeps it on real tokens without repeating itself (models/stdlib-linear/README.md shows the output).
-DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 0}
+# The repetition penalty (Hugging Face's, over every id so far) is off by default: on this byte-level model it
+# trades one failure for another. Measured over 5 prompts x 12 seeds x 200 tokens at temperature 0.7, top-p 0.9
+# ("class Stack:", "def __init__(self):", "if __name__ == '__main__':" and the two demo prompts), outputs holding a
+# run of 40 or more spaces: 13 of 60 at 1.0, 4 at 1.3, 0 at 1.5; but the prose prompt turns into code in 0 of 8
+# seeds at 1.0, 2 at 1.3, 6 at 1.5 (every common byte is "already seen", so the penalty pushes toward rare ones).
+DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 0, "repetition_penalty": 1.0}
 LONG_CONTEXT = 100_000
 
 
@@ -58,6 +63,7 @@ def run_demo(
     temperature: float = DEFAULT_SAMPLING["temperature"],
     top_p: float = DEFAULT_SAMPLING["top_p"],
     seed: int = DEFAULT_SAMPLING["seed"],
+    repetition_penalty: float = DEFAULT_SAMPLING["repetition_penalty"],
     provider: str = "auto",
     on_text: Callable[[int, str], None] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -91,13 +97,13 @@ def run_demo(
         report = validate(out, checkpoint, steps=16)
         counts = {s: sum(c.status == s for c in report.checks) for s in ("pass", "fail")}
         say(f"      {'PASS' if report.passed else 'FAIL'}: {counts['pass']} checks passed, {counts['fail']} failed")
-        say(f"[3/3] generating from ONNX Runtime (temperature {temperature}, top-p {top_p}, seed {seed}): "
+        say(f"[3/3] generating from ONNX Runtime (temperature {temperature}, top-p {top_p}, seed {seed}, repetition penalty {repetition_penalty}): "
             + ", ".join(repr(p) for p in prompts))
         session, results = load(out, provider=provider), []  # loaded once for every prompt
         for i, prompt in enumerate(prompts):
             stream = None if on_text is None else (lambda text, i=i: on_text(i, text))
             results.append(generate_text(session, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                         seed=seed, on_text=stream))
+                                         seed=seed, repetition_penalty=repetition_penalty, on_text=stream))
         manifest = Manifest.load(out)
         cfg = ModelConfig.from_dict(manifest.model)
         total = max(r["prompt_tokens"] + r["new_tokens"] for r in results)
