@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from edgelin.config import ModelConfig
 from edgelin.errors import CheckpointError, ConfigError
 from edgelin.model import LinearLM
-from edgelin.runtime.files import atomic_write
+from edgelin.runtime.files import atomic_write, check_replace
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -94,15 +95,46 @@ def load_checkpoint(path: str | Path) -> LinearLM:
     return model.eval()
 
 
-def save_checkpoint(model: LinearLM, path: str | Path) -> Path:
-    """Write config.json + model.safetensors into ``path`` (created if needed); each file is replaced atomically."""
+def is_checkpoint_file(path: str | Path) -> bool:
+    """True if ``path`` is the config.json or model.safetensors of a checkpoint edgelin wrote: the folder's
+    config.json reads as an edgelin ModelConfig, and the weights file's header carries edgelin's metadata."""
+    path = Path(path)
+    try:
+        load_config(path.parent)
+    except Exception:  # noqa: BLE001 -- anything that does not read as edgelin's config is not ours
+        return False
+    if path.name == CONFIG_FILE:
+        return True
+    if path.name != WEIGHTS_FILE:
+        return False
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= 100 << 20:
+                return False
+            header = json.loads(f.read(n).decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("__metadata__") == SAFETENSORS_METADATA
+
+
+is_checkpoint_file.kind = "a file of a checkpoint edgelin saved"  # type: ignore[attr-defined]
+
+
+def save_checkpoint(model: LinearLM, path: str | Path, *, overwrite: bool = False) -> Path:
+    """Write config.json + model.safetensors into ``path`` (created if needed); each file is replaced atomically.
+    Existing files are replaced only if they are a checkpoint edgelin saved (``is_checkpoint_file``) or with
+    ``overwrite=True``; both are checked before either is written."""
     from safetensors.torch import save
 
     path = Path(path)
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        check_replace(path / name, "checkpoint file", overwrite=overwrite, ours=is_checkpoint_file)
     path.mkdir(parents=True, exist_ok=True)
     tensors = _tensors(model)
-    atomic_write(path / WEIGHTS_FILE, lambda f: f.write(save(tensors, metadata=SAFETENSORS_METADATA)))
-    atomic_write(path / CONFIG_FILE, lambda f: f.write(model.cfg.to_json().encode("utf-8")))
+    # both were checked above: the new weights beside the old config must not make the config "not ours"
+    atomic_write(path / WEIGHTS_FILE, lambda f: f.write(save(tensors, metadata=SAFETENSORS_METADATA)), overwrite=True)
+    atomic_write(path / CONFIG_FILE, lambda f: f.write(model.cfg.to_json().encode("utf-8")), overwrite=True)
     return path
 
 

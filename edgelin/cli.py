@@ -93,8 +93,9 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
 @click.option("--long", "long_steps", default=0, show_default=True, type=int, help="Also decode this many steps against a float64 PyTorch run (drift curve); e.g. 10000.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report (every number, the drift curve) here.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random token ids.")
+@click.option("--force", is_flag=True, help="Let --json replace a file that is not an earlier validate report, or one that is part of an export.")
 @user_errors
-def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed):
+def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force):
     """Check that EXPORT_DIR computes what its PyTorch checkpoint computes.
 
     \b
@@ -112,14 +113,14 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
       edgelin validate out/ --checkpoint ckpt/ --providers cpu,cuda --long 10000 --json report.json
     """
     from edgelin.runtime.files import check_output_file
-    from edgelin.validate import validate
+    from edgelin.validate import REPORT_FILE, validate
 
     if json_path is not None:  # before the checks run: a bad path must not cost the report
-        check_output_file(json_path, "report file")
+        check_output_file(json_path, "report file", overwrite=force, ours=REPORT_FILE)
     report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress)
     click.echo(report.table())
     if json_path:
-        report.write_json(json_path)
+        report.write_json(json_path, overwrite=force)
     sys.exit(0 if report.passed else 1)
 
 

@@ -20,8 +20,9 @@ SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fl
 @click.option("--memory-cap", "memory_cap", type=float, default=None,
               help="GB; prefill cases predicted to need more are skipped [default: half the available memory].")
 @click.option("--no-plots", is_flag=True, help="Write only the JSON and the table.")
+@click.option("--force", is_flag=True, help="Replace OUT/bench.json and OUT/*.png even where an earlier bench run did not write them.")
 @user_errors
-def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_plots):
+def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_plots, force):
     """Benchmark SOURCE: decode latency, throughput vs batch, decode vs position, prefill, the floor.
 
     SOURCE is a checkpoint folder (config.json + model.safetensors) or an export folder
@@ -70,6 +71,6 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
 
     names = [n.strip() for s in sections for n in s.split(",") if n.strip()]
     report = run_bench(source, provider=provider, threads=threads, quick=quick, out_dir=out_dir, sections=names or None,
-                       memory_cap_gb=memory_cap, plots=not no_plots, progress=progress)
+                       memory_cap_gb=memory_cap, plots=not no_plots, progress=progress, overwrite=force)
     click.echo(report.table())
     click.echo(f"wrote {report.json_path}" + (f" and {len(report.plots)} plot(s)" if report.plots else ""))

@@ -66,10 +66,13 @@ def _summary(r: dict) -> str:
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads (default: one per core).")
 @click.option("--state-in", type=click.Path(path_type=str), default=None, help="Continue from a state saved with --state-out.")
 @click.option("--state-out", type=click.Path(path_type=str), default=None, help="Save the state after the generated text (.npz, written atomically).")
+@click.option("--force", is_flag=True,
+              help="Let --state-out replace a file that is not an edgelin state file, or one that is part of an export "
+                   "(an earlier state file is replaced without it).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + timings) instead of streaming.")
 @user_errors
 def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, repetition_penalty, temperature, top_k, top_p, seed, stop,
-             provider, threads, state_in, state_out, as_json):
+             provider, threads, state_in, state_out, force, as_json):
     """Generate text from an export folder (prefill.onnx + decode.onnx + edgelin.json).
 
     Text streams to stdout as it is produced; a summary line with the provider actually used and the
@@ -108,7 +111,7 @@ def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, rep
             export_dir, texts, prompt_ids=(ids if batch else ids[0]) if ids else None, max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty, temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop=stop, provider=provider, threads=threads, state_in=state_in,
-            state_out=state_out, on_text=None if as_json or batch else stream,
+            state_out=state_out, overwrite=force, on_text=None if as_json or batch else stream,
         )
     if as_json:
         clean = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.items()}

@@ -31,7 +31,7 @@ from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.parity import BUDGETS
 from edgelin.runtime.check import check_graph
-from edgelin.runtime.files import write_json
+from edgelin.runtime.files import json_format, write_json
 from edgelin.runtime.manifest import Manifest
 from edgelin.runtime.options import check_int
 from edgelin.runtime.session import Session, open_session
@@ -39,6 +39,8 @@ from edgelin.state import from_numpy, fresh_state
 from edgelin.threads import torch_threads
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
+REPORT_FORMAT = "edgelin-validate/1"  # the report's own format key: how a later --json recognises a report edgelin wrote
+REPORT_FILE = json_format("edgelin-validate/", "an edgelin validate report (JSON with format edgelin-validate/1)")
 Progress = Callable[[str], None]
 
 
@@ -78,7 +80,7 @@ class Report:
         return True
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {"format": REPORT_FORMAT, **asdict(self)}
         d["passed"] = self.passed
         d["budgets"] = BUDGETS[self.precision]
         return d
@@ -108,8 +110,11 @@ class Report:
         lines.append(f"{verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[NA]} not available ({self.seconds:.1f} s){tail}")
         return "\n".join(lines)
 
-    def write_json(self, path: str | Path) -> None:
-        write_json(path, self.to_dict())  # non-finite errors (a failed check) become null: valid JSON
+    def write_json(self, path: str | Path, *, overwrite: bool = False) -> None:
+        """Write the report atomically. An existing file is replaced only if it is an earlier report (its
+        ``format`` is ``edgelin-validate/...``) and not part of an export, or with ``overwrite=True``."""
+        # non-finite errors (a failed check) become null: valid JSON
+        write_json(path, self.to_dict(), overwrite=overwrite, ours=REPORT_FILE, what="report file")
 
 
 def _num(x: float | None) -> str:

@@ -1,7 +1,11 @@
 """Writing files and folders so that a reader never sees half of one, and nothing edgelin did not write
 is ever replaced. Standard library only.
 
-- ``atomic_write``: one file, through a temporary file beside it and a rename.
+- ``atomic_write``: one file, through a temporary file beside it and a rename. Every file edgelin writes
+  goes through it, and through ``check_replace``: an existing file is replaced only if edgelin wrote it
+  (recognised by its content: a JSON's ``format`` key, a state file's header, ...) and it is not part of an
+  export -- otherwise only with ``overwrite=True`` (``--force``). Never a folder, a symbolic link, a FIFO
+  or a device.
 - ``check_output_file`` / ``check_output_dir``: every output path is checked before any work starts.
 - ``replace_dir``: move a finished folder into place, replacing only what ``check_output_dir`` allowed.
 - ``remove_stale_temps``: the hidden ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders an export killed
@@ -17,10 +21,11 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
 
-from edgelin.errors import OutputError
+from edgelin.errors import OutputError, RuntimeInputError
 
 MANIFEST_FILE = "edgelin.json"  # also runtime.manifest.MANIFEST_FILE (that module imports numpy; this one must not)
 EXPORT_FILE_SUFFIXES = (".onnx", ".json", ".data")  # what an export (or its temporary folder) may hold
@@ -39,13 +44,177 @@ def _fresh(parent: Path, prefix: str, suffix: str, create: Callable[[Path], obje
     raise FileExistsError(f"no free temporary name in {parent}")
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
+# ---- may an existing file be replaced? ----------------------------------------------------------------
+OVERWRITE_HINT = "pass --force (overwrite=True in Python) to replace it, or name another file"
+MAX_RECOGNISED_BYTES = 64 << 20  # a file edgelin recognises as its own is read only up to this size
 
-    On any failure the temporary file is removed and ``path`` is untouched; a failure of the file
-    system (read-only folder, disk full) raises ``OutputError`` with one line.
+Recogniser = Callable[[Path], bool]  # True if the (regular, existing) file at the path is one edgelin wrote
+
+
+def json_format(prefix: str, kind: str | None = None) -> Recogniser:
+    """Recognises a JSON file whose top-level ``format`` is a string starting with ``prefix`` (at most
+    MAX_RECOGNISED_BYTES; anything unreadable is not recognised)."""
+
+    def ours(path: Path) -> bool:
+        data = read_regular(path, MAX_RECOGNISED_BYTES, what="file", quiet=True)
+        if data is None:
+            return False
+        try:
+            d = json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError):
+            return False
+        return isinstance(d, dict) and isinstance(d.get("format"), str) and d["format"].startswith(prefix)
+
+    ours.kind = kind or f"a file edgelin wrote (JSON of format {prefix}*)"  # type: ignore[attr-defined]
+    return ours
+
+
+def png_text(keyword: str, prefix: str, kind: str) -> Recogniser:
+    """Recognises a PNG file whose text chunk ``keyword`` (before the image data) starts with ``prefix``:
+    how the bench's plots, written with ``metadata={keyword: ...}``, are told from anyone else's PNGs."""
+    want = keyword.encode("latin-1") + b"\0"
+
+    def ours(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                    return False
+                for _ in range(64):
+                    head = f.read(8)
+                    if len(head) < 8:
+                        return False
+                    size, kind_ = int.from_bytes(head[:4], "big"), head[4:]
+                    if kind_ in (b"IDAT", b"IEND") or size > 1 << 20:
+                        return False
+                    data = f.read(size)
+                    f.read(4)  # crc
+                    if kind_ == b"tEXt" and data.startswith(want):
+                        return data[len(want):].decode("latin-1").startswith(prefix)
+        except OSError:
+            return False
+        return False
+
+    ours.kind = kind  # type: ignore[attr-defined]
+    return ours
+
+
+def export_holding(path: Path) -> Path | None:
+    """The export folder ``path`` is part of (its ``edgelin.json``, a graph or tokenizer file the manifest
+    names, or an ``.onnx`` / ``.data`` file beside an edgelin manifest), else None."""
+    folder = path.parent if str(path.parent) else Path(".")
+    data = read_regular(folder / MANIFEST_FILE, MAX_RECOGNISED_BYTES, what="manifest", quiet=True)
+    if data is None:
+        return None
+    try:
+        d = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("format"), str) or not d["format"].startswith("edgelin/"):
+        return None
+    names = {MANIFEST_FILE}
+    graphs, tok = d.get("graphs"), d.get("tokenizer")
+    if isinstance(graphs, dict):
+        names |= {v for v in graphs.values() if isinstance(v, str)}
+    if isinstance(tok, dict) and isinstance(tok.get("files"), dict):
+        names |= {k for k in tok["files"] if isinstance(k, str)}
+    if path.name in names or path.name.endswith((".onnx", ".data")):
+        return folder
+    return None
+
+
+def check_replace(path: str | os.PathLike, what: str = "output file", *, overwrite: bool = False, ours: Recogniser | None = None) -> bool:
+    """May a file be written at ``path``? The one rule for every file edgelin writes:
+
+    - nothing there: yes;
+    - a folder, a symbolic link, a FIFO, a device or a socket: never (OutputError);
+    - a regular file that is part of an edgelin export (``export_holding``): only with ``overwrite``;
+    - any other regular file: if ``ours`` recognises it as a file edgelin wrote of this kind, or with ``overwrite``.
+
+    Returns True if a file will be replaced. Raises OutputError (one line, naming the file and what to do).
     """
     path = Path(path)
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (the folder checks say why it cannot be made)
+        return False
+    except OSError as exc:
+        raise OutputError(f"cannot write the {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise OutputError(f"the {what} {path} is a symbolic link; name the file itself or another file")
+    if stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"the {what} {path} is a folder; name a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"the {what} {path} exists and is not a regular file; name another file")
+    if overwrite:
+        return True
+    export = export_holding(path)
+    if export is not None:
+        raise OutputError(f"the {what} {path} is part of the edgelin export {export}; {OVERWRITE_HINT}")
+    if ours is None or not ours(path):
+        kind = getattr(ours, "kind", None)
+        why = f"it is not {kind}" if kind else "edgelin did not write it"
+        raise OutputError(f"the {what} {path} already exists and {why}; {OVERWRITE_HINT}")
+    return True
+
+
+# ---- reading: only regular files, only of a bounded size -------------------------------------------
+def regular_file(path: str | os.PathLike, limit: int, what: str = "file") -> Path:
+    """``path`` if it is a regular file (after symbolic links) of at most ``limit`` bytes, checked before
+    anything opens it: a FIFO or a device would block or never end. Raises RuntimeInputError (one line)."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise RuntimeInputError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise RuntimeInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise RuntimeInputError(f"{what} {path} is a folder; name a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise RuntimeInputError(f"{what} {path} is not a regular file (a FIFO, device or socket is never read); name a file")
+    if st.st_size > limit:
+        raise RuntimeInputError(f"{what} {path} is {st.st_size:,} bytes, more than the {limit:,} it can be; name the right file")
+    return path
+
+
+def read_regular(path: str | os.PathLike, limit: int, what: str = "file", *, quiet: bool = False) -> bytes | None:
+    """The bytes of the regular file ``path`` (``regular_file``), opened without blocking on a FIFO that
+    appears after the check (O_NONBLOCK) and read up to ``limit`` bytes. With ``quiet``, None instead of an error."""
+    try:
+        path = regular_file(path, limit, what)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for something else after the check
+                raise RuntimeInputError(f"{what} {path} is not a regular file; name a file")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(limit + 1)
+        finally:
+            os.close(fd)
+    except (RuntimeInputError, OSError) as exc:
+        if quiet:
+            return None
+        if isinstance(exc, RuntimeInputError):
+            raise
+        raise RuntimeInputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        if quiet:
+            return None
+        raise RuntimeInputError(f"{what} {path} is more than {limit:,} bytes; name the right file")
+    return data
+
+
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[BinaryIO], None], *, overwrite: bool = False, ours: Recogniser | None = None,
+    what: str = "output file",
+) -> Path:
+    """Call ``write(f)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    An existing ``path`` is replaced only as ``check_replace`` allows (checked first, and again just
+    before the rename). On any failure the temporary file is removed and ``path`` is untouched; a failure
+    of the file system (read-only folder, disk full) raises ``OutputError`` with one line.
+    """
+    path = Path(path)
+    check_replace(path, what, overwrite=overwrite, ours=ours)
     parent = path.parent if str(path.parent) else Path(".")
     try:
         tmp, fd = _fresh(parent, f".{path.name}.", ".tmp", lambda p: os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
@@ -56,6 +225,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        check_replace(path, what, overwrite=overwrite, ours=ours)  # it may have appeared while writing
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -84,16 +254,17 @@ def _writable_folder(folder: Path, path: Path, what: str) -> None:
         raise OutputError(f"cannot write the {what} {path}: folder {folder} is not writable")
 
 
-def check_output_file(path: str | os.PathLike, what: str = "output file", *, create_parents: bool = False) -> Path:
+def check_output_file(
+    path: str | os.PathLike, what: str = "output file", *, create_parents: bool = False, overwrite: bool = False,
+    ours: Recogniser | None = None,
+) -> Path:
     """Check, before any work, that ``path`` can be written as a file: not empty, not a folder, its
-    folder exists (or, with ``create_parents``, can be created) and is writable. Raises OutputError."""
+    folder exists (or, with ``create_parents``, can be created) and is writable, and an existing file
+    may be replaced (``check_replace``). Raises OutputError."""
     if str(path) == "":
         raise OutputError(f"the {what} path is empty; name a file")
     path = Path(path)
-    if path.is_dir():
-        raise OutputError(f"the {what} {path} is a folder; name a file")
-    if path.exists() and not path.is_file():
-        raise OutputError(f"the {what} {path} exists and is not a regular file; name another file")
+    check_replace(path, what, overwrite=overwrite, ours=ours)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.exists() and not create_parents:
         raise OutputError(f"cannot write the {what} {path}: its folder does not exist ({folder}); create it first")
@@ -334,14 +505,20 @@ def json_ready(obj: Any) -> Any:
     return obj
 
 
-def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
-    """Write ``obj`` as JSON to ``path`` atomically (``atomic_write``); non-finite numbers become null,
-    so the file is valid JSON (``allow_nan=False``) whatever the numbers."""
+def write_json(
+    path: str | os.PathLike, obj: Any, *, indent: int = 2, overwrite: bool = False, ours: Recogniser | None = None,
+    what: str = "output file",
+) -> Path:
+    """Write ``obj`` as JSON to ``path`` atomically (``atomic_write``, which says when an existing file may
+    be replaced: by default one whose ``format`` is ``obj``'s own); non-finite numbers become null, so the
+    file is valid JSON (``allow_nan=False``) whatever the numbers."""
+    if ours is None and isinstance(obj, dict) and isinstance(obj.get("format"), str) and "/" in obj["format"]:
+        ours = json_format(obj["format"].rsplit("/", 1)[0] + "/")
     text = json.dumps(json_ready(obj), indent=indent, allow_nan=False) + "\n"
-    return atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")), overwrite=overwrite, ours=ours, what=what)
 
 
 __all__ = [
-    "atomic_write", "json_ready", "write_json", "check_output_dir", "check_output_file", "check_output_folder", "export_files", "make_parents", "nearest_existing",
+    "atomic_write", "check_replace", "export_holding", "json_format", "json_ready", "png_text", "read_regular", "regular_file", "write_json", "check_output_dir", "check_output_file", "check_output_folder", "export_files", "make_parents", "nearest_existing",
     "remove_created", "remove_stale_temps", "replace_dir", "temp_dir", "work_dir",
 ]

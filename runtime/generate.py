@@ -34,7 +34,7 @@ from edgelin.runtime.files import check_output_file
 from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.runtime.sampling import Sampler
 from edgelin.runtime.session import Session, load
-from edgelin.runtime.state import State, check_state_for
+from edgelin.runtime.state import State, check_state_for, is_state_file
 from edgelin.runtime.tokenizer import StreamDecoder
 from edgelin.runtime.options import check_int, check_number
 
@@ -426,6 +426,7 @@ def generate_text(
     prefill_chunk: int | None = None,
     state_in: str | os.PathLike | None = None,
     state_out: str | os.PathLike | None = None,
+    overwrite: bool = False,
     on_text: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Generate a continuation of ``prompt`` and return it with timings.
@@ -434,7 +435,8 @@ def generate_text(
     with token ids (one list of ids, or a list of such lists for a batch); the text is then decoded only
     where the export has a tokenizer ("" otherwise; "ids" always holds the generated ids). ``on_text`` is
     called with each piece of text as soon as it is released (one prompt only). ``state_in`` continues a conversation saved
-    with ``state_out`` (written atomically, after the generation finished).
+    with ``state_out`` (written atomically, after the generation finished; an existing file is replaced only
+    if it is an edgelin state file not part of an export, or with ``overwrite=True``).
     Returns {"text", "ids", "has_text" (False: no tokenizer decoded the ids), "new_tokens", "stop_reason", "provider", "prompt_tokens", "time_to_first_token_s",
     "prefill_tokens_per_s", "decode_tokens_per_s", ..., "load_s", "state_out"}.
 
@@ -462,7 +464,7 @@ def generate_text(
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load
     _check_options(max_new_tokens, DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, stop, repetition_penalty, min_new_tokens)
     if state_out is not None:  # before any work: a bad path must not cost the generated text
-        check_output_file(state_out, "state file")
+        check_output_file(state_out, "state file", overwrite=overwrite, ours=is_state_file)
     t0 = time.perf_counter()
     session = export if isinstance(export, Session) else load(export, provider=provider, threads=threads)
     load_s = time.perf_counter() - t0
@@ -476,7 +478,7 @@ def generate_text(
         if on_text is not None and tok.text:
             on_text(tok.text)
     if state_out is not None:
-        gen.state.save(state_out)
+        gen.state.save(state_out, overwrite=overwrite)
     if batch:
         texts: dict[str, Any] = {"results": [{"prompt": p, "text": r.text, "ids": list(r.ids), "stop_reason": r.stop_reason}
                                              for p, r in zip(prompts, gen.results)]}

@@ -24,7 +24,8 @@ import onnxruntime as ort
 
 from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
 from edgelin.runtime.check import check_graph, graph_io
-from edgelin.runtime.manifest import GRAPHS, Manifest
+from edgelin.runtime.files import check_output_folder, check_replace, make_parents
+from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest
 from edgelin.runtime.state import CPU, Device, State, check_state_for, require_state, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 from edgelin.runtime.options import check_int, check_number
@@ -92,8 +93,11 @@ class Session:
         for graph, path in paths.items():
             if not path.is_file():
                 raise ManifestError(f"{self.export_dir} lacks {path.name}, the {graph} graph named in edgelin.json; re-export the model")
-        if save_optimized is not None:
-            Path(save_optimized).mkdir(parents=True, exist_ok=True)
+        if save_optimized is not None:  # ONNX Runtime writes these files itself: check them as edgelin's own writes
+            folder = check_output_folder(save_optimized, "folder for the optimised graphs")
+            for g in GRAPHS:
+                check_replace(folder / f"{g}.optimized.onnx", "optimised graph", ours=is_optimized_graph)
+            make_parents(folder)
 
         def options(graph: str) -> ort.SessionOptions:
             optimized = None if save_optimized is None else Path(save_optimized) / f"{graph}.optimized.onnx"
@@ -324,6 +328,22 @@ class Session:
             io.bind_ortvalue_input(spec.input, current)
             io.bind_ortvalue_output(spec.output, out)
         return io, ids_buffer, logits
+
+
+def is_optimized_graph(path: Path) -> bool:
+    """True if ``path`` is a graph ``save_optimized`` wrote earlier: an ONNX file whose model metadata (serialised
+    after the graph, so at the end of the file) holds edgelin's manifest key."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - (16 << 20)))
+            tail = f.read()
+    except OSError:
+        return False
+    return path.name.endswith(".optimized.onnx") and b"\x0a\x07" + METADATA_KEY.encode() + b"\x12" in tail
+
+
+is_optimized_graph.kind = "an optimised graph an edgelin Session saved"  # type: ignore[attr-defined]
 
 
 def length_groups(lengths: np.ndarray, max_padding: float) -> list[list[int]]:

@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgelin.errors import RuntimeInputError
-from edgelin.runtime.files import atomic_write
+from edgelin.runtime.files import atomic_write, regular_file
 from edgelin.runtime.manifest import Manifest
 from edgelin.runtime.memory import check_bytes
 from edgelin.runtime.options import check_int
@@ -162,8 +162,13 @@ class State:
             self._values, self._spare, self._parity, self._bindings = list(new_values), None, 0, {}
 
     # ---- snapshots -----------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write the state to ``path`` (.npz) atomically: a temporary file in the same folder, then rename."""
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write the state to ``path`` (.npz) atomically: a temporary file in the same folder, then rename.
+
+        An existing file is replaced only if it is an edgelin state file (``is_state_file``) and not part of
+        an export, or with ``overwrite=True`` (never a folder, a link, a FIFO or a device)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise RuntimeInputError(f"State.save takes a file path, got {type(path).__name__}")
         path = Path(path)
         header = {
             "format": SNAPSHOT_FORMAT, "source": self.manifest.source, "model": self.manifest.model, "batch": self.batch,
@@ -173,13 +178,15 @@ class State:
         folder = path.parent if str(path.parent) else Path(".")
         if not folder.is_dir():
             raise RuntimeInputError(f"cannot write the state to {path}: folder {folder} does not exist")
-        atomic_write(path, lambda f: np.savez(f, **arrays))
+        atomic_write(path, lambda f: np.savez(f, **arrays), overwrite=overwrite, ours=is_state_file, what="state file")
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike, manifest: Manifest, device: Device = CPU, *, batch: int | None = None) -> "State":
         """Read a snapshot written by ``save``; refuse one from another model, or of another batch size if
         ``batch`` is given, and one that holds NaN or infinite values."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise RuntimeInputError(f"a state file is a path, got {type(path).__name__}")
         path = Path(path)
         arrays = _read_snapshot(path, manifest, batch)
         for s in manifest.states:
@@ -197,11 +204,32 @@ MAX_HEADER_BYTES = 1 << 20
 NPY_HEADER_ROOM = 1 << 16  # an .npy member is its array plus a header of at most this many bytes
 
 
+def is_state_file(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a state file edgelin wrote (an .npz whose header says ``edgelin-state/``): the
+    content, not the name, tells. Reads only the zip directory and the (bounded) header."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            info = zf.getinfo(HEADER_KEY + ".npy")
+            if info.file_size > MAX_HEADER_BYTES:
+                return False
+            with zf.open(info) as f:
+                raw = np.lib.format.read_array(f, allow_pickle=False)
+        header = json.loads(raw.tobytes().decode("utf-8"))
+    except Exception:  # noqa: BLE001 -- anything unreadable is not ours
+        return False
+    return isinstance(header, dict) and str(header.get("format", "")).startswith("edgelin-state/")
+
+
+is_state_file.kind = "an edgelin state file (written by --state-out / State.save)"  # type: ignore[attr-defined]
+
+
 def _read_snapshot(path: Path, manifest: Manifest, batch: int | None) -> dict[str, np.ndarray]:
     """The arrays of a snapshot, after its header was checked against ``manifest`` and every member's
-    size against the state it should hold (a corrupt file never makes numpy allocate more)."""
-    if path.is_dir():
-        raise RuntimeInputError(f"state file {path} is a folder; {NOT_A_STATE}")
+    size against the state it should hold (a corrupt file never makes numpy allocate more). Only a
+    regular file is opened (a FIFO would block), and only one no larger than the memory available."""
+    if not isinstance(path, Path):
+        raise RuntimeInputError(f"a state file is a path, got {type(path).__name__}")
+    regular_file(path, _max_state_file_bytes(), "state file")
     try:
         with open(path, "rb") as f:
             magic = f.read(6)
@@ -237,6 +265,13 @@ def _read_snapshot(path: Path, manifest: Manifest, batch: int | None) -> dict[st
         raise
     except Exception as exc:  # noqa: BLE001 -- zip, zlib and numpy raise many kinds for a corrupt file
         raise RuntimeInputError(f"{path} is not a readable edgelin state file ({exc.__class__.__name__}); {NOT_A_STATE}") from None
+
+
+def _max_state_file_bytes() -> int:
+    from edgelin.runtime.memory import available_memory
+
+    have = available_memory()
+    return have if have is not None else 1 << 48
 
 
 def _check_header(path: Path, raw: np.ndarray, manifest: Manifest, batch: int | None) -> dict:
@@ -278,4 +313,4 @@ def check_state_for(state: object, prompts: int) -> None:
         raise RuntimeInputError(f"the state holds {state.batch} sequence(s) but there are {prompts} prompt(s); create it with new_state({prompts})")
 
 
-__all__ = ["CPU", "SNAPSHOT_FORMAT", "State", "check_state_for", "require_state", "to_ortvalue"]
+__all__ = ["CPU", "SNAPSHOT_FORMAT", "State", "is_state_file", "check_state_for", "require_state", "to_ortvalue"]

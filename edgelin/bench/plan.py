@@ -21,7 +21,7 @@ from edgelin.exporters.exporter import DEFAULT_OPSET
 from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.model import LinearLM
 from edgelin.models import bundled_checkpoint
-from edgelin.runtime.files import check_output_folder
+from edgelin.runtime.files import check_output_folder, check_replace
 from edgelin.runtime.options import check_int, check_number
 from edgelin.runtime.manifest import MANIFEST_FILE, Manifest
 from edgelin.runtime.session import open_session
@@ -146,10 +146,16 @@ def memory_cap(memory_cap_gb: Any) -> int:
     return int(memory_cap_gb * 1e9)
 
 
-def out_folder(out_dir: str | os.PathLike) -> Path:
-    """The output folder, checked now (kind, writable) and created only when there is something to write
-    (``make_parents`` in run_bench): a failed run leaves no folder."""
-    return check_output_folder(out_dir)
+def out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """The output folder, checked now (kind, writable; bench.json and the plots it will hold may be replaced)
+    and created only when there is something to write (``make_parents`` in run_bench): a failed run leaves no folder."""
+    from .report import BENCH_JSON, BENCH_PLOT, PLOT_FILES
+
+    out = check_output_folder(out_dir)
+    check_replace(out / JSON_FILE, "bench report", overwrite=overwrite, ours=BENCH_JSON)
+    for name in PLOT_FILES:
+        check_replace(out / name, "plot", overwrite=overwrite, ours=BENCH_PLOT)
+    return out
 
 
 def _probe_graph() -> bytes:

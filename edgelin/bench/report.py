@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from edgelin.runtime.files import atomic_write, json_ready, write_json
+from edgelin.runtime.files import atomic_write, json_format, json_ready, png_text, write_json
 
 from .goals import goal_lines
 
@@ -33,14 +33,22 @@ class BenchReport:
 
 _finite = json_ready  # the bench's former name for the one JSON clean-up (edgelin.runtime.files)
 
+# What the bench writes into --out, and how an earlier run's files are recognised (by content, not name):
+# bench.json by its "format" key, each plot by the PNG text chunk Software = "edgelin bench".
+PLOT_FILES = ("decode.png", "throughput.png", "position.png", "prefill.png", "sweep.png", "floor.png")
+PLOT_SOFTWARE = "edgelin bench"
+BENCH_JSON = json_format("edgelin-bench/", "an edgelin bench report (JSON with format edgelin-bench/1)")
+BENCH_PLOT = png_text("Software", PLOT_SOFTWARE, "a plot edgelin bench drew (PNG with Software = edgelin bench)")
 
-def write_json_atomic(data: dict, path: Path) -> Path:
-    """``edgelin.runtime.files.write_json`` with the bench's argument order: atomic, non-finite -> null."""
-    return write_json(path, data)
+
+def write_json_atomic(data: dict, path: Path, *, overwrite: bool = False) -> Path:
+    """``edgelin.runtime.files.write_json`` with the bench's argument order: atomic, non-finite -> null; an
+    existing file is replaced only if it is an earlier bench report (or with ``overwrite``)."""
+    return write_json(path, data, overwrite=overwrite, ours=BENCH_JSON, what="bench report")
 
 
 # ---- plots (optional: matplotlib is the `plots` extra) --------------------------------------------
-def write_plots(data: dict, out: Path) -> tuple[list[Path], dict[str, Any]]:
+def write_plots(data: dict, out: Path, *, overwrite: bool = False) -> tuple[list[Path], dict[str, Any]]:
     """One PNG per section in ``data`` (atomically), and the report's "plots" entry."""
     try:  # an optional extra, imported only to plot: importing the bench must not pick a matplotlib backend
         import matplotlib
@@ -61,7 +69,9 @@ def write_plots(data: dict, out: Path) -> tuple[list[Path], dict[str, Any]]:
         fig.suptitle(title, fontsize=8)
         fig.tight_layout()
         try:
-            files.append(atomic_write(out / name, lambda f: fig.savefig(f, format="png", dpi=120)))
+            assert name in PLOT_FILES, name  # run_bench checks these names before any work
+            files.append(atomic_write(out / name, lambda f: fig.savefig(f, format="png", dpi=120, metadata={"Software": PLOT_SOFTWARE}),
+                                      overwrite=overwrite, ours=BENCH_PLOT, what="plot"))
         finally:
             plt.close(fig)
 
@@ -389,4 +399,4 @@ def precision_lines(x: dict) -> list[str]:
     return lines
 
 
-__all__ = ["BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]
+__all__ = ["BENCH_JSON", "BENCH_PLOT", "PLOT_FILES", "BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]

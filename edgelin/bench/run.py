@@ -51,6 +51,7 @@ def run_bench(
     memory_cap_gb: float | None = None,
     plots: bool = True,
     progress: Progress | None = None,
+    overwrite: bool = False,
 ) -> BenchReport:
     """Run the benchmark; write ``out_dir/bench.json`` (atomically) and PNG plots (if matplotlib is installed).
 
@@ -68,11 +69,13 @@ def run_bench(
         exports the source (default: the bundled model) in fp32, fp16, int8 and int4 and measures size, decode,
         prefill and the weight-bytes floor of each (``edgelin.bench.precision``).
     memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
+    overwrite: replace ``out_dir/bench.json`` and the plots even where they are not an earlier bench run's
+        (recognised by content: the JSON's format key, the PNGs' Software text); checked before any work.
     """
     say = progress or (lambda _msg: None)
     source, sections = check_options(source, provider, threads, sections)
     cap = memory_cap(memory_cap_gb)
-    out = out_folder(out_dir)
+    out = out_folder(out_dir, overwrite)
     if provider == "cuda":  # say so now, not after a minute of exports
         require_cuda()
 
@@ -123,10 +126,10 @@ def run_bench(
     report = BenchReport(data)
     make_parents(out)
     if plots:
-        report.plots, data["plots"] = write_plots(data, out)
+        report.plots, data["plots"] = write_plots(data, out, overwrite=overwrite)
     else:
         data["plots"] = {"files": [], "skipped": "plots=False"}
-    report.json_path = write_json_atomic(data, out / JSON_FILE)
+    report.json_path = write_json_atomic(data, out / JSON_FILE, overwrite=overwrite)
     return report
 
 

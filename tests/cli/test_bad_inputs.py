@@ -269,7 +269,7 @@ CASES = {
     # generate
     "generate/missing-export": Case(["generate", "nope", "-p", "Hi"], "is not a folder"),
     "generate/empty-prompt": Case(["generate", EX, "-p", ""], "prompt is empty"),
-    "generate/missing-prompt": Case(["generate", EX], "Missing option"),
+    "generate/missing-prompt": Case(["generate", EX], "no prompt given"),
     "generate/negative-max-new-tokens": Case(["generate", EX, "-p", "Hi", "-n", "-1"], "max_new_tokens"),
     "generate/negative-temperature": Case(["generate", EX, "-p", "Hi", "-t", "-1"], "temperature"),
     "generate/nan-temperature": Case(["generate", EX, "-p", "Hi", "-t", "nan"], "temperature"),

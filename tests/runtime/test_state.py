@@ -103,7 +103,8 @@ def test_a_missing_snapshot_is_refused(session, tmp_path):
 
 def test_a_failed_save_leaves_nothing_half_written(session, tmp_path, monkeypatch):
     path = tmp_path / "keep.npz"
-    path.write_bytes(b"previous content")
+    session.new_state(1).save(path)  # an earlier snapshot: the one kind of file a save replaces without overwrite=True
+    previous = path.read_bytes()
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
@@ -111,7 +112,7 @@ def test_a_failed_save_leaves_nothing_half_written(session, tmp_path, monkeypatc
     monkeypatch.setattr(np, "savez", broken)
     with pytest.raises(OSError, match="disk full"):
         session.new_state(1).save(path)
-    assert path.read_bytes() == b"previous content"
+    assert path.read_bytes() == previous
     assert [p.name for p in tmp_path.iterdir()] == ["keep.npz"]
 
 

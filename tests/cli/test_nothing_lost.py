@@ -1,0 +1,338 @@
+"""Nothing lost: every file edgelin writes is checked first, every graph it runs is the one the manifest names,
+every file it reads is a regular file of bounded size. One table per class of fault.
+
+CLI refusals must exit with status 2, print exactly one ``edgelin: error:`` line, no traceback, and leave the
+folder tree exactly as it was. API refusals raise an ``EdgelinError`` subclass and change nothing either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from edgelin.cli import main
+from edgelin.errors import EdgelinError, OutputError
+
+
+# ---- the world a case runs in ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sources(exported, tmp_path_factory):
+    """A saved checkpoint of the tiny elu+1 model and its export (shared, never modified)."""
+    from edgelin.checkpoint import save_checkpoint
+
+    model, export_dir = exported("elu+1")
+    ckpt = save_checkpoint(model, tmp_path_factory.mktemp("nothing-lost") / "ckpt")
+    return ckpt, export_dir
+
+
+@pytest.fixture
+def world(sources, tmp_path, monkeypatch):
+    """A fresh working folder holding models/ckpt, export/, docs/thesis.txt (a user's file), file.txt."""
+    ckpt, export_dir = sources
+    shutil.copytree(ckpt, tmp_path / "models" / "ckpt")
+    shutil.copytree(export_dir, tmp_path / "export")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "thesis.txt").write_text("years of work\n")
+    (tmp_path / "file.txt").write_text("a file\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under root -> 'dir', 'link -> target', 'fifo' or the sha256 of the file."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = f"link -> {os.readlink(p)}"
+            elif p.is_dir():
+                out[rel] = "dir"
+            elif not p.is_file():
+                out[rel] = "special"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _session(w: Path):
+    from edgelin.runtime import load
+
+    return load(w / "export", provider="cpu")
+
+
+def user_file(name: str, data: bytes = b"mine, not edgelin's\n"):
+    def setup(w: Path) -> None:
+        (w / name).parent.mkdir(parents=True, exist_ok=True)
+        (w / name).write_bytes(data)
+
+    return setup
+
+
+def symlink(name: str, target: str):
+    def setup(w: Path) -> None:
+        os.symlink(target, w / name)
+
+    return setup
+
+
+def fifo(name: str):
+    def setup(w: Path) -> None:
+        os.mkfifo(w / name)
+
+    return setup
+
+
+def user_png(name: str):
+    """A PNG that edgelin did not draw (a PNG signature and an IHDR chunk, no edgelin text chunk)."""
+    return user_file(name, b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + bytes(13) + bytes(4))
+
+
+def setup_all(*fns):
+    def setup(w: Path) -> None:
+        for fn in fns:
+            fn(w)
+
+    return setup
+
+
+@dataclass
+class Case:
+    args: list[str]
+    expect: str  # a piece of the error line
+    setup: Callable[[Path], None] | None = None
+
+
+def run_cli_case(world: Path, case: Case) -> None:
+    if case.setup is not None:
+        case.setup(world)
+    before = tree(world)
+    result = run_with_timeout(lambda: CliRunner().invoke(main, case.args), 60)
+    text = result.output + result.stderr
+    assert "Traceback" not in text, text
+    assert isinstance(result.exception, SystemExit) or result.exception is None, repr(result.exception)
+    assert result.exit_code == 2, (result.exit_code, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("edgelin: error:")]
+    assert len(errors) == 1, result.stderr
+    assert case.expect in errors[0], errors[0]
+    assert tree(world) == before
+
+
+def run_with_timeout(fn, seconds: float):
+    """fn() in a thread; fails the test (instead of hanging the run) if it has not returned in ``seconds``."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 -- re-raised in the test's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"did not return within {seconds} s (blocked?)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+# ---- class 1: an output file is replaced only if edgelin wrote it -----------------------------------
+GEN = ["generate", "export", "-p", "Hi", "-n", "2", "--provider", "cpu"]
+FORCE = "--force"
+WRITE_CASES = {
+    # --state-out
+    "state-out/user-file": Case(GEN + ["--state-out", "docs/thesis.txt"], "pass --force"),
+    "state-out/user-npz": Case(GEN + ["--state-out", "mine.npz"], "not an edgelin state file", user_file("mine.npz", b"PK\x03\x04 not ours")),
+    "state-out/export-graph": Case(GEN + ["--state-out", "export/decode.onnx"], "part of the edgelin export"),
+    "state-out/export-manifest": Case(GEN + ["--state-out", "export/edgelin.json"], "part of the edgelin export"),
+    "state-out/symlink-forced": Case(GEN + ["--state-out", "link.npz", FORCE], "symbolic link", symlink("link.npz", "docs/thesis.txt")),
+    "state-out/symlink": Case(GEN + ["--state-out", "link.npz"], "symbolic link", symlink("link.npz", "docs/thesis.txt")),
+    "state-out/fifo-forced": Case(GEN + ["--state-out", "pipe", FORCE], "not a regular file", fifo("pipe")),
+    # validate --json
+    "validate-json/user-file": Case(["validate", "export", "--checkpoint", "models/ckpt", "--json", "docs/thesis.txt"], "pass --force"),
+    "validate-json/user-json": Case(["validate", "export", "--checkpoint", "models/ckpt", "--json", "r.json"], "not an edgelin validate report", user_file("r.json", b'{"mine": 1}\n')),
+    "validate-json/bench-json": Case(["validate", "export", "--checkpoint", "models/ckpt", "--json", "r.json"], "not an edgelin validate report",
+                                     user_file("r.json", b'{"format": "edgelin-bench/1"}\n')),
+    "validate-json/export-manifest": Case(["validate", "export", "--checkpoint", "models/ckpt", "--json", "export/edgelin.json"], "part of the edgelin export"),
+    "validate-json/symlink-forced": Case(["validate", "export", "--checkpoint", "models/ckpt", "--json", "l.json", FORCE], "symbolic link", symlink("l.json", "file.txt")),
+    # bench --out
+    "bench-out/user-bench-json": Case(["bench", "models/ckpt", "--out", "docs"], "not an edgelin bench report", user_file("docs/bench.json", b"{}\n")),
+    "bench-out/validate-json-as-bench": Case(["bench", "models/ckpt", "--out", "docs"], "not an edgelin bench report",
+                                             user_file("docs/bench.json", b'{"format": "edgelin-validate/1"}\n')),
+    "bench-out/user-plot": Case(["bench", "models/ckpt", "--out", "docs"], "not a plot edgelin bench drew", user_png("docs/decode.png")),
+    "bench-out/plot-folder": Case(["bench", "models/ckpt", "--out", "docs", FORCE], "is a folder", lambda w: (w / "docs" / "floor.png").mkdir()),
+    "bench-out/into-export": Case(["bench", "models/ckpt", "--out", "export"], "not a plot", user_png("export/sweep.png")),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(k, id=k) for k in WRITE_CASES])
+def test_an_output_file_edgelin_did_not_write_is_refused(world, name):
+    run_cli_case(world, WRITE_CASES[name])
+
+
+def _api_write_cases():
+    def state_over_user_file(w):
+        _session(w).new_state(1).save(w / "docs" / "thesis.txt")
+
+    def state_over_graph(w):
+        _session(w).new_state(1).save(w / "export" / "prefill.onnx")
+
+    def state_over_fifo(w):
+        os.mkfifo(w / "pipe")
+        _session(w).new_state(1).save(w / "pipe")
+
+    def state_over_fifo_overwrite(w):
+        os.mkfifo(w / "pipe")
+        _session(w).new_state(1).save(w / "pipe", overwrite=True)
+
+    def state_through_symlink(w):
+        os.symlink("docs/thesis.txt", w / "s.npz")
+        _session(w).new_state(1).save(w / "s.npz", overwrite=True)
+
+    def generate_text_state_out(w):
+        from edgelin.runtime import generate_text
+
+        generate_text(w / "export", "Hi", max_new_tokens=2, provider="cpu", state_out=w / "file.txt")
+
+    def report_over_user_file(w):
+        from edgelin.validate import Report
+
+        Report("export", "ckpt", "fp32", {"cpu": "active"}).write_json(w / "docs" / "thesis.txt")
+
+    def checkpoint_over_user_config(w):
+        from edgelin.checkpoint import load_checkpoint, save_checkpoint
+
+        model = load_checkpoint(w / "models" / "ckpt")
+        (w / "docs" / "config.json").write_text('{"mine": true}\n')
+        save_checkpoint(model, w / "docs")
+
+    def bench_json_over_user_file(w):
+        from edgelin.bench.report import write_json_atomic
+
+        write_json_atomic({"format": "edgelin-bench/1"}, w / "docs" / "thesis.txt")
+
+    def write_json_over_export_manifest(w):
+        from edgelin.runtime.files import write_json
+
+        write_json(w / "export" / "edgelin.json", {"format": "edgelin/2"})
+
+    def optimized_over_user_file(w):
+        from edgelin.runtime import load
+
+        (w / "docs" / "decode.optimized.onnx").write_text("mine\n")
+        load(w / "export", provider="cpu", save_optimized=w / "docs")
+
+    def optimized_into_a_file(w):
+        from edgelin.runtime import load
+
+        load(w / "export", provider="cpu", save_optimized=w / "file.txt")
+
+    return {
+        "session-save-optimized-over-user-file": optimized_over_user_file,
+        "session-save-optimized-into-a-file": optimized_into_a_file,
+        "state-save-user-file": state_over_user_file,
+        "state-save-export-graph": state_over_graph,
+        "state-save-fifo": state_over_fifo,
+        "state-save-fifo-overwrite": state_over_fifo_overwrite,
+        "state-save-symlink-overwrite": state_through_symlink,
+        "generate-text-state-out-user-file": generate_text_state_out,
+        "report-write-json-user-file": report_over_user_file,
+        "save-checkpoint-user-config": checkpoint_over_user_config,
+        "bench-json-user-file": bench_json_over_user_file,
+        "write-json-export-manifest-even-same-format": write_json_over_export_manifest,
+    }
+
+
+API_WRITE_NAMES = list(_api_write_cases())
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in API_WRITE_NAMES])
+def test_the_api_refuses_to_replace_what_edgelin_did_not_write(world, name):
+    fn = _api_write_cases()[name]
+    before = {k: v for k, v in tree(world).items()}
+    with pytest.raises(OutputError) as info:
+        run_with_timeout(lambda: fn(world), 30)
+    assert "\n" not in str(info.value)
+    after = tree(world)
+    for k in ("docs/thesis.txt", "file.txt", "export/edgelin.json", "export/prefill.onnx", "export/decode.onnx"):
+        assert after[k] == before[k], k
+    assert not [k for k in after if ".tmp" in k], after
+
+
+def test_files_edgelin_wrote_are_replaced_without_force(world):
+    """A second --state-out, --json or bench run replaces its own earlier file: recognised by content."""
+    from edgelin.bench.report import write_json_atomic
+    from edgelin.checkpoint import load_checkpoint, save_checkpoint
+    from edgelin.validate import Report
+
+    for _ in range(2):
+        r = CliRunner().invoke(main, GEN + ["--state-out", "chat.npz"])
+        assert r.exit_code == 0, r.stderr
+    report = Report("export", "ckpt", "fp32", {"cpu": "active"})
+    report.write_json(world / "r.json")
+    report.write_json(world / "r.json")
+    assert json.loads((world / "r.json").read_text())["format"] == "edgelin-validate/1"
+    write_json_atomic({"format": "edgelin-bench/1", "n": 1}, world / "bench.json")
+    write_json_atomic({"format": "edgelin-bench/1", "n": 2}, world / "bench.json")
+    model = load_checkpoint(world / "models" / "ckpt")
+    save_checkpoint(model, world / "models" / "ckpt")  # its own earlier save
+    from edgelin.runtime import load
+
+    for _ in range(2):
+        load(world / "export", provider="cpu", save_optimized=world / "opt")
+
+
+def test_force_replaces_a_user_file(world):
+    r = CliRunner().invoke(main, GEN + ["--state-out", "docs/thesis.txt", "--force"])
+    assert r.exit_code == 0, r.stderr
+    from edgelin.runtime.state import is_state_file
+
+    assert is_state_file(world / "docs" / "thesis.txt")
+
+
+def test_bench_plots_carry_the_mark_that_recognises_them(tmp_path):
+    pytest.importorskip("matplotlib")
+    from edgelin.bench.report import BENCH_PLOT
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from edgelin.bench.report import PLOT_SOFTWARE
+    from edgelin.runtime.files import atomic_write
+
+    fig = plt.figure()
+    atomic_write(tmp_path / "decode.png", lambda f: fig.savefig(f, format="png", metadata={"Software": PLOT_SOFTWARE}))
+    fig.savefig(tmp_path / "other.png", format="png")
+    plt.close(fig)
+    assert BENCH_PLOT(tmp_path / "decode.png")
+    assert not BENCH_PLOT(tmp_path / "other.png")
+
+
+def test_the_plot_recogniser_reads_the_png_text_chunk(tmp_path):
+    """A PNG whose tEXt chunk Software starts with "edgelin bench" (as the bench's savefig writes) is ours."""
+    from edgelin.bench.report import BENCH_PLOT
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + bytes(4)
+
+    head = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", bytes(13))
+    (tmp_path / "ours.png").write_bytes(head + chunk(b"tEXt", b"Software\0edgelin bench") + chunk(b"IDAT", b"x") + chunk(b"IEND", b""))
+    (tmp_path / "theirs.png").write_bytes(head + chunk(b"tEXt", b"Software\0Matplotlib") + chunk(b"IDAT", b"x"))
+    (tmp_path / "late.png").write_bytes(head + chunk(b"IDAT", b"x") + chunk(b"tEXt", b"Software\0edgelin bench"))
+    assert BENCH_PLOT(tmp_path / "ours.png")
+    assert not BENCH_PLOT(tmp_path / "theirs.png") and not BENCH_PLOT(tmp_path / "late.png")
