@@ -12,6 +12,10 @@ GLA's data-dependent gate) or [B, H, T, F] per feature (GLA): S_t = exp(g_t) * S
 and z likewise (see edgelin.ops.common). The state dict and the graph contract stay as they are; with
 g=None every form runs exactly the undecayed code.
 
+The delta rule (DeltaNet) and the gated delta rule (Gated DeltaNet) are in ``edgelin.ops.delta``, in the
+forms naive / chunk / recurrent / step with their own signature ``fn(q, k, v, beta, *, g=None, initial_state=None,
+chunk_size=64, scale=1.0, qk_l2norm=False, lengths=None)`` and state {"S": [B, H, K, V]} (``DELTA_FORMS``).
+
 ``lengths`` ([B] int64, right padding; accepted by the sequence forms naive, chunk and parallel) makes a
 ragged batch: each row's output and final state are those of its first lengths[b] tokens alone
 (edgelin.ops.lengths). None (the default) runs exactly the code without it.
@@ -21,6 +25,18 @@ import torch
 
 from edgelin.ops.chunk import chunk_linear_attention
 from edgelin.ops.common import State, check_decay, init_state, relative_log_decay, state_layout, stable_divide
+from edgelin.ops.delta import (
+    DELTA_FORMS,
+    DELTA_SEQUENCE_FORMS,
+    chunk_delta_rule,
+    chunk_states,
+    delta_state_layout,
+    delta_step,
+    l2norm,
+    naive_delta_rule,
+    recurrent_delta_rule,
+    unit_lower_inverse,
+)
 from edgelin.ops.naive import naive_linear_attention
 from edgelin.ops.parallel import parallel_linear_attention
 from edgelin.ops.recurrent import recurrent_linear_attention, recurrent_step
@@ -41,18 +57,28 @@ FORMS = {
 SEQUENCE_FORMS = ("naive", "chunk", "recurrent", "parallel")  # the forms that take any number of tokens
 
 __all__ = [
+    "DELTA_FORMS",
+    "DELTA_SEQUENCE_FORMS",
     "FORMS",
     "REFERENCE_TOLERANCE",
     "SEQUENCE_FORMS",
     "State",
     "check_decay",
+    "chunk_delta_rule",
     "chunk_linear_attention",
+    "chunk_states",
+    "delta_state_layout",
+    "delta_step",
     "init_state",
+    "l2norm",
+    "naive_delta_rule",
     "naive_linear_attention",
     "parallel_linear_attention",
+    "recurrent_delta_rule",
     "recurrent_linear_attention",
     "recurrent_step",
     "relative_log_decay",
     "stable_divide",
     "state_layout",
+    "unit_lower_inverse",
 ]

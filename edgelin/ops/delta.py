@@ -1,0 +1,349 @@
+"""The delta rule (DeltaNet) and the gated delta rule (Gated DeltaNet) in four forms with one signature:
+
+    fn(q, k, v, beta, *, g=None, initial_state=None, chunk_size=64, scale=1.0, qk_l2norm=False, lengths=None)
+        -> (o, final_state)
+
+- ``naive_delta_rule``: the textbook recurrence with the K x K transition matrix; the reference (use float64).
+- ``chunk_delta_rule``: the WY / UT-transform form, no loop over tokens; the prefill graph.
+- ``recurrent_delta_rule`` / ``delta_step``: token by token; ``delta_step`` (exactly one token) is the decode graph.
+
+The recurrence, per head, with the state S [K, V] (key-major, as edgelin's additive state S [F, Dv]):
+
+    S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = scale * S_t^T q_t
+
+alpha_t = exp(g_t) with g [B, H, T] a log-decay <= 0 per head per step (Gated DeltaNet); ``g=None`` is
+DeltaNet (alpha = 1) and takes no decay ops at all. beta [B, H, T] per head per step, in [0, 1] (sigmoid), or in
+[0, 2] when the model allows negative eigenvalues (the caller doubles it; nothing here changes). With unit keys
+every factor (I - beta k k^T) has eigenvalues 1 and 1 - beta in [-1, 1]: the state cannot grow.
+
+Inputs are [B, H, T, D] (edgelin's layout). q and k are used as given: the caller L2-normalises them (after its
+short conv and activation), or passes ``qk_l2norm=True`` to have them normalised here as fla's kernels do,
+x / sqrt(sum x^2 + 1e-6). ``scale`` multiplies q (fla and ONNX Runtime default to K^-0.5: pass it).
+
+State (a dict, one per layer): "S" [B, H, K, V], key-major: ONNX Runtime's LinearAttention past state and fla's
+ops (``initial_state``/``final_state``) use the same layout; fla's GatedDeltaNet layer caches it value-major
+(``state_v_first=True``, [B, H, V, K]): convert either way with ``S.transpose(-1, -2)``.
+
+``lengths`` ([B] int64, right padding; naive and chunk) makes a ragged batch: beta and g are set to 0 on the
+padding, which makes each padded step the identity map (no write, no decay), so every row's final state is that
+of its own tokens. The chunk form pads to a multiple of C the same way.
+
+The chunk form's math, its matrix inverse with MatMuls only and its measured accuracy are in docs/DESIGN.md
+("The delta rule") and in ``chunk_delta_rule``'s docstring.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgelin.ops.common import State, relative_log_decay
+from edgelin.ops.lengths import padding_mask
+
+L2NORM_EPS = 1e-6  # fla's l2norm epsilon: x / sqrt(sum x^2 + eps)
+# The exported prefill graph cannot know the number of chunks n when it is built, so its scan across chunks
+# runs this many levels: exact for n <= 2^16 chunks (4 M tokens at C = 64, 1 M at C = 16; the runtime prefills
+# in pieces of ~1k), NaN beyond (never silently wrong). Each level a call does not need costs one K x K
+# composition with the identity and ~30 small graph nodes; every level adds ~2 s to an export.
+MAX_SCAN_LEVELS = 16
+
+
+def delta_state_layout(*, n_heads: int, key_dim: int, value_dim: int) -> dict[str, tuple]:
+    """name -> (shape with "batch" for the batch dim, dtype name, init value) of one delta-rule layer's state."""
+    return {"S": (("batch", n_heads, key_dim, value_dim), "float32", 0.0)}
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(sum x^2 + 1e-6) over the last axis (fla's formula)."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths):
+    """Checks shapes; returns (q scaled (and normalised), k, beta, g, S0) with beta and g zeroed on padding."""
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"q, k must be [B, H, T, K] and v [B, H, T, V] with the same B, H, T; got q {list(q.shape)}, "
+            f"k {list(k.shape)}, v {list(v.shape)}"
+        )
+    B, H, T, K = q.shape
+    for name, x in (("beta", beta), ("g (log-decay)", g)):
+        if x is not None and (not x.is_floating_point() or tuple(x.shape) != (B, H, T)):
+            raise ValueError(f"{name} must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}]; got {x.dtype} {list(x.shape)}")
+    beta = beta.to(q.dtype)
+    g = None if g is None else g.to(q.dtype)
+    if lengths is not None:
+        real = padding_mask(lengths, T)[:, None, :]  # [B, 1, T]
+        beta = torch.where(real, beta, 0.0)  # [B, H, T]: a padded step writes nothing ...
+        g = None if g is None else torch.where(real, g, 0.0)  # [B, H, T]: ... and forgets nothing
+    if qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    if scale != 1.0:
+        q = q * scale
+    if initial_state is None:
+        S0 = q.new_zeros(B, H, K, v.shape[-1])  # [B, H, K, V]
+    else:
+        S0 = initial_state["S"]
+        if tuple(S0.shape) != (B, H, K, v.shape[-1]):
+            raise ValueError(f"initial_state['S'] must be [B, H, K, V] = [{B}, {H}, {K}, {v.shape[-1]}]; got {list(S0.shape)}")
+    return q, k, beta, g, S0
+
+
+def naive_delta_rule(
+    q: torch.Tensor,  # [B, H, T, K]
+    k: torch.Tensor,  # [B, H, T, K]
+    v: torch.Tensor,  # [B, H, T, V]
+    beta: torch.Tensor,  # [B, H, T]
+    *,
+    g: torch.Tensor | None = None,  # [B, H, T] log-decay <= 0; None: DeltaNet
+    initial_state: State | None = None,
+    chunk_size: int = 64,  # unused: same signature as every form
+    scale: float = 1.0,
+    qk_l2norm: bool = False,
+    lengths: torch.Tensor | None = None,  # [B] int64 real tokens per row (right padding); None: all T
+) -> tuple[torch.Tensor, State]:
+    """The recurrence as written, with the transition matrix alpha_t (I - beta_t k_t k_t^T) built explicitly
+    (K x K per step): slow on purpose, it shares no algebra with the fast forms. Run it in float64."""
+    q, k, beta, g, S = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths)
+    eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)  # [K, K]
+    outs = []
+    for t in range(q.shape[2]):
+        kt, bt = k[:, :, t], beta[:, :, t, None, None]  # [B, H, K], [B, H, 1, 1]
+        transition = eye - bt * kt[..., :, None] * kt[..., None, :]  # [B, H, K, K]
+        if g is not None:
+            transition = g[:, :, t, None, None].exp() * transition  # [B, H, K, K]
+        S = transition @ S + bt * kt[..., :, None] * v[:, :, t, None, :]  # [B, H, K, V]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))  # [B, H, V]
+    return torch.stack(outs, dim=2), {"S": S}  # [B, H, T, V]
+
+
+def delta_step(
+    q: torch.Tensor,  # [B, H, 1, K]
+    k: torch.Tensor,  # [B, H, 1, K]
+    v: torch.Tensor,  # [B, H, 1, V]
+    beta: torch.Tensor,  # [B, H, 1]
+    *,
+    g: torch.Tensor | None = None,  # [B, H, 1] log-decay <= 0; None: DeltaNet
+    initial_state: State | None = None,
+    chunk_size: int = 64,  # unused: same signature as every form
+    scale: float = 1.0,
+    qk_l2norm: bool = False,
+    lengths: torch.Tensor | None = None,  # refused: one token per row
+) -> tuple[torch.Tensor, State]:
+    """Exactly one token: the decode graph. As ``recurrent_step``, every tensor keeps its token axis and the
+    products are MatMuls over [B, H, 1, .]:  S' = alpha S + k^T u,  u = beta (v - k (alpha S)),  o = q S'."""
+    if q.shape[2] != 1:
+        raise ValueError(f"delta_step takes one token, got a sequence of {q.shape[2]}")
+    if lengths is not None:
+        raise ValueError("delta_step takes one token per row: no lengths")
+    q, k, beta, g, S = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, None)
+    if g is not None:
+        S = g.exp()[..., None] * S  # [B, H, 1, 1] x [B, H, K, V]
+    u = beta[..., None] * (v - k @ S)  # [B, H, 1, V]: what the state writes for this key
+    S = S + k.transpose(-1, -2) * u  # [B, H, K, 1] x [B, H, 1, V] -> [B, H, K, V]
+    return q @ S, {"S": S}  # [B, H, 1, V]
+
+
+def recurrent_delta_rule(
+    q, k, v, beta, *, g=None, initial_state=None, chunk_size=64, scale=1.0, qk_l2norm=False, lengths=None
+) -> tuple[torch.Tensor, State]:
+    """Any length, by ``delta_step`` token by token (the decode path, run over a sequence)."""
+    if lengths is not None:
+        raise ValueError("recurrent_delta_rule does not take lengths; use the naive or chunk form for a ragged batch")
+    state, outs = initial_state, []
+    for t in range(q.shape[2]):
+        step = slice(t, t + 1)
+        o, state = delta_step(
+            q[:, :, step], k[:, :, step], v[:, :, step], beta[:, :, step], g=None if g is None else g[:, :, step],
+            initial_state=state, scale=scale, qk_l2norm=qk_l2norm,
+        )
+        outs.append(o)
+    if not outs:
+        raise ValueError("recurrent_delta_rule needs at least one token")
+    return torch.cat(outs, dim=2), state  # [B, H, T, V]
+
+
+def unit_lower_inverse(M: torch.Tensor) -> torch.Tensor:
+    """(I + M)^-1 for strictly lower-triangular M [..., C, C], by block forward substitution with MatMuls only.
+
+    Doubling the block size s = 1, 2, 4, ...: with the inverses A^-1, D^-1 of two neighbouring diagonal blocks
+    of size s known, the block of size 2s [[A, 0], [E, D]] has the inverse [[A^-1, 0], [-D^-1 E A^-1, D^-1]].
+    log2(C) levels; every intermediate is a block of the true inverse (nothing grows that the result does not
+    hold, unlike the product (I - M)(I + M^2)(I + M^4)..., whose factors hold powers of M); work ~C^3 / 3 per
+    matrix. C is padded to a power of two with identity blocks (zeros in M).
+    """
+    C = M.shape[-1]
+    P = 1 << max(C - 1, 0).bit_length()  # the power of two >= C
+    if P != C:
+        M = F.pad(M, (0, P - C, 0, P - C))  # [..., P, P]
+    lead = M.shape[:-2]
+    X = torch.ones(*lead, P, 1, 1, dtype=M.dtype, device=M.device)  # [..., P blocks, 1, 1]: unit diagonal
+    s = 1
+    while s < P:
+        pairs = P // (2 * s)
+        below = M.reshape(*lead, pairs, 2 * s, pairs, 2 * s)[..., s:, :, :s]  # [..., pairs, s, pairs, s]
+        E = torch.diagonal(below, dim1=-4, dim2=-2).permute(*range(len(lead)), -1, -3, -2)  # [..., pairs, s, s]
+        Xp = X.reshape(*lead, pairs, 2, s, s)  # [..., pairs, 2, s, s]
+        Ai, Di = Xp[..., 0, :, :], Xp[..., 1, :, :]  # [..., pairs, s, s]
+        low = -(Di @ (E @ Ai))  # [..., pairs, s, s]
+        top = torch.cat([Ai, torch.zeros_like(Ai)], dim=-1)  # [..., pairs, s, 2s]
+        X = torch.cat([top, torch.cat([low, Di], dim=-1)], dim=-2)  # [..., pairs, 2s, 2s]
+        s *= 2
+    return X.reshape(*lead, P, P)[..., :C, :C]  # [..., C, C]
+
+
+def scan_levels(n) -> int:
+    """Levels of the scan across n chunks: exactly enough in eager mode; MAX_SCAN_LEVELS when n is symbolic
+    (an export with a dynamic sequence length), so one graph serves every length."""
+    return max(n - 1, 0).bit_length() if isinstance(n, int) else MAX_SCAN_LEVELS
+
+
+def chunk_states(
+    A: torch.Tensor, Bm: torch.Tensor, S0: torch.Tensor, levels: int, tokens=None, chunk: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state before each chunk and after the last, for the affine chunk maps S -> A_i S + B_i.
+
+    A [..., n, K, K], Bm [..., n, K, V], S0 [..., K, V] -> ([..., n, K, V], [..., K, V]). A work-efficient
+    (Blelloch) scan with ``levels`` static levels and no data-dependent count, so one graph serves any
+    n <= 2^levels. Up: level l + 1 holds the ceil(n / 2^(l+1)) compositions of neighbouring pairs of level l
+    (an odd count is completed by one identity map). Down: the state at the start of each pair is its first
+    member's start, and through the first member's map its second member's. ~n compositions (K^3 + K^2 V
+    each) and ~n applications (K^2 V) in all: linear in n.
+
+    Written for torch.export with a symbolic n: every level is gathered with index vectors (Range, Gather)
+    from an array one longer than the last, never sliced or reshaped to a length that depends on the level
+    below (that made torch.export specialise the sequence length: its guards on nested floor divisions of n
+    could not be proved, and torch.onnx then exported a graph for the example length only).
+    """
+    K = A.shape[-1]
+    lead = A.shape[:-3]
+    eye = torch.eye(K, dtype=A.dtype, device=A.device).expand(*lead, 1, K, K)  # [..., 1, K, K]
+    zero = torch.zeros_like(Bm[..., :1, :, :])  # [..., 1, K, V]
+    if tokens is None:
+        tokens = A.shape[-3]  # n maps of one token each
+    # blocks at level l: ceil(n / 2^l), written from the token count (one floor division, not nested ones:
+    # torch.export's symbolic shapes cost far less to trace with them)
+    count = lambda level: (tokens + (chunk << level) - 1) // (chunk << level)  # noqa: E731
+    firsts = []
+    for level in range(levels):
+        pairs = torch.arange(count(level + 1), device=A.device)  # [ceil(n / 2^(l+1))]
+        A1 = torch.cat([A, eye], dim=-3)  # [..., m + 1, K, K]: the identity completes an odd count
+        B1 = torch.cat([Bm, zero], dim=-3)  # [..., m + 1, K, V]
+        first, second = 2 * pairs, 2 * pairs + 1  # [pairs]
+        Af, As = A1.index_select(-3, first), A1.index_select(-3, second)  # [..., pairs, K, K]
+        Bf, Bs = B1.index_select(-3, first), B1.index_select(-3, second)  # [..., pairs, K, V]
+        firsts.append((Af, Bf, count(level)))
+        A, Bm = As @ Af, As @ Bf + Bs  # [..., pairs, K, K], [..., pairs, K, V]: second after first
+    top = torch.zeros(1, dtype=torch.int64, device=A.device)  # [1]: the one block left (n <= 2^levels)
+    A_top, B_top = A.index_select(-3, top)[..., 0, :, :], Bm.index_select(-3, top)[..., 0, :, :]  # [..., K, K], [..., K, V]
+    final = A_top @ S0 + B_top  # [..., K, V]
+    # The top block's start, gathered to the top level's count (1) as written from n: in an export n is
+    # symbolic, and a static 1 against it would make torch.export guard on (and specialise) the length.
+    blocks = torch.zeros(count(levels), dtype=torch.int64, device=A.device)  # [1]
+    starts = S0[..., None, :, :].index_select(-3, blocks)  # [..., 1, K, V]
+    # More than 2^levels chunks leave more than one top block, and the result would be wrong: make it NaN.
+    spill = (blocks + 1).sum() > 1  # []: False for n <= 2^levels
+    starts, final = torch.where(spill, float("nan"), starts), torch.where(spill, float("nan"), final)
+    for Af, Bf, m in reversed(firsts):
+        through = Af @ starts + Bf  # [..., pairs, K, V]: the start of each pair's second member
+        starts = torch.stack([starts, through], dim=-3)  # [..., pairs, 2, K, V]
+        starts = starts.reshape(*lead, -1, *starts.shape[-2:])  # [..., 2 pairs, K, V]: first, second, first, ...
+        starts = starts.index_select(-3, torch.arange(m, device=A.device))  # [..., m, K, V]: less the padding
+    return starts, final
+
+
+def chunk_delta_rule(
+    q: torch.Tensor,  # [B, H, T, K]
+    k: torch.Tensor,  # [B, H, T, K]
+    v: torch.Tensor,  # [B, H, T, V]
+    beta: torch.Tensor,  # [B, H, T]
+    *,
+    g: torch.Tensor | None = None,  # [B, H, T] log-decay <= 0; None: DeltaNet
+    initial_state: State | None = None,
+    chunk_size: int = 64,
+    scale: float = 1.0,
+    qk_l2norm: bool = False,
+    lengths: torch.Tensor | None = None,  # [B] int64 real tokens per row (right padding); None: all T
+) -> tuple[torch.Tensor, State]:
+    """The WY / UT-transform form: per chunk of C tokens, everything is a masked product or a MatMul.
+
+    Inside a chunk (positions i, j; b_i = sum_{s <= i} g_s from the chunk start; Gamma_ij = exp(L_ij),
+    L_ij = sum_{j < s <= i} g_s, -inf above the diagonal before the exp: ``relative_log_decay``):
+        u_i = beta_i (v_i - k_i^T (alpha_i S_{i-1}))   (the delta the state writes:  S_i = alpha_i S_{i-1} + k_i u_i^T)
+        (I + M) U = beta V - (beta e^b K) S,     M = strict_tril(diag(beta) K K^T * Gamma)
+        T = (I + M)^-1 (``unit_lower_inverse``),  U0 = T (beta V),  W = T (beta e^b K),  U = U0 - W S
+        O = (Q e^b) S + tril(Q K^T * Gamma) U = Qe S + O0,   Qe = Q e^b - P W,  O0 = P U0,  P = tril(Q K^T * Gamma)
+        S' = e^{b_C} S + (K e^{b_C - b})^T U = A S + Bm,   A = e^{b_C} I - Kd^T W,  Bm = Kd^T U0,  Kd = K e^{b_C - b}
+    Every chunk is an affine map of the state S it starts from; ``chunk_states`` scans them (no loop over
+    tokens, none over chunks in the graph), then O = Qe S_start + O0 for all chunks at once. No exp of a
+    positive number for g <= 0 and no division by a decay, so strong gates (g = -20 per step) underflow to
+    exact zeros instead of overflowing. The sequence is zero-padded to a multiple of C with beta = g = 0:
+    padded steps are identity maps.
+
+    Accuracy, relative to the float64 naive form (scripts/delta_accuracy.py; docs/DESIGN.md has the table),
+    worst over DeltaNet / Gated DeltaNet, beta near 0, uniform, near 1 and in (1, 2), T up to 2000, C = 64:
+    float64 9e-15 (o) / 2.6e-14 (S) at K = V = 64, 1.3e-14 / 1.7e-14 at 128; float32 7.1e-7 / 6.7e-7 at 64,
+    6.2e-7 / 8.2e-7 at 128 (the recurrent form: 8.7e-7 / 1.5e-6). Adversarial: one key repeated with beta = 2
+    (a reflection, nothing decays), float32 7e-6 (the recurrent form 3e-6).
+    """
+    q, k, beta, g, S0 = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths)
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    n = (T + C - 1) // C
+    pad = n * C - T
+    qc = F.pad(q, (0, 0, 0, pad)).reshape(B, H, n, C, K)  # [B, H, n, C, K]
+    kc = F.pad(k, (0, 0, 0, pad)).reshape(B, H, n, C, K)  # [B, H, n, C, K]
+    vc = F.pad(v, (0, 0, 0, pad)).reshape(B, H, n, C, V)  # [B, H, n, C, V]
+    bc = F.pad(beta, (0, pad)).reshape(B, H, n, C, 1)  # [B, H, n, C, 1]
+
+    ones = torch.ones(C, C, dtype=torch.bool, device=q.device)
+    causal, strict = ones.tril(), ones.tril(-1)  # [C, C]
+    qk = qc @ kc.transpose(-1, -2)  # [B, H, n, C, C]
+    kk = kc @ kc.transpose(-1, -2)  # [B, H, n, C, C]
+    if g is None:
+        M = torch.where(strict, bc * kk, 0.0)  # [B, H, n, C, C]
+        P = torch.where(causal, qk, 0.0)  # [B, H, n, C, C]
+        kb_decayed, qe, kd = bc * kc, qc, kc  # [B, H, n, C, K]
+    else:
+        gc = F.pad(g, (0, pad)).reshape(B, H, n, C)  # [B, H, n, C]
+        decay = relative_log_decay(gc, dim=3).exp()  # [B, H, n, C, C]: Gamma, 0 above the diagonal
+        eb = gc.cumsum(3).exp()[..., None]  # [B, H, n, C, 1]: e^{b_i}, from the chunk start through step i
+        M = torch.where(strict, bc * kk * decay, 0.0)  # [B, H, n, C, C]
+        P = qk * decay  # [B, H, n, C, C]: causal already (Gamma is 0 above the diagonal)
+        kb_decayed, qe, kd = bc * eb * kc, eb * qc, decay[..., -1, :, None] * kc  # [B, H, n, C, K]
+    Tinv = unit_lower_inverse(M)  # [B, H, n, C, C]
+    U0 = Tinv @ (bc * vc)  # [B, H, n, C, V]
+    W = Tinv @ kb_decayed  # [B, H, n, C, K]
+    Qe = qe - P @ W  # [B, H, n, C, K]
+    O0 = P @ U0  # [B, H, n, C, V]
+    kdt = kd.transpose(-1, -2)  # [B, H, n, K, C]
+    eye = torch.eye(K, dtype=q.dtype, device=q.device)  # [K, K]
+    A = (eye if g is None else eb[..., -1, :, None] * eye) - kdt @ W  # [B, H, n, K, K]
+    Bm = kdt @ U0  # [B, H, n, K, V]
+    starts, final = chunk_states(A, Bm, S0, scan_levels(n), tokens=T, chunk=C)  # [B, H, n, K, V], [B, H, K, V]
+    o = Qe @ starts + O0  # [B, H, n, C, V]
+    return o.reshape(B, H, n * C, V)[:, :, :T], {"S": final}  # [B, H, T, V]
+
+
+DELTA_FORMS = {
+    "naive": naive_delta_rule,
+    "chunk": chunk_delta_rule,
+    "recurrent": recurrent_delta_rule,
+    "step": delta_step,  # exactly one token: the decode graph
+}
+DELTA_SEQUENCE_FORMS = ("naive", "chunk", "recurrent")
+
+__all__ = [
+    "DELTA_FORMS",
+    "DELTA_SEQUENCE_FORMS",
+    "MAX_SCAN_LEVELS",
+    "chunk_delta_rule",
+    "chunk_states",
+    "delta_state_layout",
+    "delta_step",
+    "l2norm",
+    "naive_delta_rule",
+    "recurrent_delta_rule",
+    "scan_levels",
+    "unit_lower_inverse",
+]
