@@ -88,7 +88,32 @@ def _metadata_problems(file: str, sess: ort.InferenceSession, m: Manifest, how: 
             return [f"{file}: its '{METADATA_KEY}' metadata differs from edgelin.json in {', '.join(differ)} (graph and manifest come from different exports)"]
     elif own.source != m.source or own.model != m.model:
         return [f"{file} was exported from another model than edgelin.json describes (files from two exports?)"]
+    else:
+        return _wiring_problems(file, own, m)
     return []
+
+
+# What a runtime wires and feeds by the manifest: it must be what the graph itself was exported with. An
+# edgelin.json whose states are paired differently (present.0.S fed back as state.1.S, of equal shape), with
+# another init, precision or logits name would run and give garbage; the graph's embedded copy tells.
+WIRING = ("input_ids", "logits", "lengths", "vocab_size", "precision", "logits_dtype", "min_sequence", "states")
+
+
+def _wiring_problems(file: str, own: Manifest, m: Manifest) -> list[str]:
+    differ = [k for k in WIRING if getattr(own, k) != getattr(m, k)]
+    if not differ:
+        return []
+    detail = ""
+    if "states" in differ:
+        theirs = {s.input: s for s in own.states}
+        for s in m.states:
+            g = theirs.get(s.input)
+            if g != s:
+                detail = (f" (edgelin.json: {s.input} <- {s.output} {s.dtype}{list(s.shape)} init {s.init}; the graph: "
+                          + (f"{g.input} <- {g.output} {g.dtype}{list(g.shape)} init {g.init})" if g is not None else "no such state)"))
+                break
+    return [f"{file}: edgelin.json differs from the manifest the graph carries in {', '.join(differ)}{detail}; "
+            "edgelin.json was edited or comes from another export -- re-export the model"]
 
 
 __all__ = ["check_graph", "graph_io", "graph_role"]

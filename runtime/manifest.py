@@ -228,8 +228,17 @@ class Manifest:
         problems = []
         for g in GRAPHS:
             path = self.graph_path(export_dir, g)
-            if path.is_file() and file_sha256(path) != self.sha256[g]:
-                problems.append(f"{path.name} is not the file edgelin.json describes (its sha256 differs); re-export the model")
+            if not path.is_file():
+                continue
+            digest = file_sha256(path)
+            if digest == self.sha256[g]:
+                continue
+            other = [o for o in GRAPHS if o != g and self.sha256.get(o) == digest]
+            if other:
+                problems.append(f"{path.name} is the {other[0]} graph but edgelin.json names it as the {g} graph (were the files swapped or renamed?)")
+            else:
+                problems.append(f"{path.name} is not the file edgelin.json describes (its sha256 differs: a graph from another export, "
+                                "or changed since); re-export the model")
         return problems
 
     # ---- JSON ----------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgelin.cli import main
+from edgelin.runtime.manifest import sync_io
 from edgelin.errors import EdgelinError, OutputError
 
 
@@ -336,3 +337,94 @@ def test_the_plot_recogniser_reads_the_png_text_chunk(tmp_path):
     (tmp_path / "late.png").write_bytes(head + chunk(b"IDAT", b"x") + chunk(b"tEXt", b"Software\0edgelin bench"))
     assert BENCH_PLOT(tmp_path / "ours.png")
     assert not BENCH_PLOT(tmp_path / "theirs.png") and not BENCH_PLOT(tmp_path / "late.png")
+
+
+# ---- class 3: the runtime runs only the graphs the manifest names -----------------------------------
+def edit_manifest(fn: Callable[[dict], None]):
+    def setup(w: Path) -> None:
+        path = w / "export" / "edgelin.json"
+        d = json.loads(path.read_text())
+        fn(d)
+        path.write_text(json.dumps(d, indent=2))
+
+    return setup
+
+
+def mispair_states(d: dict) -> None:
+    """Swap the outputs of the first two states of equal shape: each present fed back as the other's input."""
+    states = d["states"]
+    for i, a in enumerate(states):
+        for b in states[i + 1:]:
+            if a["shape"] == b["shape"] and a["dtype"] == b["dtype"]:
+                a["output"], b["output"] = b["output"], a["output"]
+                sync_io(d)  # the manifest stays self-consistent: only the graphs' own copy can tell
+                return
+    raise AssertionError("no two states of equal shape")
+
+
+def resave_graph(name: str):
+    """The same graph, saved again with a doc string: valid, same inputs and outputs, other bytes."""
+    def setup(w: Path) -> None:
+        import onnx
+
+        proto = onnx.load(str(w / "export" / name))
+        proto.doc_string = "edited by hand"
+        onnx.save(proto, str(w / "export" / name))
+
+    return setup
+
+
+def graph_from(other: Path, name: str):
+    def setup(w: Path) -> None:
+        shutil.copyfile(other / name, w / "export" / name)
+
+    return setup
+
+
+def int8_decode(w: Path) -> None:
+    graph_from(INT8_EXPORT[0], "decode.onnx")(w)
+
+
+INT8_EXPORT: list[Path] = []
+
+
+@pytest.fixture
+def int8_export(exported):
+    INT8_EXPORT[:] = [exported("elu+1", options={"precision": "int8"})[1]]
+    return INT8_EXPORT[0]
+
+
+def _init(value):
+    def fn(d):
+        d["states"][0]["init"] = value
+
+    return fn
+
+
+GRAPH_CASES = {
+    "decode-from-the-int8-export": Case(GEN, "sha256 differs", int8_decode),
+    "prefill-resaved": Case(GEN, "sha256 differs", resave_graph("prefill.onnx")),
+    "decode-resaved": Case(GEN, "sha256 differs", resave_graph("decode.onnx")),
+    "states-mispaired": Case(GEN, "differs from the manifest the graph carries in states", edit_manifest(mispair_states)),
+    "init-edited": Case(GEN, "differs from the manifest the graph carries in states", edit_manifest(_init(1e30))),
+    "precision-edited": Case(GEN, "precision", edit_manifest(lambda d: d.update(precision="int8"))),
+    "min-sequence-edited": Case(GEN, "min_sequence", edit_manifest(lambda d: d.update(min_sequence=2))),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(k, id=k) for k in GRAPH_CASES])
+def test_a_graph_the_manifest_does_not_name_is_refused(world, int8_export, name):
+    run_cli_case(world, GRAPH_CASES[name])
+
+
+def test_hash_check_can_be_skipped_and_the_structure_still_checked(world):
+    from edgelin.errors import ManifestError
+    from edgelin.runtime import load
+
+    resave_graph("decode.onnx")(world)
+    with pytest.raises(ManifestError, match="sha256 differs"):
+        load(world / "export", provider="cpu")
+    load(world / "export", provider="cpu", check_hashes=False)  # same structure, same embedded manifest
+    edit_manifest(mispair_states)(world)
+    with pytest.raises(ManifestError, match="differs from the manifest the graph carries in states"):
+        load(world / "export", provider="cpu", check_hashes=False)
