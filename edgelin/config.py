@@ -20,6 +20,10 @@ NORMALISATIONS = ("denominator", "none")
 # "none": never (a plain sum); "fixed": RetNet's per-head gamma_h = 1 - 2^(-5-h), no parameters;
 # "scalar": data-dependent per head and token (Mamba2); "gla": data-dependent per feature (GLA).
 DECAYS = ("none", "fixed", "scalar", "gla")
+# How each layer writes its state: "additive" (S += phi(k) v^T, optionally decayed); "delta" (the delta rule,
+# DeltaNet, edgelin.ops.delta: S = alpha (I - beta k k^T) S + beta k v^T with k = l2norm(phi(k)), beta =
+# sigmoid(W_beta x) per head and token; with decay "fixed" or "scalar", alpha = exp(g): Gated DeltaNet).
+UPDATES = ("additive", "delta")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class ModelConfig:
     # from the token, so the state contract and the graphs' inputs and outputs stay the same.
     decay: str = "none"
     gate_rank: int = 16  # decay "gla": width r of the low-rank gate projection d_model -> r -> n_heads * F
+    # The state update (one of UPDATES). "delta" needs normalisation "none", a per-head decay (or none) and a
+    # feature map without positions; its state is S alone, the same contract as "additive" without z.
+    update: str = "additive"
 
     def __post_init__(self) -> None:
         positive_ints = ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon", "gate_rank")
@@ -68,6 +75,15 @@ class ModelConfig:
             )
         if self.decay not in DECAYS:
             raise ConfigError(f"config field 'decay' is {self.decay!r}; allowed values: {', '.join(DECAYS)}")
+        if self.update not in UPDATES:
+            raise ConfigError(f"config field 'update' is {self.update!r}; allowed values: {', '.join(UPDATES)}")
+        if self.update == "delta":
+            if self.normalisation != "none":
+                raise ConfigError("config field 'normalisation' must be 'none' with update 'delta' (the delta rule has no denominator)")
+            if self.decay == "gla":
+                raise ConfigError("config field 'decay' is 'gla' (per feature); update 'delta' takes 'none', 'fixed' or 'scalar' (per head)")
+            if self.feature_map == "cosformer":
+                raise ConfigError("config field 'feature_map' is 'cosformer' (it needs positions); update 'delta' takes a map without positions")
         for name in ("mlp_ratio", "eps", "norm_eps"):
             check_number(f"config field {name!r}", getattr(self, name), low=0, open_low=True, error=ConfigError)
         if not isinstance(self.tie_embeddings, bool):
@@ -137,4 +153,4 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["ModelConfig", "DECAYS", "FEATURE_MAPS", "NORMALISATIONS"]
+__all__ = ["ModelConfig", "DECAYS", "FEATURE_MAPS", "NORMALISATIONS", "UPDATES"]

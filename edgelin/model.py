@@ -15,6 +15,11 @@ A decay (``cfg.decay``, registry ``DECAYS``) makes the state forget: each layer 
 <= 0 from its input and hands it to the attention form (edgelin.ops), S_t = exp(g_t) S_{t-1} + phi(k_t)
 v_t^T. g is a constant or a function of the current token only, so a decay adds no state. With decay
 "none" the model has exactly the modules, weights, state and graphs it has without the field.
+
+The delta rule (``cfg.update = "delta"``, edgelin.ops.delta) replaces what the state holds for a key instead of
+adding to it: S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, with k = l2norm(phi(k)), q likewise
+(scaled by F^-1/2), beta = sigmoid(W_beta x) per head and token, and alpha = exp(g) from the layer's decay (none:
+DeltaNet; "scalar": Gated DeltaNet's gate). With "additive" (the default) nothing of this exists.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from torch import nn
 
 from edgelin.config import ModelConfig
 from edgelin.feature_maps import make_feature_map
-from edgelin.ops import FORMS, State, state_layout
+from edgelin.ops import DELTA_FORMS, FORMS, State, state_layout
 from edgelin.ops.lengths import check_lengths
 from edgelin.runtime.manifest import StateSpec
 from edgelin.state import fresh_state
@@ -178,6 +183,8 @@ class LinearAttention(nn.Module):
         self.conv = ShortConv(cfg.d_model, cfg.conv_size) if cfg.conv_size else None
         decay = DECAYS[cfg.decay]
         self.decay = None if decay is None else decay(cfg, self.phi.out_dim)
+        # the delta rule's write strength beta per head and token (cfg.update "delta"; edgelin.ops.delta)
+        self.beta_proj = nn.Linear(cfg.d_model, cfg.n_heads, bias=False) if cfg.update == "delta" else None
 
     def state_layout(self) -> dict[str, tuple]:
         """name -> (shape with "batch", dtype name, init) of this layer's state: S, z, pos, conv."""
@@ -225,13 +232,31 @@ class LinearAttention(nn.Module):
         The decay's gate reads the layer input before the short conv, as the gates of Mamba2 and GLA do.
         ``lengths`` [B] (sequence forms only): a right-padded ragged batch, see edgelin.ops.lengths."""
         g = None if self.decay is None else self.decay(x)  # [B, H, T] or [B, H, T, F]
+        x_in = x
         step = form == "step"
         x, state, conv = self._mix(x, state, step=step, lengths=lengths)
         ragged = {} if lengths is None else {"lengths": lengths}  # the step form takes no lengths
         q, k, v = self._qkv(x, step)  # [B, H, T, Dh] each
+        if self.beta_proj is not None:
+            return self._delta(x_in, q, k, v, g, state, form, ragged, step, conv)
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
             chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize, g=g, **ragged,
+        )
+        return self._merge(o, step), {**state, **conv}
+
+    def _delta(self, x, q, k, v, g, state, form, ragged, step, conv):
+        """The delta rule's forms (edgelin.ops.DELTA_FORMS) on phi(q), phi(k), L2-normalised there. beta reads
+        the layer input before the short conv, as the decay's gate does."""
+        if form not in DELTA_FORMS:
+            raise ValueError(f"update 'delta' runs in the forms {', '.join(DELTA_FORMS)}, not {form!r}")
+        B, T, _ = x.shape
+        b = torch.sigmoid(self.beta_proj(x))  # [B, T, H]
+        beta = b.view(B, self.cfg.n_heads, 1) if step else b.transpose(1, 2)  # [B, H, T]
+        fq, fk = self.phi(q, is_query=True), self.phi(k, is_query=False)  # [B, H, T, F]
+        o, state = DELTA_FORMS[form](
+            fq, fk, v, beta, g=g, initial_state=state, chunk_size=self.cfg.chunk_size,
+            scale=fq.shape[-1] ** -0.5, qk_l2norm=True, **ragged,
         )
         return self._merge(o, step), {**state, **conv}
 

@@ -7,13 +7,14 @@ import json
 
 import pytest
 
-from edgelin.config import DECAYS, FEATURE_MAPS, NORMALISATIONS, ModelConfig
+from edgelin.config import DECAYS, FEATURE_MAPS, NORMALISATIONS, UPDATES, ModelConfig
 from edgelin.errors import ConfigError, EdgelinError
 
 NON_DEFAULT = ModelConfig(
     vocab_size=300, d_model=48, n_layers=3, n_heads=6, head_dim=8, feature_map="performer",
     mlp_ratio=2.5, chunk_size=32, eps=1e-8, normalisation="none", norm_eps=1e-6, tie_embeddings=False,
-    feature_seed=-3, n_features=40, cosformer_horizon=1000, conv_size=3, decay="gla", gate_rank=5,
+    feature_seed=-3, n_features=40, cosformer_horizon=1000, conv_size=3, decay="scalar", gate_rank=5,
+    update="delta",
 )
 
 
@@ -77,6 +78,8 @@ def test_invalid_field_is_a_config_error_naming_it(field, value):
     ("decay", DECAYS, "Fixed"),
     ("decay", DECAYS, None),
     ("decay", DECAYS, ["gla"]),
+    ("update", UPDATES, "hebbian"),
+    ("update", UPDATES, None),
 ])
 def test_enum_field_error_lists_the_allowed_values(field, allowed, bad):
     with pytest.raises(ConfigError) as info:
