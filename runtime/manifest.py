@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from edgelin.errors import ManifestError
+from edgelin.errors import ManifestError, RuntimeInputError
+from edgelin.runtime.files import read_regular
 from edgelin.runtime.schema import json_equal
 from edgelin.runtime.schema import validate as validate_schema
 
@@ -350,14 +351,18 @@ class Manifest:
         if not export_dir.is_dir():
             raise ManifestError(f"{export_dir} is not a folder; pass the folder that `edgelin export` wrote")
         path = export_dir / MANIFEST_FILE
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise ManifestError(f"{export_dir} is not an edgelin export: it has no {MANIFEST_FILE}; run `edgelin export` first")
         try:
-            data = path.read_bytes()
+            size = os.stat(path).st_size
         except OSError as exc:
             raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise ManifestError(f"{path} is {len(data):,} bytes; a manifest is at most {MAX_MANIFEST_BYTES:,} -- re-export the model")
+        if path.is_file() and size > MAX_MANIFEST_BYTES:  # checked before a byte is read
+            raise ManifestError(f"{path} is {size:,} bytes; a manifest is at most {MAX_MANIFEST_BYTES:,} -- re-export the model")
+        try:
+            data = read_regular(path, MAX_MANIFEST_BYTES, "manifest")  # a regular file, never a FIFO or a device
+        except RuntimeInputError as exc:
+            raise ManifestError(f"{exc}; pass the folder that `edgelin export` wrote") from None
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:

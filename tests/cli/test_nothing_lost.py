@@ -62,6 +62,8 @@ def tree(root: Path) -> dict[str, str]:
                 out[rel] = "dir"
             elif not p.is_file():
                 out[rel] = "special"
+            elif p.stat().st_size > 64 << 20:  # the sparse giants of the read cases: size and time say enough
+                out[rel] = f"{p.stat().st_size} bytes, mtime {p.stat().st_mtime_ns}"
             else:
                 out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
@@ -428,3 +430,60 @@ def test_hash_check_can_be_skipped_and_the_structure_still_checked(world):
     edit_manifest(mispair_states)(world)
     with pytest.raises(ManifestError, match="differs from the manifest the graph carries in states"):
         load(world / "export", provider="cpu", check_hashes=False)
+
+
+# ---- class 4: every file edgelin reads is a regular file of bounded size, checked before it is opened ----
+def fifo_at(rel: str):
+    """Replace the file at ``rel`` with a FIFO (a named pipe): opening it to read blocks until a writer comes."""
+    def setup(w: Path) -> None:
+        p = w / rel
+        if p.exists():
+            p.unlink()
+        os.mkfifo(p)
+
+    return setup
+
+
+def release_fifos(root: Path) -> None:
+    """Unblock any reader stuck opening a FIFO under ``root`` (a writer's open lets it through)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            p = Path(dirpath) / name
+            if p.is_fifo():
+                try:
+                    os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError:
+                    pass
+
+
+READ_CASES = {
+    "generate/state-in-fifo": Case(GEN + ["--state-in", "pipe"], "not a regular file", fifo_at("pipe")),
+    "generate/manifest-fifo": Case(GEN, "edgelin.json", fifo_at("export/edgelin.json")),
+    "generate/decode-graph-fifo": Case(GEN, "decode.onnx", fifo_at("export/decode.onnx")),
+    "export/config-fifo": Case(["export", "models/ckpt", "-o", "out"], "config.json", fifo_at("models/ckpt/config.json")),
+    "export/weights-fifo": Case(["export", "models/ckpt", "-o", "out"], "model.safetensors", fifo_at("models/ckpt/model.safetensors")),
+    "export/tokenizer-fifo": Case(["export", "models/ckpt", "-o", "out", "--tokenizer", "pipe"], "pipe", fifo_at("pipe")),
+    "validate/checkpoint-config-fifo": Case(["validate", "export", "--checkpoint", "models/ckpt"], "config.json", fifo_at("models/ckpt/config.json")),
+    "web/graph-fifo": Case(["web", "export", "-o", "site"], "prefill.onnx", fifo_at("export/prefill.onnx")),
+    "generate/manifest-1tib-sparse": Case(GEN, "a manifest is at most", lambda w: os.truncate(w / "export" / "edgelin.json", 1 << 40)),
+    "generate/state-in-1tib-sparse": Case(GEN + ["--state-in", "big.npz"], "bytes", lambda w: (w / "big.npz").write_bytes(b"") or os.truncate(w / "big.npz", 1 << 40)),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(k, id=k) for k in READ_CASES])
+def test_a_file_that_is_not_a_regular_file_is_never_opened(world, name):
+    try:
+        run_cli_case(world, READ_CASES[name])
+    finally:
+        release_fifos(world)
+
+
+def test_the_api_does_not_block_on_a_fifo_state(world):
+    from edgelin.errors import RuntimeInputError
+
+    os.mkfifo(world / "pipe")
+    try:
+        with pytest.raises(RuntimeInputError, match="not a regular file"):
+            run_with_timeout(lambda: _session(world).load_state(world / "pipe"), 30)
+    finally:
+        release_fifos(world)
