@@ -6,8 +6,8 @@
 The site holds ``index.html``, the JavaScript runtime ``edgelin.mjs``, the export (``export/``, with an
 edgelin/2 manifest: an edgelin/1 export is upgraded on the way) and the ONNX Runtime Web files
 (``ort/``), copied from an installed npm package ``onnxruntime-web``: nothing is fetched from the internet
-when the page runs. A file ``.edgelin-site`` lists what edgelin wrote, so ``--force`` replaces only a
-folder that is empty or a site edgelin made. Standard library + the runtime only (no torch).
+when the page runs. A file ``.edgelin-site`` records the sha256 of every file edgelin wrote, so ``--force``
+replaces only a folder that is empty or a site edgelin made and nobody changed since. Standard library + the runtime only (no torch).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgelin.errors import ManifestError, OutputError, RuntimeInputError
-from edgelin.runtime.files import check_output_dir, remove_created, replace_dir, work_dir
+from edgelin.runtime.files import MAX_RECOGNISED_BYTES, check_output_dir, file_sha256, read_regular, remove_created, replace_dir, work_dir
 from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest
 
 MODULE = "edgelin.mjs"
@@ -67,19 +67,38 @@ def find_ort_web(given: str | os.PathLike | None = None) -> Path:
     )
 
 
-def site_files(folder: Path) -> list[str] | None:
-    """The files of ``folder`` if it is a site ``edgelin web`` wrote (its marker lists exactly them), else None."""
+def site_files(folder: Path) -> list[str] | str:
+    """The files of ``folder`` if it is a site ``edgelin web`` wrote and nothing in it changed since: its marker
+    records the sha256 of every file, and the folder holds exactly those files with those hashes. Otherwise
+    the reason, naming the first file that is not edgelin's (e.g. an index.html edited by hand)."""
+    data = read_regular(folder / MARKER, MAX_RECOGNISED_BYTES, "site record", quiet=True)
     try:
-        listed = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-        present = sorted(
-            str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink()
-        )
-    except (OSError, ValueError):
-        return None
-    if not isinstance(listed, dict) or not isinstance(listed.get("files"), list):
-        return None
-    if any(p.is_symlink() for p in folder.rglob("*")) or sorted(listed["files"] + [MARKER]) != present:
-        return None
+        listed = json.loads(data.decode("utf-8")) if data is not None else None
+    except (ValueError, RecursionError):
+        listed = None
+    if not isinstance(listed, dict) or not isinstance(listed.get("files"), dict):
+        return f"it has no record of the files edgelin web wrote ({MARKER} with their sha256)"
+    present = []
+    for p in sorted(folder.rglob("*")):
+        rel = str(p.relative_to(folder))
+        if p.is_symlink():
+            return f"{rel} is a symbolic link"
+        if p.is_dir():
+            continue
+        if rel == MARKER:
+            present.append(rel)
+            continue
+        want = listed["files"].get(rel)
+        if want is None:
+            return f"{rel} is not a file edgelin web wrote"
+        if not p.is_file():
+            return f"{rel} is not a regular file"
+        try:
+            if file_sha256(p) != want:
+                return f"{rel} changed since edgelin web wrote it (sha256 differs)"
+        except OSError as exc:
+            return f"{rel} cannot be read: {exc.strerror or exc}"
+        present.append(rel)
     return present
 
 
@@ -145,7 +164,8 @@ def write_site(
         for f in ORT_FILES:
             shutil.copyfile(dist / f, tmp / "ort" / f)
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / MARKER).write_text(json.dumps({"files": sorted(files)}, indent=1) + "\n", encoding="utf-8")
+        record = {"format": "edgelin-site/1", "files": {f: file_sha256(tmp / f) for f in sorted(files)}}  # how --force tells a site edgelin wrote
+        (tmp / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         if replacing:
             say(f"replacing {out}: {replacing}")
         replace_dir(tmp, out, **check)

@@ -289,23 +289,55 @@ def _inside(a: Path, b: Path) -> bool:
     return a == b or b in a.parents
 
 
-def export_files(folder: Path) -> list[str] | None:
-    """The entries of ``folder`` if it is an edgelin export -- an ``edgelin.json`` whose ``format`` is
-    edgelin's and nothing but the files it names and export files (``.onnx``, ``.json``, ``.data``) --
-    else None."""
-    import json
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (lowercase hex) of a file, read in 1 MiB blocks (also ``runtime.manifest.file_sha256``)."""
+    import hashlib
 
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def export_files(folder: Path) -> list[str] | str:
+    """The entries of ``folder`` if it is an export edgelin wrote and nothing changed since -- recognised by
+    content, not names: an ``edgelin.json`` of edgelin's format with graph hashes (``sha256``), and every
+    other entry a file it names (a graph or a tokenizer file) whose sha256 is the one it records. Otherwise
+    the reason, naming the first entry that is not edgelin's."""
     try:
         entries = sorted(os.listdir(folder))
-        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or not str(manifest.get("format", "")).startswith("edgelin/"):
-        return None
+    except OSError as exc:
+        return f"it cannot be listed: {exc.strerror or exc}"
+    data = read_regular(folder / MANIFEST_FILE, MAX_RECOGNISED_BYTES, "manifest", quiet=True)
+    try:
+        manifest = json.loads(data.decode("utf-8")) if data is not None else None
+    except (ValueError, RecursionError):
+        manifest = None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("format"), str) or not manifest["format"].startswith("edgelin/"):
+        return f"it holds {describe_entries(folder)} and no edgelin manifest ({MANIFEST_FILE})"
+    graphs, hashes, tok = manifest.get("graphs"), manifest.get("sha256"), manifest.get("tokenizer")
+    if not isinstance(graphs, dict) or not isinstance(hashes, dict):
+        return f"its {MANIFEST_FILE} ({manifest['format']}) records no graph hashes to recognise its files by; remove it yourself"
+    known: dict[str, Any] = {}
+    for role, name in graphs.items():
+        if isinstance(name, str):
+            known[name] = hashes.get(role)
+    if isinstance(tok, dict) and isinstance(tok.get("files"), dict):
+        known.update({k: v for k, v in tok["files"].items() if isinstance(k, str)})
     for name in entries:
+        if name == MANIFEST_FILE:
+            continue
         p = folder / name
-        if p.is_symlink() or not p.is_file() or not name.endswith(EXPORT_FILE_SUFFIXES):
-            return None
+        if name not in known:
+            return f"{name} is not a file its {MANIFEST_FILE} names"
+        if p.is_symlink() or not p.is_file():
+            return f"{name} is not a regular file"
+        try:
+            if file_sha256(p) != known[name]:
+                return f"{name} is not the file its {MANIFEST_FILE} records (sha256 differs: changed since the export)"
+        except OSError as exc:
+            return f"{name} cannot be read: {exc.strerror or exc}"
     return entries
 
 
@@ -358,11 +390,11 @@ def check_output_dir(
         raise OutputError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
     if empty:
         return "an empty folder"
-    files = ours(path)
-    if files is None:
+    files = ours(path)  # the files, or why not (a str naming the first entry that blocks), or None
+    if files is None or isinstance(files, str):
+        why = files if isinstance(files, str) else f"it holds {describe_entries(path)}"
         raise OutputError(
-            f"{path} holds {describe_entries(path)} and is not {kind}; {flag} replaces only an empty "
-            f"folder or {kind} -- choose another folder"
+            f"{path} is not {kind} ({why}); {flag} replaces only an empty folder or {kind} -- choose another folder"
         )
     return f"{kind} ({len(files)} files)"
 
@@ -467,7 +499,7 @@ def remove_stale_temps(folder: Path, name: str) -> list[Path]:
 
 def replace_dir(
     tmp: Path, out: Path, *, force: bool, protect: Iterable[str | os.PathLike] = (),
-    ours: Callable[[Path], list[str] | None] = export_files, kind: str = "an edgelin export", protected: str = "the checkpoint",
+    ours: Callable[[Path], list[str] | str | None] = export_files, kind: str = "an edgelin export", protected: str = "the checkpoint",
 ) -> str | None:
     """Move the finished folder ``tmp`` to ``out``. An existing ``out`` is checked again (it may have
     changed while the work ran) and replaced only if ``check_output_dir`` allows it; if the final

@@ -487,3 +487,67 @@ def test_the_api_does_not_block_on_a_fifo_state(world):
             run_with_timeout(lambda: _session(world).load_state(world / "pipe"), 30)
     finally:
         release_fifos(world)
+
+
+# ---- class 2: --force replaces only what edgelin wrote, recognised by content --------------------------
+def export_folder_like(name: str, manifest: bytes, files: dict[str, bytes]):
+    def setup(w: Path) -> None:
+        (w / name).mkdir()
+        (w / name / "edgelin.json").write_bytes(manifest)
+        for f, data in files.items():
+            (w / name / f).write_bytes(data)
+
+    return setup
+
+
+def append_to(rel: str, data: bytes):
+    def setup(w: Path) -> None:
+        with open(w / rel, "ab") as f:
+            f.write(data)
+
+    return setup
+
+
+EXP_FORCE = ["export", "models/ckpt", "-o", "export", "--force"]
+FORCE_CASES = {
+    "export/user-json-in-export": Case(EXP_FORCE, "notes.json is not a file its edgelin.json names", user_file("export/notes.json", b'{"mine": 1}\n')),
+    "export/user-onnx-in-export": Case(EXP_FORCE, "mine.onnx is not a file its edgelin.json names", user_file("export/mine.onnx", b"\x08\x07")),
+    "export/user-data-in-export": Case(EXP_FORCE, "weights.data is not a file", user_file("export/weights.data", b"\x00" * 16)),
+    "export/graph-edited-since": Case(EXP_FORCE, "decode.onnx is not the file its edgelin.json records", append_to("export/decode.onnx", b"\x00")),
+    "export/manifest-only-starts-with-edgelin": Case(["export", "models/ckpt", "-o", "fake", "--force"], "records no graph hashes",
+                                                    export_folder_like("fake", b'{"format": "edgelin/9"}', {"thesis.onnx": b"years of work"})),
+    "export/manifest-names-a-user-file": Case(["export", "models/ckpt", "-o", "fake", "--force"], "thesis.onnx is not the file",
+                                             export_folder_like("fake", json.dumps({"format": "edgelin/2", "graphs": {"prefill": "thesis.onnx"},
+                                                                                    "sha256": {"prefill": "0" * 64}}).encode(), {"thesis.onnx": b"years of work"})),
+    "demo/out-export-with-user-json": Case(["demo", "--out", "export"], "notes.json is not a file", user_file("export/notes.json", b"{}\n")),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(k, id=k) for k in FORCE_CASES])
+def test_force_replaces_only_files_edgelin_wrote(world, name):
+    run_cli_case(world, FORCE_CASES[name])
+
+
+def test_an_untouched_export_is_recognised_by_its_hashes(world):
+    from edgelin.runtime.files import export_files
+
+    assert export_files(world / "export") == sorted(os.listdir(world / "export"))
+    (world / "export" / "notes.json").write_text("{}")
+    assert "notes.json" in export_files(world / "export")
+
+
+def test_web_force_refuses_a_site_whose_page_was_edited(world):
+    from edgelin.web import find_ort_web, site_files, write_site
+
+    try:
+        ort_web = find_ort_web()
+    except EdgelinError:
+        pytest.skip("onnxruntime-web is not installed")
+    write_site(world / "export", world / "site", ort_web=ort_web)
+    assert isinstance(site_files(world / "site"), list)
+    write_site(world / "export", world / "site", ort_web=ort_web, force=True)  # untouched: replaced
+    (world / "site" / "index.html").write_text("<p>my own page</p>\n")
+    before = tree(world)
+    with pytest.raises(OutputError, match="index.html changed since edgelin web wrote it"):
+        write_site(world / "export", world / "site", ort_web=ort_web, force=True)
+    assert tree(world) == before
