@@ -74,6 +74,9 @@ BUDGETS: dict[str, dict[str, dict[str, float]]] = {
     #   stdlib-linear: prefill 0.99 / 2.9e-2, decode 0.28 / 5.4e-2, prefill vs decode 0.62 / 0.13, 1000 steps vs
     #   float64 0.31 / 0.16 (the rel L2 at 0.8 of its budget: the thinnest margin of any check), top-1 95.0 %,
     #   greedy 76.2 %, held-out delta +0.0005, top-1 97.49 %.
+    #   Since int8 weights use 7 bits (reduce_range; exporters/precision.py: full-range weights saturate ONNX
+    #   Runtime's u8 x s8 kernel on AVX2-only CPUs, where the bundled model failed these budgets): the bundled
+    #   model passes them at validate steps 8 on an AVX2-only AMD EPYC; the figures above are not re-measured.
     "int8": _budget(
         logits=(2.5, 0.2), state=0.05, provider=(2.5, 0.2), long=(1.0, 0.2),
         top1=0.85, greedy=0.3, heldout=(0.02, 0.92),

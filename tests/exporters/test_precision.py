@@ -27,17 +27,12 @@ def model(exported):
 
 
 @pytest.fixture(scope="module")
-def exports(model, tmp_path_factory):
-    """(precision, state dtype) -> export folder of the tiny model, each exported once (with the smoke check)."""
-    cache = {}
+def exports(exported):
+    """(precision, state dtype) -> export folder of the tiny model, each exported once per run (with the smoke
+    check). Shared: a test that changes one copies it."""
 
     def get(precision: str, state_dtype: str = "float32"):
-        key = (precision, state_dtype)
-        if key not in cache:
-            out = tmp_path_factory.mktemp("precision") / f"{precision}-{state_dtype}"
-            export(model, out, precision=precision, state_dtype=state_dtype)
-            cache[key] = out
-        return cache[key]
+        return exported("elu+1", options={"precision": precision, "state_dtype": state_dtype, "check": True})[1]
 
     return get
 
@@ -93,9 +88,7 @@ def test_accumulator_region_of_the_fp32_graph(exported):
 def test_fp16_state_option(exported, tmp_path):
     """A decayed model may keep its state in float16: the manifest says so, the runtime holds fp16 arrays,
     and validate (including its long stream) holds it to the fp16 budgets."""
-    model = exported("elu+1", decay="scalar")[0]
-    out = tmp_path / "fp16-state"
-    export(model, out, precision="fp16", state_dtype="float16")
+    model, out = exported("elu+1", decay="scalar", options={"precision": "fp16", "state_dtype": "float16", "check": True})
     manifest = json.loads((out / "edgelin.json").read_text())
     assert {s["dtype"] for s in manifest["states"]} == {"float16"}
     session = Session(out, "cpu", threads=1)
@@ -123,6 +116,16 @@ def test_quantised_ops_and_kept_tensors(exports, precision, op):
                 assert {a.name: a.i for a in n.attribute}["block_size"] == INT4_BLOCK
     kept = json.loads((out / "edgelin.json").read_text())["precision_kept"]["decode"]
     assert any("tied head" in k for k in kept) and any("embedding" in k for k in kept)
+
+
+def test_int8_weights_use_seven_bits(exports):
+    """int8 weights stay in [-64, 64] (reduce_range: 255 x 64 x 2 fits in int16): full-range weights saturate ONNX Runtime's u8 x s8
+    kernel on x86 CPUs without VNNI (AVX2 only), where the tiny model's logits were off by rel L2 0.68."""
+    for graph in ("prefill.onnx", "decode.onnx"):
+        proto = onnx.load(str(exports("int8") / graph))
+        quantised = [onnx.numpy_helper.to_array(t) for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+        assert quantised, f"{graph}: no int8 weights"
+        assert all(w.min() >= -64 and w.max() <= 64 for w in quantised), f"{graph}: an int8 weight outside [-64, 64]"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
