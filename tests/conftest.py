@@ -93,24 +93,38 @@ def export_cache(tmp_path_factory) -> ExportCache:
 
 
 @pytest.fixture(scope="session")
-def exported(export_cache):
-    """(feature map, config overrides) -> (model, export dir); each exported once per run."""
+def export_of(export_cache):
+    """``get(model, recipe, label=..., **export options)`` -> the export folder of ``model``, exported once per run.
+
+    ``recipe`` is a JSON value that says how ``model`` was built (seed, config, ...): with the options it is the
+    cache key, so two tests that build the same model the same way share one export. ``model`` may also be a
+    checkpoint folder (its path is then the recipe's business)."""
     from edgelin.exporters import export
 
-    cache: dict[tuple, tuple] = {}
-
-    def get(feature_map: str = "elu+1", **overrides):
-        key = (feature_map, tuple(sorted(overrides.items())))
-        if key not in cache:
-            model = tiny_model(feature_map, **overrides)  # deterministic: every worker builds the same weights
-            recipe = {"tiny_model": [feature_map, sorted(overrides.items())], "scale": WEIGHT_SCALE, "config": model.model_config()}
-            out = export_cache.get(f"tiny-{feature_map.replace('+', 'p')}", recipe, lambda folder: export(model, folder, check=False))
-            cache[key] = (model, out)
-        return cache[key]
+    def get(model, recipe, *, label: str = "model", **options):
+        return export_cache.get(label, {"recipe": recipe, "options": options}, lambda folder: export(model, folder, **options))
 
     return get
 
 
+@pytest.fixture(scope="session")
+def exported(export_of):
+    """(feature map, config overrides) -> (model, export dir) of ``tiny_model``; each exported once per run.
+
+    ``options`` are export options (precision, state_dtype, ragged, chunk_size, check); by default the export
+    is not smoke-checked (``check=False``), as the tests compare it with the model themselves."""
+    models: dict[tuple, object] = {}
+
+    def get(feature_map: str = "elu+1", *, options: dict | None = None, **overrides):
+        key = (feature_map, tuple(sorted(overrides.items())))
+        if key not in models:
+            models[key] = tiny_model(feature_map, **overrides)  # deterministic: every worker builds the same weights
+        model = models[key]
+        recipe = {"tiny_model": [feature_map, sorted(overrides.items())], "scale": WEIGHT_SCALE, "config": model.model_config()}
+        out = export_of(model, recipe, label=f"tiny-{feature_map.replace('+', 'p')}", **({"check": False} | (options or {})))
+        return model, out
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ exports stay short) feeds every structural test.
 from __future__ import annotations
 
 import json
+import types
 import math
 import os
 import subprocess
@@ -26,22 +27,33 @@ STAT_KEYS = ("median", "p10", "p90", "min", "max")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(export_cache):
     from edgelin.checkpoint import save_checkpoint
     from edgelin.config import ModelConfig
     from edgelin.model import LinearLM
 
-    torch.manual_seed(0)
-    model = LinearLM(ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, head_dim=16, chunk_size=16))
-    return save_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "tiny")
+    def build(folder):
+        torch.manual_seed(0)
+        save_checkpoint(LinearLM(ModelConfig(vocab_size=256, d_model=32, n_layers=1, n_heads=2, head_dim=16, chunk_size=16)), folder)
+
+    return export_cache.get("bench-ckpt", "LinearLM seed 0, 1 layer, d_model 32", build)
 
 
 @pytest.fixture(scope="module")
-def quick(checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "results"
-    result = CliRunner().invoke(bench, [str(checkpoint), "--quick", "--threads", "1", "--out", str(out)])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return json.loads((out / "bench.json").read_text()), result, out
+def quick(checkpoint, export_cache):
+    """One `edgelin bench --quick` run per test run (shared by the xdist workers): (bench.json, the CLI's
+    result: exit_code, output, stdout, stderr; the results folder)."""
+
+    def build(folder):
+        folder.mkdir()
+        out = folder / "results"
+        result = CliRunner().invoke(bench, [str(checkpoint), "--quick", "--threads", "1", "--out", str(out)])
+        assert result.exit_code == 0, result.output + repr(result.exception)
+        (folder / "result.json").write_text(json.dumps({"exit_code": result.exit_code, "output": result.output, "stdout": result.stdout, "stderr": result.stderr}))
+
+    folder = export_cache.get("bench-quick", str(checkpoint), build)
+    result = types.SimpleNamespace(**json.loads((folder / "result.json").read_text()))
+    return json.loads((folder / "results" / "bench.json").read_text()), result, folder / "results"
 
 
 def positive(x, where):

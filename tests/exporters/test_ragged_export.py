@@ -58,17 +58,17 @@ def tiny(name: str) -> LinearLM:
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
-    """(name, ragged) -> (model, export dir), each exported once for this module."""
-    cache = {}
+def exports(export_of):
+    """(name, ragged) -> (model, export dir), each exported once per run (shared: copy before changing)."""
+    models = {}
 
-    def get(name: str, ragged: bool = True):
-        if (name, ragged) not in cache:
-            model = tiny(name)
-            out = tmp_path_factory.mktemp("ragged") / f"{name}-{'ragged' if ragged else 'plain'}"
-            export(model, out, check=ragged, ragged=ragged)  # the ragged smoke check feeds a padded row
-            cache[name, ragged] = (model, out)
-        return cache[name, ragged]
+    def get(name: str, ragged: bool = True, **options):
+        if name not in models:
+            models[name] = tiny(name)
+        model = models[name]
+        # the ragged smoke check feeds a padded row
+        out = export_of(model, {"ragged_tiny": name}, label=f"ragged-{name}", check=ragged, ragged=ragged, **options)
+        return model, out
 
     return get
 
@@ -336,9 +336,7 @@ def test_validate_runs_ragged_prefill_grouped_and_in_pieces(exports, monkeypatch
 def test_a_ragged_fp16_export(exports, tmp_path):
     """The precision conversion keeps the int64 lengths input: a float16 export with a float16 state
     prefills a ragged batch as each prompt alone, within the fp16 budgets."""
-    model = tiny("bundled-relu-conv4-scalar")
-    out = tmp_path / "fp16"
-    export(model, out, ragged=True, precision="fp16", state_dtype="float16")  # smoke-checked on a padded row
+    model, out = exports("bundled-relu-conv4-scalar", precision="fp16", state_dtype="float16")  # smoke-checked on a padded row
     session = load(out, provider="cpu", threads=1)
     assert session.manifest.io("prefill")["inputs"][1] == {"name": "lengths", "dtype": "int64", "shape": ["batch"]}
     rows = prompts(8)

@@ -61,6 +61,12 @@ EXPORTED = ("retnet-kv_heads2-expand_k2-swish", "gla-short_conv-kv_heads2-clamp-
 _RESULTS: dict[str, tuple] = {}
 
 
+def same_worker(case_ids):
+    """The cases as params; an exported case's import and export tests share one xdist worker (its group), so
+    fla's run of it (the slow part: fla's kernels in Triton's interpreter) happens once, not once per worker."""
+    return [pytest.param(c, marks=pytest.mark.xdist_group(f"fla-{c}")) if c in EXPORTED else c for c in case_ids]
+
+
 def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     """(checkpoint folder, prompt, steps, fla's results with its raw cache) for one case, once per session."""
     if case_id not in _RESULTS:
@@ -85,7 +91,7 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-@pytest.mark.parametrize("case_id", list(CASES))
+@pytest.mark.parametrize("case_id", same_worker(CASES))
 def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
     folder, prompt, steps, (ref_prefill, ref_decode, ref_cache) = fla_case(case_id, fla_oracle, tmp_path_factory)
     model, state = fla_oracle.import_vs_fla(folder, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
@@ -109,7 +115,7 @@ def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
         assert rel(got, S) <= STATE_REL, f"{layer}.S: relative L2 {rel(got, S):.2e}"
 
 
-@pytest.mark.parametrize("case_id", EXPORTED)
+@pytest.mark.parametrize("case_id", same_worker(EXPORTED))
 def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
     """The two ONNX graphs in ONNX Runtime, driven from the manifest alone, against fla; then edgelin's validate
     of the export against the checkpoint passes."""

@@ -49,6 +49,12 @@ EXPORTED = ("default-elementwise_product", "kv_heads2-denominator", "dpfp-denomi
 _RESULTS: dict[str, tuple] = {}
 
 
+def same_worker(case_ids):
+    """The cases as params; an exported case's import and export tests share one xdist worker (its group), so
+    fla's run of it (the slow part: fla's kernels in Triton's interpreter) happens once, not once per worker."""
+    return [pytest.param(c, marks=pytest.mark.xdist_group(f"fla-{c}")) if c in EXPORTED else c for c in case_ids]
+
+
 def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     """(checkpoint folder, prompt, steps, fla's results) for one case; fla runs once per case per session."""
     if case_id not in _RESULTS:
@@ -62,7 +68,7 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     return _RESULTS[case_id]
 
 
-@pytest.mark.parametrize("case_id", list(CASES))
+@pytest.mark.parametrize("case_id", same_worker(CASES))
 def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
     folder, prompt, steps, (ref_prefill, ref_decode, ref_states) = fla_case(case_id, fla_oracle, tmp_path_factory)
     model, state = fla_oracle.import_vs_fla(folder, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
@@ -77,7 +83,7 @@ def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
             assert rel <= STATE_REL, f"{layer}.{name}: relative L2 {rel:.2e}"
 
 
-@pytest.mark.parametrize("case_id", EXPORTED)
+@pytest.mark.parametrize("case_id", same_worker(EXPORTED))
 def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
     """The two ONNX graphs through edgelin's runtime (ONNX Runtime, CPU) against fla; then edgelin's validate
     of the export against the checkpoint passes."""

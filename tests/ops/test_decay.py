@@ -289,24 +289,29 @@ def export_inputs(B: int, T: int, seed: int) -> list[torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def decayed_session(tmp_path_factory):
+def decayed_session(export_cache):
     ort = pytest.importorskip("onnxruntime")
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     module = DecayedChunks().eval()
+    folder = export_cache.get("decayed-chunks", [list(c) for c in EXPORT_CALLS], lambda folder: _export_decayed(module, folder))
+    return module, ort.InferenceSession(str(folder / "decayed.onnx"), providers=["CPUExecutionProvider"])
+
+
+def _export_decayed(module, folder):
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     example = export_inputs(2, 2 * C + 3, seed=31)  # T > C and batch 2: a smaller example can export a wrong graph
     batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
     per_call = []  # *per_call is one argument to torch.export
     for _, normalize, _ in EXPORT_CALLS:
         per_call += [{0: batch, 2: seq}, {0: batch}] + ([{0: batch}] if normalize else [])
     dynamic = [{0: batch, 2: seq}] * 3 + [tuple(per_call)]
-    path = tmp_path_factory.mktemp("decay") / "decayed.onnx"
+    folder.mkdir()
+    path = folder / "decayed.onnx"
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*axis name.*will not be used")  # batch, seq shared by inputs
         program = torch.onnx.export(
             module, tuple(example), dynamic_shapes=tuple(dynamic), dynamo=True, opset_version=18, optimize=True, verbose=False
         )
     program.save(str(path))
-    return module, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("T", [1, C - 1, C, C + 1, 200])

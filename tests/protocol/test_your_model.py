@@ -80,15 +80,13 @@ class PositionalLinearLM(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def outside(tmp_path_factory):
+def outside(export_of):
     torch.manual_seed(0)
     model = PositionalLinearLM().eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(1.5)  # logits with spread (std ~2, max ~13): greedy streams vary
-    out = tmp_path_factory.mktemp("outside") / "export"
-    export(model, out)
-    return model, out
+    return model, export_of(model, {"positional_linear_lm": "seed 0, x1.5"}, label="outside")
 
 
 def test_it_is_a_protocol_model_without_a_base_class(outside):

@@ -88,22 +88,19 @@ def write_companions(kind: str, folder) -> None:
 
 
 @pytest.fixture(scope="session")
-def hf_tokenizer(tmp_path_factory):
-    """kind -> a folder with that tokenizer's tokenizer.json and companion files (trained once per session)."""
+def hf_tokenizer(export_cache):
+    """kind -> a folder with that tokenizer's tokenizer.json and companion files (trained once per run, shared
+    by the xdist workers: read it, don't change it)."""
     tk = pytest.importorskip("tokenizers")
-    cache = {}
 
-    def get(kind: str):
-        if kind not in cache:
-            folder = tmp_path_factory.mktemp(f"tok-{kind}")
-            tok = BUILD[kind](tk)
-            assert tok.get_vocab_size(with_added_tokens=True) <= VOCAB
-            tok.save(str(folder / "tokenizer.json"))
-            write_companions(kind, folder)
-            cache[kind] = folder
-        return cache[kind]
+    def build(kind, folder):
+        folder.mkdir()
+        tok = BUILD[kind](tk)
+        assert tok.get_vocab_size(with_added_tokens=True) <= VOCAB
+        tok.save(str(folder / "tokenizer.json"))
+        write_companions(kind, folder)
 
-    return get
+    return lambda kind: export_cache.get(f"tok-{kind}", kind, lambda folder: build(kind, folder))
 
 
 def tiny_lm(vocab_size: int = VOCAB, seed: int = 0):
@@ -125,69 +122,38 @@ def tiny_lm(vocab_size: int = VOCAB, seed: int = 0):
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
-    """vocab size -> a checkpoint folder (config.json + model.safetensors) of the tiny model, no tokenizer."""
+def tiny_checkpoint(export_cache):
+    """vocab size -> a checkpoint folder (config.json + model.safetensors) of the tiny model, no tokenizer (shared)."""
     from edgelin.checkpoint import save_checkpoint
 
-    cache = {}
-
-    def get(vocab: int):
-        if vocab not in cache:
-            cache[vocab] = save_checkpoint(tiny_lm(vocab), tmp_path_factory.mktemp(f"ckpt-{vocab}"))
-        return cache[vocab]
-
-    return get
+    return lambda vocab: export_cache.get(f"ckpt-{vocab}", vocab, lambda folder: save_checkpoint(tiny_lm(vocab), folder))
 
 
 @pytest.fixture(scope="session")
-def hf_checkpoint(tmp_path_factory, hf_tokenizer):
-    """A checkpoint folder of a tiny LinearLM (vocab 512) with the byte-level BPE tokenizer's files inside."""
+def hf_checkpoint(export_cache, hf_tokenizer):
+    """A checkpoint folder of a tiny LinearLM (vocab 512) with the byte-level BPE tokenizer's files inside (shared)."""
     import shutil
 
     from edgelin.checkpoint import save_checkpoint
 
-    ckpt = tmp_path_factory.mktemp("ckpt-bytelevel")
-    save_checkpoint(tiny_lm(), ckpt)
-    for f in hf_tokenizer("bytelevel").iterdir():
-        shutil.copyfile(f, ckpt / f.name)
-    return ckpt
+    def build(folder):
+        save_checkpoint(tiny_lm(), folder)
+        for f in hf_tokenizer("bytelevel").iterdir():
+            shutil.copyfile(f, folder / f.name)
+
+    return export_cache.get("ckpt-bytelevel", "tiny_lm with the bytelevel tokenizer", build)
 
 
 @pytest.fixture(scope="session")
-def hf_export(tmp_path_factory, hf_checkpoint, hf_tokenizer):
-    """kind -> an export folder of the tiny model with that tokenizer.
+def hf_export(export_of, hf_checkpoint, hf_tokenizer, tiny_checkpoint):
+    """kind -> an export folder of the tiny model with that tokenizer, each exported once per run (shared).
 
-    ``bytelevel`` is a real export of ``hf_checkpoint`` (the tokenizer picked up from the checkpoint folder,
-    as a user's would be). The other kinds reuse its graphs (one export costs 10-30 s here): a copy of it whose
-    tokenizer files and manifest entry are replaced by what the exporter's ``hf_tokenizer_entry`` makes of that
-    tokenizer (the graphs' embedded manifest copy then still names the byte-level one: the runtime reads only
-    edgelin.json)."""
-    import json
-    import shutil
-
-    from edgelin.exporters import export
-    from edgelin.exporters.tokenizer import hf_tokenizer_entry
-    from edgelin.runtime.manifest import MANIFEST_FILE, Manifest
-
-    cache = {}
+    ``bytelevel`` is the export of ``hf_checkpoint`` (the tokenizer picked up from the checkpoint folder, as a
+    user's would be); the other kinds export the same weights with ``tokenizer=`` (``--tokenizer PATH``)."""
 
     def get(kind: str):
-        if "bytelevel" not in cache:
-            out = tmp_path_factory.mktemp("export-bytelevel") / "out"
-            export(hf_checkpoint, out, check=False)
-            cache["bytelevel"] = out
-        if kind not in cache:
-            out = tmp_path_factory.mktemp(f"export-{kind}") / "out"
-            shutil.copytree(cache["bytelevel"], out)
-            for name in json.loads((out / MANIFEST_FILE).read_text())["tokenizer"]["files"]:
-                (out / name).unlink()
-            entry = hf_tokenizer_entry(hf_tokenizer(kind) / "tokenizer.json", VOCAB)
-            for name, path in entry.files.items():
-                shutil.copyfile(path, out / name)
-            data = json.loads((out / MANIFEST_FILE).read_text())
-            data["tokenizer"] = entry.spec
-            (out / MANIFEST_FILE).write_text(Manifest.from_dict(data).to_json())
-            cache[kind] = out
-        return cache[kind]
+        if kind == "bytelevel":
+            return export_of(hf_checkpoint, {"hf": kind}, label=f"hf-{kind}", check=False)
+        return export_of(tiny_checkpoint(VOCAB), {"hf": kind}, label=f"hf-{kind}", check=False, tokenizer=hf_tokenizer(kind))
 
     return get

@@ -31,13 +31,17 @@ def tiny(feature_map: str, seed: int = 0) -> LinearLM:
     return LinearLM(cfg).eval()
 
 
+def checkpoint_and_export(export_cache, export_of, feature_map: str, seed: int):
+    """(checkpoint folder, export folder) of ``tiny(feature_map, seed)``, each made once per run (shared)."""
+    recipe = {"validate_tiny": feature_map, "seed": seed}
+    ckpt = export_cache.get(f"validate-ckpt-{feature_map.replace('+', 'p')}", recipe, lambda folder: save_checkpoint(tiny(feature_map, seed), folder))
+    return ckpt, export_of(ckpt, recipe, label=f"validate-{feature_map.replace('+', 'p')}", check=False)
+
+
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(export_cache, export_of):
     """(checkpoint folder, export folder) of an elu+1 model; tests copy the export before breaking it."""
-    root = tmp_path_factory.mktemp("validate")
-    ckpt = save_checkpoint(tiny("elu+1"), root / "ckpt")
-    export(ckpt, root / "export", check=False)
-    return ckpt, root / "export"
+    return checkpoint_and_export(export_cache, export_of, "elu+1", 0)
 
 
 @pytest.fixture
@@ -52,11 +56,9 @@ def failed(report):
 
 
 @pytest.mark.parametrize("feature_map", FEATURE_MAPS)
-def test_correct_export_passes_every_check(feature_map, tmp_path):
-    model = tiny(feature_map, seed=1)
-    ckpt = save_checkpoint(model, tmp_path / "ckpt")
-    export(ckpt, tmp_path / "out", check=False)
-    report = validate(tmp_path / "out", ckpt, steps=24, long=300)
+def test_correct_export_passes_every_check(feature_map, export_cache, export_of):
+    ckpt, out = checkpoint_and_export(export_cache, export_of, feature_map, 1)
+    report = validate(out, ckpt, steps=24, long=300)
     assert report.passed, report.table()
     groups = {c.group for c in report.checks}
     assert groups == {"structure", "prefill", "decode", "graphs", "long", "behaviour", "precision"}

@@ -87,14 +87,9 @@ def _sampling_cases():
 
 
 @pytest.fixture(scope="module")
-def ragged_export(tmp_path_factory, exported):
+def ragged_export(exported):
     """The cosFormer test model (conv 4, an int64 position state) exported with a ragged prefill graph."""
-    from edgelin.exporters import export
-
-    model, _ = exported("cosformer")
-    out = tmp_path_factory.mktemp("web") / "ragged"
-    export(model, out, check=False, ragged=True)
-    return out
+    return exported("cosformer", options={"ragged": True})[1]
 
 
 def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundled_export, exported, ragged_export, python_greedy, tmp_path):
