@@ -551,3 +551,35 @@ def test_web_force_refuses_a_site_whose_page_was_edited(world):
     with pytest.raises(OutputError, match="index.html changed since edgelin web wrote it"):
         write_site(world / "export", world / "site", ort_web=ort_web, force=True)
     assert tree(world) == before
+
+
+# ---- class 5: numbers at the edge ------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1e-310, 5e-324, 1e-300, 1e-200])
+def test_a_tiny_temperature_samples_the_top_token_without_warnings(temperature):
+    import warnings
+
+    from edgelin.runtime.sampling import Sampler
+
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((3, 256)) * 5).astype(np.float32)
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie at the top: shared
+    for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.9), (5, 0.5)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            probs = Sampler(temperature, top_k, top_p, seed=1).probs(logits)
+        assert np.isfinite(probs).all()
+        want = np.zeros_like(probs)
+        want[0, logits[0].argmax()] = want[1, logits[1].argmax()] = 1.0
+        if top_p > 0.5:
+            want[2, [7, 9]] = 0.5
+        else:  # the nucleus of a 0.5 / 0.5 tie at p = 0.5 is its first token (vocabulary order)
+            want[2, 7] = 1.0
+        np.testing.assert_array_equal(probs, want)
+
+
+def test_generate_with_a_tiny_temperature_is_greedy(world):
+    greedy = CliRunner().invoke(main, GEN[:-4] + ["-n", "12", "--provider", "cpu", "--json"])
+    tiny = CliRunner().invoke(main, GEN[:-4] + ["-n", "12", "--provider", "cpu", "--json", "-t", "1e-310", "--seed", "3"])
+    assert greedy.exit_code == 0 and tiny.exit_code == 0, (greedy.stderr, tiny.stderr)
+    assert "Warning" not in tiny.stderr and "overflow" not in tiny.stderr
+    assert json.loads(tiny.stdout)["ids"] == json.loads(greedy.stdout)["ids"]
