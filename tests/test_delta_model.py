@@ -117,18 +117,20 @@ GRAPH_LEVELS = 4  # the prefill scan lowered from MAX_SCAN_LEVELS for a faster e
 
 
 @pytest.fixture(scope="module")
-def exported_delta(tmp_path_factory):
+def exported_delta(export_cache):
     pytest.importorskip("onnxscript")
     from edgelin.exporters import export
 
     m = model("scalar", "identity", n_layers=2, seed=3).float()
-    out = tmp_path_factory.mktemp("delta-lm") / "export"
-    levels, delta.MAX_SCAN_LEVELS = delta.MAX_SCAN_LEVELS, GRAPH_LEVELS
-    try:
-        export(m, out)  # with its own smoke check of both graphs
-    finally:
-        delta.MAX_SCAN_LEVELS = levels
-    return m, out
+
+    def build(out):
+        levels, delta.MAX_SCAN_LEVELS = delta.MAX_SCAN_LEVELS, GRAPH_LEVELS
+        try:
+            export(m, out)  # with its own smoke check of both graphs
+        finally:
+            delta.MAX_SCAN_LEVELS = levels
+
+    return m, export_cache.get("delta-lm", {"model": ["scalar", "identity", 2, 3], "levels": GRAPH_LEVELS}, build)
 
 
 def sessions(out):

@@ -328,19 +328,26 @@ def graph_inputs(T: int, seed: int, role: str = "prefill"):
 
 
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory):
-    """{role: (onnxruntime session, onnx model)}, exported once for the module."""
+def graphs(export_cache):
+    """{role: (onnxruntime session, onnx model)}, exported once per run (shared by the xdist workers)."""
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
     import onnx
 
+    out = export_cache.get("delta-graphs", {"levels": GRAPH_LEVELS, "C": C}, _export_graphs)
+    return {
+        role: (ort.InferenceSession(str(out / f"{role}.onnx"), providers=["CPUExecutionProvider"]), onnx.load(str(out / f"{role}.onnx")))
+        for role in ("prefill", "decode")
+    }
+
+
+def _export_graphs(out):
     from edgelin.exporters.exporter import export_graph
 
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-    out = tmp_path_factory.mktemp("delta")
+    out.mkdir()
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     seq = torch.export.Dim("sequence", min=1, max=1 << 24)
-    result = {}
     for role, module, T in (("prefill", Prefill(), 2 * C + 3), ("decode", Decode(), 1)):
         dims = {0: batch} if role == "decode" else {0: batch, 2: seq}
         dynamic = (dims,) * 5 + ({0: batch},) * (len(NAMES[role][0]) - 5)
@@ -350,8 +357,6 @@ def graphs(tmp_path_factory):
             export_graph(module.eval(), graph_inputs(T, 0, role), NAMES[role], dynamic, 20, path)
         finally:
             delta.MAX_SCAN_LEVELS = levels
-        result[role] = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), onnx.load(str(path)))
-    return result
 
 
 def run_graph(graphs, role, inputs):
