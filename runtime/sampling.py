@@ -2,11 +2,12 @@
 
 Everything works on a batch: logits [B, V] -> token ids [B].
 
-No step sorts the whole vocabulary. Top-k is a partition (the k-th largest value, O(V)). Top-p sorts
-only a candidate set that provably holds the nucleus: the m most likely tokens (with every token tied
-with the m-th), m growing 8x from 1024 until their mass reaches top_p; only where the nucleus is a large
-share of the vocabulary (a flat distribution) is the whole row sorted, as it always was. The kept tokens,
-the probabilities and the seeded draws are bit for bit those of a full sort (tests/runtime/test_sampling.py
+No step sorts the whole vocabulary when it need not. Top-k is a partition (the k-th largest value, O(V)).
+Top-p sorts only a candidate set that provably holds the nucleus: the m most likely tokens (with every
+token tied with the m-th), m growing 4x from 1024 until their mass reaches top_p, or, with top-k, the
+tokens at least as likely as the least likely of the top k. Only where the nucleus is a large share of the
+vocabulary (a flat distribution) is the whole row sorted, as it always was. The kept tokens, the
+probabilities and the seeded draws are bit for bit those of a full sort (tests/runtime/test_sampling.py
 keeps the full-sort implementation as the reference; scripts/sampling_cost.py measures both).
 """
 
@@ -19,11 +20,12 @@ import numpy.random  # noqa: F401  -- numpy imports it lazily; pay that here, no
 
 from edgelin.runtime.options import check_int, check_number
 
-FIRST_CANDIDATES = 1024  # top-p: the first candidate set; then 8x more per round
-GROWTH = 8
-# top-p: a candidate set is enough once its mass reaches top_p + MARGIN. np.cumsum adds in rank order,
-# and a token ranked after the set has "mass before it" >= the set's mass - 3 float64 ulps of 1, so it
-# is provably outside the nucleus; MARGIN is far above those ulps and far below any probability of note.
+FIRST_CANDIDATES = 1024  # top-p: the first candidate set; then 4x more per round
+GROWTH = 4
+# top-p: a candidate set is enough once its mass reaches top_p + MARGIN. np.cumsum adds in rank order, so a
+# token ranked after the set has "mass before it" (cumsum - its probability, as the full sort computes it)
+# >= the set's mass less a few float64 ulps of 1 (< 1e-15): it is provably outside the nucleus. MARGIN
+# is far above those ulps; a set short of it only costs another round.
 MARGIN = 1e-12
 
 

@@ -195,10 +195,121 @@ export function argmax(logits) {
 }
 
 /** The distribution sampled from (float64, zeros where masked): temperature, then top-k (ties with the
- * k-th value kept), then top-p (the smallest set of most likely tokens reaching p; the top one always). */
+ * k-th value kept), then top-p (the smallest set of most likely tokens reaching p, ranked by probability
+ * with ties in vocabulary order; the top one always). Nothing sorts the whole vocabulary: top-k is a
+ * selection (the k-th largest value, O(V)); top-p sorts only the probabilities of the most likely m
+ * tokens (and all tied with the m-th), m growing 4x from 1024 until their mass reaches p, or, with top-k,
+ * of the tokens at least as likely as the least likely of the top k. Same result as a full sort, bit for
+ * bit (tested against it in tests/web/edgelin.test.mjs). */
 export function probabilities(logits, { temperature, topK, topP }) {
   const V = logits.length;
-  const x = Float64Array.from(logits, (v) => v / temperature);
+  const x = new Float64Array(V);
+  let max = -Infinity, nan = false;
+  for (let i = 0; i < V; i++) {
+    const v = (x[i] = logits[i] / temperature);
+    if (v > max) max = v;
+    else if (v !== v) nan = true;
+  }
+  // NaN has no place in a selection; +inf or a row all -inf makes NaN probabilities: as they always did
+  if (nan || !Number.isFinite(max)) return probabilitiesBySort(x, topK, topP);
+  const keep = new Uint8Array(V).fill(1);
+  let members = V;
+  if (topK > 0 && topK < V) {
+    const kth = selectInPlace(x.slice(), V - topK);
+    members = 0;
+    for (let i = 0; i < V; i++) if (x[i] < kth) keep[i] = 0; else members++;
+  }
+  // The kept tokens always include the largest logit, so the masked softmax has the same maximum and
+  // the same exp for each kept token: one exp serves both softmaxes (a masked token adds 0 to the sum).
+  const e = new Float64Array(V);
+  let sum = 0;
+  for (let i = 0; i < V; i++) sum += (e[i] = Math.exp(x[i] - max));
+  if (topP < 1) {
+    const p = new Float64Array(V);
+    for (let i = 0; i < V; i++) p[i] = e[i] / sum;
+    const inNucleus = nucleus(p, topP, members < V ? keep : null, members);
+    for (let i = 0; i < V; i++) keep[i] &= inNucleus[i];
+  }
+  let kept = 0;
+  for (let i = 0; i < V; i++) if (keep[i]) kept += e[i];
+  for (let i = 0; i < V; i++) e[i] = keep[i] ? e[i] / kept : 0;
+  return e;
+}
+
+/** 1 for the tokens of the nucleus of p (probabilities); given `inside` (1 for `members` tokens), right
+ * at least where inside is 1. The running sum in rank order only grows, so the nucleus is a prefix of the
+ * rank order: the n most likely tokens, those tied at the n-th probability taken in vocabulary order. */
+function nucleus(p, topP, inside, members) {
+  const V = p.length;
+  // Of the tokens with probability >= t (a prefix of the rank order, ties included): how many the
+  // nucleus keeps, and whether that is all of it (the mass ranked above reached topP within the set).
+  const count = (t) => {
+    let n = 0;
+    for (let i = 0; i < V; i++) if (p[i] >= t) n++;
+    const values = new Float64Array(n);
+    for (let i = 0, j = 0; i < V; i++) if (p[i] >= t) values[j++] = p[i];
+    values.sort(); // ascending: the rank order is from the end; ties are equal values, any order
+    let before = 0, kept = 0;
+    for (let j = n - 1; j >= 0 && before < topP; j--, kept++) before += values[j];
+    return { kept, nth: values[n - kept], whole: before >= topP };
+  };
+  const mark = ({ kept, nth }) => {
+    const out = new Uint8Array(V);
+    let above = 0;
+    for (let i = 0; i < V; i++) if (p[i] > nth) { out[i] = 1; above++; }
+    for (let i = 0, tied = kept - above; i < V && tied > 0; i++) if (p[i] === nth) { out[i] = 1; tied--; }
+    return out;
+  };
+  let scratch = null;
+  for (let m = NUCLEUS_FIRST; 2 * m <= V; m *= NUCLEUS_GROWTH) {
+    if (inside && members <= m) { // all of `inside` is at least as likely as its least likely token
+      let least = Infinity;
+      for (let i = 0; i < V; i++) if (inside[i] && p[i] < least) least = p[i];
+      return mark(count(least));
+    }
+    scratch = scratch ?? new Float64Array(V);
+    scratch.set(p);
+    const found = count(selectInPlace(scratch, V - m)); // the m-th largest probability, and all ties
+    if (found.whole) return mark(found);
+  }
+  return mark(count(-Infinity)); // the nucleus is a large share of V: sort all of it
+}
+
+const NUCLEUS_FIRST = 1024;
+const NUCLEUS_GROWTH = 4;
+
+/** The k-th smallest value of a (0-based; no NaN), reordering a in place: quickselect with a median of
+ * three, Hoare partitioning (ties split evenly), a sort of what is left after too many rounds. */
+export function selectInPlace(a, k) {
+  let lo = 0, hi = a.length - 1;
+  let rounds = 2 * Math.ceil(Math.log2(a.length + 1)) + 8;
+  while (hi > lo) {
+    if (rounds-- === 0) {
+      a.subarray(lo, hi + 1).sort();
+      return a[k];
+    }
+    const mid = lo + ((hi - lo) >> 1);
+    const u = a[lo], v = a[mid], w = a[hi];
+    const pivot = u < v ? (v < w ? v : u < w ? w : u) : u < w ? u : v < w ? w : v;
+    let i = lo, j = hi;
+    while (i <= j) {
+      while (a[i] < pivot) i++;
+      while (a[j] > pivot) j--;
+      if (i <= j) {
+        const t = a[i]; a[i] = a[j]; a[j] = t;
+        i++; j--;
+      }
+    }
+    if (k <= j) hi = j;
+    else if (k >= i) lo = i;
+    else return a[k]; // between j and i: equal to the pivot
+  }
+  return a[k];
+}
+
+/** What probabilities did before it selected: a sort of the whole vocabulary (kept for NaN logits). */
+function probabilitiesBySort(x, topK, topP) {
+  const V = x.length;
   const keep = new Uint8Array(V).fill(1);
   if (topK > 0 && topK < V) {
     const kth = Float64Array.from(x).sort()[V - topK];
@@ -206,7 +317,7 @@ export function probabilities(logits, { temperature, topK, topP }) {
   }
   if (topP < 1) {
     const p = softmax(x);
-    const order = Array.from(p.keys()).sort((i, j) => p[j] - p[i] || i - j); // most likely first, stable
+    const order = Array.from(p.keys()).sort((i, j) => p[j] - p[i] || i - j);
     let before = 0;
     const inNucleus = new Uint8Array(V);
     for (const i of order) {
@@ -220,12 +331,14 @@ export function probabilities(logits, { temperature, topK, topP }) {
 }
 
 function softmax(x) {
+  const V = x.length;
   let max = -Infinity;
-  for (const v of x) if (v > max) max = v;
-  const e = Float64Array.from(x, (v) => Math.exp(v - max));
+  for (let i = 0; i < V; i++) if (x[i] > max) max = x[i];
+  const e = new Float64Array(V);
   let sum = 0;
-  for (const v of e) sum += v;
-  return e.map((v) => v / sum);
+  for (let i = 0; i < V; i++) sum += (e[i] = Math.exp(x[i] - max));
+  for (let i = 0; i < V; i++) e[i] /= sum;
+  return e;
 }
 
 /** Next token id from one position's logits. */
@@ -233,11 +346,11 @@ export function sample(logits, options, random) {
   if (options.temperature === 0) return argmax(logits);
   const p = probabilities(logits, options);
   let total = 0;
-  const cdf = p.map((v) => (total += v));
+  for (let i = 0; i < p.length; i++) total += p[i];
   const u = random() * total;
-  let id = 0;
-  while (id < cdf.length && cdf[id] <= u) id++;
-  return Math.min(id, cdf.length - 1);
+  let id = 0, cdf = 0; // the first id whose cumulative probability exceeds u
+  while (id < p.length && (cdf += p[id]) <= u) id++;
+  return Math.min(id, p.length - 1);
 }
 
 // ---- loading ----------------------------------------------------------------------------------

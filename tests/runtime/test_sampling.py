@@ -99,3 +99,168 @@ def test_probs_are_renormalised_over_the_kept_tokens():
 def test_bad_options_are_refused(kwargs, match):
     with pytest.raises(RuntimeInputError, match=match):
         Sampler(**kwargs)
+
+
+# ---- the fast path (no full sort) against the full-sort reference --------------------------------
+# The reference is the implementation the runtime had before: it sorts the whole row. The runtime must
+# give the same masks, the same float64 probabilities bit for bit and so the same seeded draws.
+
+def reference_softmax(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def reference_top_k_mask(x, k):
+    if k <= 0 or k >= x.shape[-1]:
+        return np.ones(x.shape, dtype=bool)
+    return x >= np.sort(x, axis=-1)[..., -k, None]
+
+
+def reference_top_p_mask(x, p):
+    if p >= 1.0:
+        return np.ones(x.shape, dtype=bool)
+    probs = reference_softmax(x)
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    ranked = np.take_along_axis(probs, order, axis=-1)
+    before = np.cumsum(ranked, axis=-1) - ranked
+    mask = np.zeros(x.shape, dtype=bool)
+    np.put_along_axis(mask, order, before < p, axis=-1)
+    return mask
+
+
+def reference_probs(logits, temperature, top_k, top_p):
+    x = logits.astype(np.float64) / temperature
+    return reference_softmax(np.where(reference_top_k_mask(x, top_k) & reference_top_p_mask(x, top_p), x, -np.inf))
+
+
+def reference_draws(probs, rng, n):
+    cdf = np.cumsum(probs, axis=-1)
+    out = []
+    for _ in range(n):
+        u = rng.random(cdf.shape[0]) * cdf[:, -1]
+        out.append(np.minimum((cdf <= u[:, None]).sum(axis=-1), cdf.shape[-1] - 1).tolist())
+    return out
+
+
+def _awkward_logits():
+    """name -> float32 logits [B, V]: the cases where a selection could go wrong."""
+    g = np.random.default_rng(42)
+    V = 250_000
+    cases = {
+        "V=1": np.array([[0.3]], dtype=np.float32),
+        "V=2 tie": np.array([[1.0, 1.0]], dtype=np.float32),
+        "normal V=5000": g.standard_normal((1, 5000)).astype(np.float32) * 3,
+        "V=250k normal x3": g.standard_normal((1, V)).astype(np.float32) * 3,
+        "V=250k peaked": (g.standard_normal((1, V)) * 40).astype(np.float32),
+        "V=250k flat": (g.standard_normal((1, V)) * 1e-3).astype(np.float32),
+        "V=250k all equal": np.zeros((1, V), dtype=np.float32),
+        "batch of 3, V=65536": np.stack([g.standard_normal(65536) * s for s in (0.2, 3.0, 30.0)]).astype(np.float32),
+    }
+    # ties that straddle every cutoff: 4 top values, then 3000 equal ones, then the rest lower
+    tied = g.standard_normal((2, 32000)).astype(np.float32) - 20
+    tied[:, 100:3100] = 1.0
+    tied[:, [7, 50000 % 32000, 31999, 5]] = [6.0, 5.0, 5.0, 4.0]
+    cases["ties at the cutoff V=32k"] = tied
+    # -inf: most of the vocabulary banned, a few finite (the nucleus has all the mass), ties at zero
+    banned = np.full((2, V), -np.inf, dtype=np.float32)
+    banned[0, [3, 99_999, 200_001]] = [0.5, 2.0, 2.0]
+    banned[1, :5000] = g.standard_normal(5000).astype(np.float32)
+    cases["-inf V=250k"] = banned
+    spotted = (g.standard_normal((1, 65536)) * 2).astype(np.float32)
+    spotted[0, g.choice(65536, 20000, replace=False)] = -np.inf
+    cases["-inf spotted V=65536"] = spotted
+    return cases
+
+
+AWKWARD = _awkward_logits()
+OPTIONS = [  # (temperature, top_k, top_p)
+    (1.0, 0, 1.0), (1.0, 1, 1.0), (0.7, 50, 1.0), (1.0, 10**9, 1.0), (1.0, 0, 0.9), (1.0, 0, 0.5), (1.3, 0, 0.99),
+    (1.0, 0, 1e-9), (1.0, 0, 0.999999), (1.0, 0, 1 - 1e-13), (0.5, 40, 0.8), (1.0, 1, 0.5), (1.0, 5000, 0.9),
+    (1.0, 3002, 0.95), (1e-4, 0, 0.9), (100.0, 0, 0.3), (2.0, 4, 0.999999),
+]
+LARGE = [(0, 0.9), (40, 0.8), (0, 0.5), (0, 1e-9), (0, 1 - 1e-13), (5000, 0.9), (50, 1.0)]  # (top_k, top_p) at V = 250k
+
+
+@pytest.fixture(params=["default rounds", "tiny rounds"])
+def rounds(request, monkeypatch):
+    """The default candidate growth, and a tiny one (2 candidates, doubling) that takes many rounds and
+    the top-k bound on every case."""
+    import edgelin.runtime.sampling as sampling
+
+    if request.param == "tiny rounds":
+        monkeypatch.setattr(sampling, "FIRST_CANDIDATES", 2)
+        monkeypatch.setattr(sampling, "GROWTH", 2)
+    return request.param
+
+
+@pytest.mark.parametrize("name", list(AWKWARD))
+def test_the_fast_path_equals_the_full_sort_bit_for_bit(name, rounds):
+    logits = AWKWARD[name]
+    x = logits.astype(np.float64)
+    large = logits.shape[-1] > 70_000  # the reference is slow there: fewer options, fewer still for the tiny rounds
+    for temperature, k, p in OPTIONS:
+        if large and (k, p) not in (LARGE if rounds == "default rounds" else LARGE[:2]):
+            continue
+        what = f"{name}: temperature {temperature}, top_k {k}, top_p {p}"
+        assert np.array_equal(top_k_mask(x, k), reference_top_k_mask(x, k)), what
+        assert np.array_equal(top_p_mask(x / temperature, p), reference_top_p_mask(x / temperature, p)), what
+        got = Sampler(temperature, k, p).probs(logits)
+        want = reference_probs(logits, temperature, k, p)
+        assert got.dtype == np.float64 and np.array_equal(got, want), what
+        s = Sampler(temperature, k, p, seed=11)
+        gen = s.rng()
+        assert [s(logits, gen).tolist() for _ in range(5)] == reference_draws(want, np.random.default_rng(11), 5), what
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_non_finite_rows_behave_as_the_full_sort_did():
+    """NaN, +inf and an all -inf row are not the fast path's business: the same output, NaNs and all."""
+    x = np.random.default_rng(5).standard_normal((4, 3000)).astype(np.float32)
+    x[0, 17] = np.nan
+    x[1, 99] = np.inf
+    x[2, :] = -np.inf
+    for temperature, k, p in [(1.0, 0, 0.9), (1.0, 40, 0.8), (0.7, 5, 1.0)]:
+        got = Sampler(temperature, k, p).probs(x)
+        assert np.array_equal(got, reference_probs(x, temperature, k, p), equal_nan=True)
+        assert np.array_equal(top_p_mask(x.astype(np.float64), p), reference_top_p_mask(x.astype(np.float64), p))
+
+
+class _CountingNumpy:
+    """numpy, with the length of each row np.argsort / np.sort is asked to order recorded."""
+
+    def __init__(self):
+        self.sorted = []
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def argsort(self, a, *args, **kwargs):
+        self.sorted.append(np.shape(a)[-1])
+        return np.argsort(a, *args, **kwargs)
+
+    def sort(self, a, *args, **kwargs):
+        self.sorted.append(np.shape(a)[-1])
+        return np.sort(a, *args, **kwargs)
+
+
+@pytest.mark.parametrize("k, p", [(0, 0.9), (50, 1.0), (40, 0.95), (0, 0.5)])
+def test_no_step_sorts_a_large_vocabulary(monkeypatch, k, p):
+    """At V = 250k with a language-model-like distribution, only small candidate sets are sorted."""
+    import edgelin.runtime.sampling as sampling
+
+    counting = _CountingNumpy()
+    monkeypatch.setattr(sampling, "np", counting)
+    logits = (np.random.default_rng(8).standard_normal((2, 250_000)) * 3).astype(np.float32)
+    s = Sampler(0.8, k, p, seed=0)
+    ids = s(logits, s.rng())
+    assert ids.shape == (2,)
+    assert max(counting.sorted, default=0) <= 10_000, counting.sorted
+
+
+def test_a_flat_distribution_still_gets_its_large_nucleus():
+    """When the nucleus is most of the vocabulary, the row is sorted whole, and the answer is still right."""
+    x = np.random.default_rng(9).standard_normal((1, 100_000)) * 1e-2
+    mask = top_p_mask(x, 0.9)
+    assert np.array_equal(mask, reference_top_p_mask(x, 0.9))
+    assert 0.89 * 100_000 < mask.sum() < 0.91 * 100_000

@@ -89,7 +89,8 @@ test("text streams as the Python byte tokenizer decodes it", { skip: why ?? fals
 
 test("sampling follows the Python sampler's distribution", { skip: why ?? false }, () => {
   for (const s of cases.sampling) {
-    const p = edgelin.probabilities(Float32Array.from(s.logits), edgelin.samplingOptions(s.options));
+    const logits = Float32Array.from(s.logits, (v) => (v === null ? -Infinity : v)); // null: a banned token
+    const p = edgelin.probabilities(logits, edgelin.samplingOptions(s.options));
     let worst = 0;
     for (let i = 0; i < p.length; i++) worst = Math.max(worst, Math.abs(p[i] - s.probs[i]));
     assert.ok(worst <= 1e-9, `${JSON.stringify(s.options)}: probabilities differ by ${worst}`);
@@ -130,4 +131,113 @@ test("float16 bits round-trip", { skip: false }, () => {
   assert.equal(edgelin.toHalf(1), 0x3c00);
   assert.equal(edgelin.toHalf(-2), 0xc000);
   assert.equal(edgelin.toHalf(Infinity), 0x7c00);
+});
+
+// ---- sampling without a full sort, against the full sort it replaced (no cases needed) ----------
+function referenceProbabilities(logits, { temperature, topK, topP }) {
+  const V = logits.length;
+  const x = Float64Array.from(logits, (v) => v / temperature);
+  const keep = new Uint8Array(V).fill(1);
+  if (topK > 0 && topK < V) {
+    const kth = Float64Array.from(x).sort()[V - topK];
+    for (let i = 0; i < V; i++) if (x[i] < kth) keep[i] = 0;
+  }
+  const softmax = (y) => {
+    let max = -Infinity;
+    for (const v of y) if (v > max) max = v;
+    const e = Float64Array.from(y, (v) => Math.exp(v - max));
+    let sum = 0;
+    for (const v of e) sum += v;
+    return e.map((v) => v / sum);
+  };
+  if (topP < 1) {
+    const p = softmax(x);
+    const order = Array.from(p.keys()).sort((i, j) => p[j] - p[i] || i - j);
+    let before = 0;
+    const inNucleus = new Uint8Array(V);
+    for (const i of order) {
+      if (before < topP) inNucleus[i] = 1;
+      before += p[i];
+    }
+    for (let i = 0; i < V; i++) keep[i] &= inNucleus[i];
+  }
+  for (let i = 0; i < V; i++) if (!keep[i]) x[i] = -Infinity;
+  return softmax(x);
+}
+
+function normals(n, seed, scale = 1, shift = 0) {
+  const random = edgelin.rng(seed);
+  return Float32Array.from({ length: n }, () => shift + scale * Math.sqrt(-2 * Math.log(1 - random())) * Math.cos(2 * Math.PI * random()));
+}
+
+function awkwardLogits() {
+  const V = 250000;
+  const tied = normals(32000, 3, 1, -20);
+  tied.fill(1, 100, 3100);
+  tied[7] = 6; tied[18000] = 5; tied[31999] = 5; tied[5] = 4;
+  const banned = new Float32Array(V).fill(-Infinity);
+  banned[3] = 0.5; banned[99999] = 2; banned[200001] = 2;
+  const spotted = normals(65536, 4, 2);
+  const random = edgelin.rng(5);
+  for (let n = 0; n < 20000; n++) spotted[Math.floor(random() * 65536)] = -Infinity;
+  return {
+    "V=1": Float32Array.of(0.3), "V=2 tie": Float32Array.of(1, 1), "normal V=5000": normals(5000, 1, 3),
+    "V=250k normal x3": normals(V, 2, 3), "V=250k peaked": normals(V, 6, 40), "V=250k flat": normals(V, 7, 1e-3),
+    "V=250k all equal": new Float32Array(V), "ties at the cutoff V=32k": tied, "-inf V=250k": banned, "-inf spotted V=65536": spotted,
+  };
+}
+
+test("sampling without a full sort gives the full sort's probabilities bit for bit", { skip: false }, () => {
+  const options = [[1, 0, 1], [1, 1, 1], [0.7, 50, 1], [1, 1e9, 1], [1, 0, 0.9], [1, 0, 0.5], [1.3, 0, 0.99], [1, 0, 1e-9],
+    [1, 0, 0.999999], [1, 0, 1 - 1e-13], [0.5, 40, 0.8], [1, 1, 0.5], [1, 5000, 0.9], [1, 3002, 0.95], [1e-4, 0, 0.9],
+    [100, 0, 0.3], [2, 4, 0.999999]];
+  const large = [[1, 0, 0.9], [1, 0, 0.5], [1, 0, 1e-9], [1, 0, 1 - 1e-13], [0.5, 40, 0.8], [1, 5000, 0.9], [0.7, 50, 1]];
+  for (const [name, logits] of Object.entries(awkwardLogits())) {
+    for (const [temperature, topK, topP] of logits.length > 70000 ? large : options) { // the full sort is slow at 250k
+      const o = edgelin.samplingOptions({ temperature, topK, topP });
+      const got = edgelin.probabilities(logits, o), want = referenceProbabilities(logits, o);
+      assert.equal(got.length, want.length);
+      let differ = 0;
+      for (let i = 0; i < got.length; i++) if (!Object.is(got[i], want[i])) differ++;
+      assert.equal(differ, 0, `${name}, ${JSON.stringify(o)}: ${differ} probabilities differ`);
+    }
+  }
+});
+
+test("non-finite logits give what the full sort gave", { skip: false }, () => {
+  const cases = [Float32Array.of(1, NaN, 2), Float32Array.of(1, Infinity, 2), Float32Array.of(-Infinity, -Infinity)];
+  for (const logits of cases) {
+    for (const o of [{ temperature: 1, topK: 0, topP: 0.9 }, { temperature: 1, topK: 1, topP: 0.5 }]) {
+      assert.deepEqual(Array.from(edgelin.probabilities(logits, edgelin.samplingOptions(o))), Array.from(referenceProbabilities(logits, o)));
+    }
+  }
+});
+
+test("selectInPlace finds the k-th smallest value, ties and -inf included", { skip: false }, () => {
+  const random = edgelin.rng(9);
+  for (const n of [1, 2, 3, 10, 1000, 20000]) {
+    for (const kind of ["distinct", "few values", "sorted", "reversed", "-inf"]) {
+      const a = Float64Array.from({ length: n }, (_, i) =>
+        kind === "distinct" ? random() : kind === "few values" ? Math.floor(random() * 3) : kind === "sorted" ? i : kind === "reversed" ? -i : random() < 0.7 ? -Infinity : random());
+      const sorted = Float64Array.from(a).sort();
+      for (const k of [0, n - 1, n >> 1, Math.floor(random() * n)]) {
+        assert.equal(edgelin.selectInPlace(Float64Array.from(a), k), sorted[k], `${kind}, n ${n}, k ${k}`);
+      }
+    }
+  }
+});
+
+test("at V = 250k no sampling step sorts the vocabulary", { skip: false }, () => {
+  const logits = normals(250000, 12, 3);
+  const sort = Float64Array.prototype.sort;
+  const lengths = [];
+  Float64Array.prototype.sort = function (...args) { lengths.push(this.length); return sort.apply(this, args); };
+  try {
+    for (const o of [{ temperature: 0.8, topK: 0, topP: 0.9 }, { temperature: 0.8, topK: 40, topP: 0.95 }, { temperature: 1, topK: 50, topP: 1 }]) {
+      edgelin.sample(logits, edgelin.samplingOptions(o), edgelin.rng(0));
+    }
+  } finally {
+    Float64Array.prototype.sort = sort;
+  }
+  assert.ok(Math.max(0, ...lengths) <= 20000, `sorted ${JSON.stringify(lengths)}`);
 });

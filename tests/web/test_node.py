@@ -73,16 +73,43 @@ def _tokenizer_cases():
 
 
 def _sampling_cases():
-    from edgelin.runtime.sampling import Sampler
+    """Logits, options and the Python sampler's probabilities: V = 256, and V = 65,536 / 250,000 with ties
+    straddling the top-k and top-p cutoffs and banned (-inf, written as null) tokens."""
+    from edgelin.runtime.sampling import Sampler, softmax
 
     rng = np.random.default_rng(0)
     cases = []
+
+    def case(options, logits):
+        sampler = Sampler(options["temperature"], options.get("topK", 0), options.get("topP", 1.0))
+        written = [None if v == -np.inf else v for v in logits.astype(float).tolist()]
+        cases.append({"options": options, "logits": written, "probs": sampler.probs(logits[None])[0].tolist()})
+
     for options in ({"temperature": 1.0}, {"temperature": 0.7, "topK": 5}, {"temperature": 1.3, "topP": 0.9},
                     {"temperature": 0.5, "topK": 40, "topP": 0.8}, {"temperature": 2.0, "topK": 1}, {"temperature": 1.0, "topP": 0.05}):
         logits = (rng.standard_normal(256) * 3).astype(np.float32)
         logits[7] = logits[9]  # a tie
-        sampler = Sampler(options["temperature"], options.get("topK", 0), options.get("topP", 1.0))
-        cases.append({"options": options, "logits": logits.astype(float).tolist(), "probs": sampler.probs(logits[None])[0].tolist()})
+        case(options, logits)
+    # V = 250k: a nucleus of ~10k tokens (several candidate rounds), and top-k with top-p
+    big = (rng.standard_normal(250_000) * 3).astype(np.float32)
+    case({"temperature": 1.0, "topP": 0.9}, big)
+    case({"temperature": 0.8, "topK": 50, "topP": 0.95}, big)
+    # 3000 tied tokens below 4 leaders; top-k cuts inside the tie (all kept), top-p half way through it
+    # (p midway between two tokens' cumulative mass, far from any rounding)
+    tied = (rng.standard_normal(65_536) - 20).astype(np.float32)
+    tied[1000:4000] = 1.0
+    tied[[7, 60_000, 65_535, 5]] = [6.0, 5.0, 5.0, 4.0]
+    probs = softmax(tied.astype(np.float64))
+    p_mid = float(probs[[7, 60_000, 65_535, 5]].sum() + probs[1000] * 1500.5)
+    case({"temperature": 1.0, "topK": 1000}, tied)
+    case({"temperature": 1.0, "topP": p_mid}, tied)
+    case({"temperature": 1.0, "topK": 10, "topP": p_mid}, tied)
+    # most of a 250k vocabulary banned; the nucleus is everything that is not
+    banned = np.full(250_000, -np.inf, dtype=np.float32)
+    banned[:3000] = rng.standard_normal(3000).astype(np.float32)
+    banned[[3, 99_999, 200_001]] = 2.0
+    case({"temperature": 1.0, "topP": 0.999}, banned)
+    case({"temperature": 0.9, "topK": 2, "topP": 0.5}, banned)
     return cases
 
 
