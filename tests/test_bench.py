@@ -288,7 +288,7 @@ def test_stats_and_interleaving():
 
 def test_json_is_written_atomically(tmp_path):
     path = tmp_path / "bench.json"
-    path.write_text("old")
+    path.write_text(json.dumps({"format": "edgelin-bench/1", "old": True}))  # an earlier report: edgelin's, replaced
     write_json_atomic({"x": np.float32(1.5), "bad": float("nan"), "n": np.int64(3)}, path)
     assert json.loads(path.read_text()) == {"x": 1.5, "bad": None, "n": 3}
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]

@@ -8,7 +8,6 @@ file changed, no folder created, no temporary folder left). Every API case must 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,47 +20,11 @@ import pytest
 from click.testing import CliRunner
 
 from edgelin.cli import main
+from testkit.files import tree
 from edgelin.errors import EdgelinError
 
 
 # ---- the world a case runs in ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sources(exported, tmp_path_factory):
-    """A saved checkpoint of the tiny elu+1 model and its export (shared, never modified)."""
-    from edgelin.checkpoint import save_checkpoint
-
-    model, export_dir = exported("elu+1")
-    ckpt = save_checkpoint(model, tmp_path_factory.mktemp("bad-inputs") / "ckpt")
-    return ckpt, export_dir
-
-
-@pytest.fixture
-def world(sources, tmp_path, monkeypatch):
-    """A fresh folder (also the working folder) holding: models/ckpt, export/, docs/ (a user's folder), file.txt."""
-    ckpt, export_dir = sources
-    shutil.copytree(ckpt, tmp_path / "models" / "ckpt")
-    shutil.copytree(export_dir, tmp_path / "export")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "thesis.txt").write_text("years of work\n")
-    (tmp_path / "file.txt").write_text("a file\n")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every path under root -> 'dir', 'link -> target' or the sha256 of the file."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = f"link -> {os.readlink(p)}"
-            elif p.is_dir():
-                out[rel] = "dir"
-            else:
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 # ---- ways to break things (each runs in the world before the snapshot) -----------------------------

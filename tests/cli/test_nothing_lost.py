@@ -7,7 +7,6 @@ folder tree exactly as it was. API refusals raise an ``EdgelinError`` subclass a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,52 +20,12 @@ import pytest
 from click.testing import CliRunner
 
 from edgelin.cli import main
+from testkit.files import tree
 from edgelin.runtime.manifest import sync_io
 from edgelin.errors import EdgelinError, OutputError
 
 
 # ---- the world a case runs in ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sources(exported, tmp_path_factory):
-    """A saved checkpoint of the tiny elu+1 model and its export (shared, never modified)."""
-    from edgelin.checkpoint import save_checkpoint
-
-    model, export_dir = exported("elu+1")
-    ckpt = save_checkpoint(model, tmp_path_factory.mktemp("nothing-lost") / "ckpt")
-    return ckpt, export_dir
-
-
-@pytest.fixture
-def world(sources, tmp_path, monkeypatch):
-    """A fresh working folder holding models/ckpt, export/, docs/thesis.txt (a user's file), file.txt."""
-    ckpt, export_dir = sources
-    shutil.copytree(ckpt, tmp_path / "models" / "ckpt")
-    shutil.copytree(export_dir, tmp_path / "export")
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "thesis.txt").write_text("years of work\n")
-    (tmp_path / "file.txt").write_text("a file\n")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every path under root -> 'dir', 'link -> target', 'fifo' or the sha256 of the file."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            if p.is_symlink():
-                out[rel] = f"link -> {os.readlink(p)}"
-            elif p.is_dir():
-                out[rel] = "dir"
-            elif not p.is_file():
-                out[rel] = "special"
-            elif p.stat().st_size > 64 << 20:  # the sparse giants of the read cases: size and time say enough
-                out[rel] = f"{p.stat().st_size} bytes, mtime {p.stat().st_mtime_ns}"
-            else:
-                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 def _session(w: Path):
