@@ -15,6 +15,7 @@ from edgelin.errors import CheckpointError, ExportError, OutputError
 import edgelin.exporters.exporter as export_impl
 from edgelin.exporters import export
 from edgelin.parity import Errors
+from edgelin.runtime.manifest import Manifest
 
 # A driver that knows only the contract: json + numpy + onnxruntime, with torch and edgelin unimportable.
 MANIFEST_ONLY_DRIVER = textwrap.dedent(
@@ -74,7 +75,7 @@ def test_manifest_alone_drives_both_graphs(exported):
 def test_reexport_is_byte_identical(exported, tmp_path):
     from edgelin.checkpoint import save_checkpoint, weights_sha256
 
-    model, _ = exported("performer")
+    model, in_memory = exported("performer")  # the shared export, made from the model object itself
     ckpt = save_checkpoint(model, tmp_path / "ckpt")
     a = export(ckpt, tmp_path / "a", chunk_size=8, check=False)
     b = export(ckpt, tmp_path / "b", chunk_size=8, check=False)
@@ -83,7 +84,7 @@ def test_reexport_is_byte_identical(exported, tmp_path):
     assert a.manifest.source == b.manifest.source == weights_sha256(ckpt)
     assert a.manifest.extra["chunk_size"] == 8 and a.manifest.model["chunk_size"] == 8
     # an in-memory model hashes to the same source as its saved checkpoint
-    assert export(model, tmp_path / "c", check=False).manifest.source == weights_sha256(ckpt)
+    assert Manifest.load(in_memory).source == weights_sha256(ckpt)
 
 
 def test_refuses_to_overwrite_without_force(exported, tmp_path):
