@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgelin.cli import main
+from testkit.cli import Case
 from testkit.files import tree
 from edgelin.errors import EdgelinError
 
@@ -145,22 +145,7 @@ def state_nan(w: Path) -> None:
     np.savez(w / "state.npz", **arrays)
 
 
-def setup_all(*fns):
-    def setup(w: Path) -> None:
-        for fn in fns:
-            fn(w)
-
-    return setup
-
-
 # ---- the table ---------------------------------------------------------------------------------------
-@dataclass
-class Case:
-    args: list[str]
-    expect: str  # a piece of the error line
-    setup: Callable[[Path], None] | None = None
-
-
 CK, EX = "models/ckpt", "export"
 CASES = {
     # export: the checkpoint

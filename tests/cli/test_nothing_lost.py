@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgelin.cli import main
+from testkit.cli import Case
 from testkit.files import tree
 from edgelin.runtime.manifest import sync_io
 from edgelin.errors import EdgelinError, OutputError
@@ -59,21 +59,6 @@ def fifo(name: str):
 def user_png(name: str):
     """A PNG that edgelin did not draw (a PNG signature and an IHDR chunk, no edgelin text chunk)."""
     return user_file(name, b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR" + bytes(13) + bytes(4))
-
-
-def setup_all(*fns):
-    def setup(w: Path) -> None:
-        for fn in fns:
-            fn(w)
-
-    return setup
-
-
-@dataclass
-class Case:
-    args: list[str]
-    expect: str  # a piece of the error line
-    setup: Callable[[Path], None] | None = None
 
 
 def run_cli_case(world: Path, case: Case) -> None:
