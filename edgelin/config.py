@@ -57,6 +57,18 @@ class ModelConfig:
     # The state update (one of UPDATES). "delta" needs normalisation "none", a per-head decay (or none) and a
     # feature map without positions; its state is S alone, the same contract as "additive" without z.
     update: str = "additive"
+    # Hybrid stacks (edgelin.attention): the layers (0-based) that are softmax attention with a KV cache instead of
+    # linear attention; n_heads x head_dim query heads, attn_kv_heads key/value heads (0 = n_heads; must divide
+    # n_heads), RoPE with base rope_theta over the whole head, a sliding window of attn_window positions (0 = the
+    # whole context) and a context limit of max_positions tokens (0 = none declared). With no attention layer these
+    # fields are left out of the config's JSON, so a pure-linear model's config (and export) does not change.
+    attn_layers: tuple = ()
+    attn_kv_heads: int = 0
+    attn_window: int = 0
+    rope_theta: float = 10000.0
+    max_positions: int = 0
+
+    ATTENTION_FIELDS = ("attn_layers", "attn_kv_heads", "attn_window", "rope_theta", "max_positions")
 
     def __post_init__(self) -> None:
         positive_ints = ("vocab_size", "d_model", "n_layers", "n_heads", "head_dim", "chunk_size", "cosformer_horizon", "gate_rank")
@@ -88,8 +100,30 @@ class ModelConfig:
             check_number(f"config field {name!r}", getattr(self, name), low=0, open_low=True, error=ConfigError)
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"config field 'tie_embeddings' must be true or false, got {self.tie_embeddings!r}")
+        self._check_attention()
         # layer i seeds its generator with feature_seed + i; torch takes seeds in [-2**63, 2**64 - 1]
         check_int("config field 'feature_seed'", self.feature_seed, low=-(2**63), high=2**64 - self.n_layers, error=ConfigError)
+
+    def _check_attention(self) -> None:
+        layers = self.attn_layers
+        if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise ConfigError(f"config field 'attn_layers' must be a list of layer indices, got {layers!r}")
+        if any(not 0 <= i < self.n_layers for i in layers) or len(set(layers)) != len(layers):
+            raise ConfigError(f"config field 'attn_layers' must list distinct layers in [0, {self.n_layers}), got {list(layers)}")
+        object.__setattr__(self, "attn_layers", tuple(sorted(layers)))
+        kv = check_int("config field 'attn_kv_heads'", self.attn_kv_heads, low=0, hint="0 = n_heads", error=ConfigError)
+        if kv and self.n_heads % kv:
+            raise ConfigError(f"config field 'attn_kv_heads' ({kv}) must divide n_heads ({self.n_heads})")
+        check_int("config field 'attn_window'", self.attn_window, low=0, hint="0 = the whole context", error=ConfigError)
+        check_int("config field 'max_positions'", self.max_positions, low=0, hint="0 = none declared", error=ConfigError)
+        check_number("config field 'rope_theta'", self.rope_theta, low=0, open_low=True, error=ConfigError)
+        if self.head_dim % 2 and layers:
+            raise ConfigError(f"config field 'head_dim' ({self.head_dim}) must be even for RoPE in the attention layers")
+        if self.attn_window and self.max_positions and self.attn_window > self.max_positions:
+            raise ConfigError(
+                f"config field 'attn_window' ({self.attn_window}) is larger than max_positions ({self.max_positions}); "
+                "a window cannot exceed the context limit"
+            )
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -112,7 +146,13 @@ class ModelConfig:
 
     # ---- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if not self.attn_layers:  # a pure-linear model: the attention fields say nothing
+            for name in self.ATTENTION_FIELDS:
+                del data[name]
+        else:
+            data["attn_layers"] = list(self.attn_layers)
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"

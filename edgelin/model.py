@@ -33,21 +33,7 @@ from torch import nn
 from edgelin.config import ModelConfig
 from edgelin.feature_maps import make_feature_map
 from edgelin.ops import DELTA_FORMS, FORMS, State, state_layout
-from edgelin.ops.lengths import check_lengths
-from edgelin.runtime.manifest import StateSpec
-from edgelin.state import fresh_state
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x / sqrt, not x * rsqrt: ONNX Runtime fuses exactly this pattern (Pow, ReduceMean, Add, Sqrt, Div, Mul)
-        # into one SimplifiedLayerNormalization node when it loads a graph; the rsqrt form stays 8 nodes
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+from edgelin.skeleton import CausalLM, RMSNorm, SwiGLU, init_weights, register_mixer
 
 
 class ShortConv(nn.Module):
@@ -164,10 +150,19 @@ class GLADecay(nn.Module):
 DECAYS = {"none": None, "fixed": FixedDecay, "scalar": ScalarDecay, "gla": GLADecay}
 
 
+@register_mixer("linear")
 class LinearAttention(nn.Module):
+    """LinearLM's mixer kind "linear" (edgelin.skeleton): linear attention with its feature map, decay, update rule
+    and short conv, in every form of edgelin.ops."""
+
+    accepts_lengths = True  # ragged batches in the sequence forms (edgelin.ops.lengths)
+
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.cfg = cfg
+        self.forms = tuple(DELTA_FORMS if cfg.update == "delta" else FORMS)
+        self.variant = f", update {cfg.update!r}" if cfg.update != "additive" else ""  # named in errors
+        self.bounded_state = cfg.decay != "none"  # S and z forget; the conv window and position are bounded
         inner = cfg.n_heads * cfg.head_dim
         self.q_proj = nn.Linear(cfg.d_model, inner, bias=False)
         self.k_proj = nn.Linear(cfg.d_model, inner, bias=False)
@@ -225,7 +220,8 @@ class LinearAttention(nn.Module):
         return self._heads(self.q_proj(x), step), self._heads(self.k_proj(x), step), self._heads(self.v_proj(x), step)
 
     def forward(
-        self, x: torch.Tensor, state: State | None, form: str = "chunk", lengths: torch.Tensor | None = None
+        self, x: torch.Tensor, state: State | None, *, form: str = "chunk", chunk_size: int | None = None,
+        lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, State]:
         """x [B, T, d_model] -> [B, T, d_model] and the layer's next state; ``form`` names the attention
         form (edgelin.ops.FORMS): "chunk" for the prefill graph, "step" (T = 1) for the decode graph.
@@ -238,14 +234,14 @@ class LinearAttention(nn.Module):
         ragged = {} if lengths is None else {"lengths": lengths}  # the step form takes no lengths
         q, k, v = self._qkv(x, step)  # [B, H, T, Dh] each
         if self.beta_proj is not None:
-            return self._delta(x_in, q, k, v, g, state, form, ragged, step, conv)
+            return self._delta(x_in, q, k, v, g, state, form, ragged, step, conv, chunk_size or self.cfg.chunk_size)
         o, state = FORMS[form](
             q, k, v, feature_map=self.phi, initial_state=state,
-            chunk_size=self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize, g=g, **ragged,
+            chunk_size=chunk_size or self.cfg.chunk_size, eps=self.cfg.eps, normalize=self.normalize, g=g, **ragged,
         )
         return self._merge(o, step), {**state, **conv}
 
-    def _delta(self, x, q, k, v, g, state, form, ragged, step, conv):
+    def _delta(self, x, q, k, v, g, state, form, ragged, step, conv, chunk_size):
         """The delta rule's forms (edgelin.ops.DELTA_FORMS) on phi(q), phi(k), L2-normalised there. beta reads
         the layer input before the short conv, as the decay's gate does."""
         if form not in DELTA_FORMS:
@@ -255,142 +251,44 @@ class LinearAttention(nn.Module):
         beta = b.view(B, self.cfg.n_heads, 1) if step else b.transpose(1, 2)  # [B, H, T]
         fq, fk = self.phi(q, is_query=True), self.phi(k, is_query=False)  # [B, H, T, F]
         o, state = DELTA_FORMS[form](
-            fq, fk, v, beta, g=g, initial_state=state, chunk_size=self.cfg.chunk_size,
+            fq, fk, v, beta, g=g, initial_state=state, chunk_size=chunk_size,
             scale=fq.shape[-1] ** -0.5, qk_l2norm=True, **ragged,
         )
         return self._merge(o, step), {**state, **conv}
 
 
-class SwiGLU(nn.Module):
+class LinearLM(CausalLM):
+    """The skeleton configured from a ``ModelConfig``: every layer linear attention (``cfg.attn_layers`` softmax
+    attention with a KV cache, edgelin.attention), SwiGLU MLPs, GPT-2 init."""
+
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = LinearAttention(cfg, layer)
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg)
-
-    def forward(self, x, state, form="chunk", lengths=None):
-        h, state = self.attn(self.attn_norm(x), state, form, lengths)
-        x = x + h
-        return x + self.mlp(self.mlp_norm(x)), state
-
-
-def init_weights(model: nn.Module) -> None:
-    """GPT-2 style: N(0, 0.02) for every linear and embedding weight, then the residual projections
-    (attn.o_proj, mlp.down) of each block scaled by 1/sqrt(2 n_layers). Shared by LinearLM and SoftmaxLM."""
-
-    def normal(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
-
-    model.apply(normal)
-    for block in model.blocks:
-        for proj in (block.attn.o_proj, block.mlp.down):
-            nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
-
-
-class LinearLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        super().__init__(
+            lambda i: make_layer(cfg, i), n_layers=cfg.n_layers, vocab_size=cfg.vocab_size, d_model=cfg.d_model,
+            mlp_hidden=cfg.mlp_hidden, norm_eps=cfg.norm_eps, tie_embeddings=cfg.tie_embeddings,
+            chunk_size=cfg.chunk_size, config=cfg.to_dict(),
+        )
         init_weights(self)
-
-    # ---- the model protocol (edgelin.protocol) ----------------------------------------------------
-    @property
-    def vocab_size(self) -> int:
-        return self.cfg.vocab_size
-
-    @property
-    def chunk_size(self) -> int:
-        return self.cfg.chunk_size
-
-    accepts_lengths = True  # forward(..., lengths=) prefills a right-padded ragged batch (edgelin.protocol)
-
-    @property
-    def state_decays(self) -> bool:
-        """S and z forget at a decay < 1 (cfg.decay); the other states (conv window, position) are bounded."""
-        return self.cfg.decay != "none"
 
     def model_config(self) -> dict:
         """The config, recorded as the manifest's "model" field."""
         return self.cfg.to_dict()
 
-    def state_specs(self) -> tuple[StateSpec, ...]:
-        """The state contract, in graph order: per layer S, z (with the denominator), pos (cosFormer), conv."""
-        return tuple(
-            StateSpec.for_key(f"{i}.{name}", shape, dtype, init)
-            for i, block in enumerate(self.blocks)
-            for name, (shape, dtype, init) in block.attn.state_layout().items()
-        )
-
-    def init_state(self, batch: int) -> State:
-        """Every state tensor at its init value; float tensors in the model's dtype."""
-        p = self.embed.weight
-        return fresh_state(self.state_specs(), batch, dtype=p.dtype, device=p.device)
-
-    @staticmethod
-    def _layer_state(state: State, i: int) -> State:
-        prefix = f"{i}."
-        return {name[len(prefix):]: t for name, t in state.items() if name.startswith(prefix)}
-
-    # ---- running -------------------------------------------------------------------------------
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x)
-        if self.lm_head is None:
-            return x @ self.embed.weight.T  # [B, T, vocab]
-        return self.lm_head(x)  # [B, T, vocab]
-
-    def forward(
-        self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk", lengths: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, State]:
-        """input_ids [B, T] -> logits [B, T, vocab], state after the last token. ``form``: the attention
-        form of every layer (edgelin.ops.FORMS); "step" takes T = 1 and is what ``step`` runs.
-
-        ``lengths`` [B] int64 (a ragged batch, right padding; sequence forms only): row b's real tokens are
-        its first lengths[b]; its returned state is that after its last real token, exactly as prefilling
-        the row alone, and its logits at t >= lengths[b] mean nothing (edgelin.ops.lengths)."""
-        if lengths is not None:
-            if form in ("step", "recurrent"):
-                raise ValueError(f"the {form} form takes no lengths (ragged batches run in the naive, chunk and parallel forms)")
-            lengths = check_lengths(lengths, tuple(input_ids.shape))
-        if state is None:
-            state = self.init_state(input_ids.shape[0])
-        x = self.embed(input_ids)  # [B, T, d_model]
-        new_state: State = {}
-        for i, block in enumerate(self.blocks):
-            x, layer = block(x, self._layer_state(state, i), form, lengths)
-            new_state.update({f"{i}.{name}": t for name, t in layer.items()})
-        return self._logits(x), new_state
-
-    def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        """One token per sequence: input_ids [B, 1] -> logits [B, 1, vocab], the next state."""
-        return self.forward(input_ids, state, form="step")
-
     def with_chunk_size(self, chunk_size: int) -> "LinearLM":
-        """The same weights with another prefill chunk length (the chunk changes no result, only speed)."""
-        if chunk_size == self.cfg.chunk_size:
-            return self
-        model = LinearLM(self.cfg.replace(chunk_size=chunk_size)).to(self.embed.weight.dtype)
-        model.load_state_dict(self.state_dict())
-        return model.train(self.training)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        model = super().with_chunk_size(chunk_size)
+        if model is not self:
+            model.cfg = self.cfg.replace(chunk_size=chunk_size)
+            model.config = model.cfg.to_dict()
+        return model
 
 
-__all__ = ["DECAYS", "FixedDecay", "GLADecay", "LinearLM", "RMSNorm", "ScalarDecay"]
+def make_layer(cfg: ModelConfig, layer: int) -> nn.Module:
+    """Layer ``layer``'s mixer: softmax attention at ``cfg.attn_layers``, linear attention elsewhere."""
+    if layer in cfg.attn_layers:
+        from edgelin.attention import attention_from_config
+
+        return attention_from_config(cfg)
+    return LinearAttention(cfg, layer)
+
+
+__all__ = ["DECAYS", "FixedDecay", "GLADecay", "LinearAttention", "LinearLM", "RMSNorm", "ScalarDecay", "SwiGLU", "init_weights"]

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from edgelin.parity import rel_max
-from edgelin.runtime.manifest import BATCH, StateSpec
+from edgelin.runtime.manifest import StateSpec
 
 State = dict[str, torch.Tensor]
 
@@ -19,10 +19,11 @@ State = dict[str, torch.Tensor]
 def fresh_state(
     specs: Iterable[StateSpec], batch: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
 ) -> State:
-    """Every state tensor at its init value: float states in ``dtype``, int64 states as int64."""
+    """Every state tensor at its init value: float states in ``dtype``, int64 states as int64; a growing state
+    (a KV cache, dim "past") holds no positions yet."""
     return {
         s.key: torch.full(
-            tuple(batch if d == BATCH else d for d in s.shape), s.init,
+            s.concrete_shape(batch, past=0), s.init,
             dtype=torch.int64 if s.dtype == "int64" else dtype, device=device,
         )
         for s in specs

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from edgelin.protocol import chunk_size
-from edgelin.state import fresh_state
+from edgelin.runtime.manifest import PAST
 
 INPUT_IDS = "input_ids"
 LENGTHS = "lengths"  # the ragged prefill graph's per-row token counts, int64 [batch]
@@ -26,6 +26,7 @@ LOGITS = "logits"
 ROLES = {"prefill": "forward", "decode": "step"}  # graph role -> the model method (form) it traces
 EXAMPLE_BATCH = 2  # >= 2: a batch of 1 lets the exporter specialise the batch dim (docs/DESIGN.md, traps)
 MAX_BATCH, MAX_SEQUENCE = 1 << 16, 1 << 24
+EXAMPLE_PAST = 5  # positions in an example KV cache (the positions of its row differ: see edgelin.attention)
 
 
 def io_names(model: Any, lengths: bool = False) -> tuple[list[str], list[str]]:
@@ -90,8 +91,16 @@ def graph_spec(model: nn.Module, role: str, form: str | None = None, *, lengths:
     lengths = lengths and role == "prefill"
     specs = model.state_specs()
     p = next(model.parameters(), None)
-    state = fresh_state(specs, EXAMPLE_BATCH, dtype=p.dtype if p is not None else torch.float32)
+    dtype = p.dtype if p is not None else torch.float32
+    # a growing state (a KV cache) gets EXAMPLE_PAST positions: a distinct size >= 2, nothing traced for 0 or 1
+    state = {s.key: torch.full(s.concrete_shape(EXAMPLE_BATCH, EXAMPLE_PAST), s.init, dtype=torch.int64 if s.dtype == "int64" else dtype)
+             for s in specs}
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    past = torch.export.Dim(PAST, min=0, max=MAX_SEQUENCE)
+
+    def state_dims(spec) -> dict:
+        return {0: batch} | {i: past for i, d in enumerate(spec.shape) if d == PAST}
+
     length = 1 if role == "decode" else 2 * chunk_size(model) + 3
     ids = torch.zeros(EXAMPLE_BATCH, length, dtype=torch.int64)
     id_dims = {0: batch} if role == "decode" else {0: batch, 1: torch.export.Dim("sequence", min=1, max=MAX_SEQUENCE)}
@@ -101,7 +110,7 @@ def graph_spec(model: nn.Module, role: str, form: str | None = None, *, lengths:
         module=Graph(model, form or ROLES[role], lengths).eval(),
         example=(ids, *ragged, *(state[s.key] for s in specs)),
         input_names=inputs, output_names=outputs,
-        dynamic_shapes=(id_dims, tuple({0: batch} for _ in (*ragged, *specs))),  # *inputs: lengths, then states
+        dynamic_shapes=(id_dims, (*({0: batch} for _ in ragged), *(state_dims(s) for s in specs))),  # *inputs: lengths, then states
     )
 
 

@@ -57,6 +57,8 @@ FORMAT_V1 = "edgelin/1"  # still read, upgraded in memory
 MANIFEST_FILE = "edgelin.json"
 METADATA_KEY = "edgelin"  # key of the manifest in each graph's metadata_props
 BATCH = "batch"
+PAST = "past"  # a growing state's (a KV cache's) positions: 0 for a fresh sequence
+PRESENT = "present"  # a growing state's positions after a call: past + the call's tokens, at most its window
 STATE_PREFIX, PRESENT_PREFIX = "state.", "present."  # graph input / output name of the state with key K
 DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64}
 GRAPHS = ("prefill", "decode")
@@ -73,6 +75,11 @@ SYMBOLS = {
     BATCH: "sequences run together (>= 1); the same for every input and output of one call",
     SEQUENCE: "tokens in one prefill call (>= min_sequence); decode takes exactly 1",
 }
+GROWING_SYMBOLS = {  # in "symbols" only when a state grows
+    PAST: "positions a growing state (a KV cache) holds before a call: 0 for a fresh sequence; the same for "
+          "every growing state and row of one call (rows of different lengths are left-padded, see docs/manifest.md)",
+    PRESENT: "positions a growing state holds after a call: past + the call's tokens, at most the state's window",
+}
 SEQUENCE_DIM = {"prefill": SEQUENCE, "decode": 1}  # the token dim of input_ids and logits, per graph
 LOGITS_LAYOUT = {"axes": (BATCH, SEQUENCE, "vocab"), "positions": "every", "next_token": "last"}
 LOGITS_DTYPES = ("float32", "float16")
@@ -83,6 +90,11 @@ HUGGINGFACE = "huggingface"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 PREFILL_PIECE = 1024  # the runtime's default longest prefill call (tokens); bounds memory for any prompt length
 HASH_BLOCK = 1 << 20
+
+
+def state_key(layer: int, name: str) -> str:
+    """The one place a (layer index, state name) pair becomes a state key, e.g. (0, "S") -> "0.S"."""
+    return f"{layer}.{name}"
 
 
 def state_io_names(key: str) -> tuple[str, str]:
@@ -100,15 +112,18 @@ class StateSpec:
     shape: tuple  # ints and symbolic dims (strings): e.g. ("batch", 4, 64, 64)
     dtype: str  # a key of DTYPES
     init: float | int  # value of a fresh sequence's state
+    window: int | None = None  # a growing state only: the most positions it keeps (None: all)
 
     @classmethod
-    def for_key(cls, key: str, shape: tuple, dtype: str = "float32", init: float | int = 0.0) -> "StateSpec":
+    def for_key(cls, key: str, shape: tuple, dtype: str = "float32", init: float | int = 0.0, window: int | None = None) -> "StateSpec":
         """The spec of state ``key`` ("{layer}.{name}"); IO names from ``state_io_names``."""
         if dtype not in DTYPES:
             raise ManifestError(f"state {key!r} has dtype {dtype!r}; supported: {', '.join(DTYPES)}")
-        if not shape or shape[0] != BATCH or not all(isinstance(d, int) and d > 0 for d in shape[1:]):
-            raise ManifestError(f"state {key!r} has shape {shape!r}; expected ({BATCH!r}, positive ints...)")
-        return cls(*state_io_names(key), tuple(shape), dtype, init)
+        if not shape or shape[0] != BATCH or not all((isinstance(d, int) and d > 0) or d == PAST for d in shape[1:]):
+            raise ManifestError(f"state {key!r} has shape {shape!r}; expected ({BATCH!r}, positive ints or {PAST!r}...)")
+        if window is not None and (PAST not in shape or isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ManifestError(f"state {key!r}: a window (positive int) belongs to a growing state (shape with {PAST!r}), got {window!r}")
+        return cls(*state_io_names(key), tuple(shape), dtype, init, window)
 
     @property
     def key(self) -> str:
@@ -119,14 +134,26 @@ class StateSpec:
     def np_dtype(self) -> np.dtype:
         return np.dtype(DTYPES[self.dtype])
 
-    def concrete_shape(self, batch: int) -> tuple[int, ...]:
-        return tuple(batch if d == BATCH else int(d) for d in self.shape)
+    @property
+    def grows(self) -> bool:
+        """True for a state that grows along the sequence (a KV cache): its shape has the "past" dim."""
+        return PAST in self.shape
 
-    def nbytes(self, batch: int = 1) -> int:
-        return math.prod(self.concrete_shape(batch)) * self.np_dtype.itemsize  # exact: no int64 overflow
+    def concrete_shape(self, batch: int, past: int = 0) -> tuple[int, ...]:
+        """The shape for ``batch`` sequences holding ``past`` positions (a growing state; 0: a fresh one)."""
+        return tuple(batch if d == BATCH else past if d == PAST else int(d) for d in self.shape)
+
+    def nbytes(self, batch: int = 1, past: int = 0) -> int:
+        return math.prod(self.concrete_shape(batch, past)) * self.np_dtype.itemsize  # exact: no int64 overflow
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input": self.input, "output": self.output, "shape": list(self.shape), "dtype": self.dtype, "init": self.init}
+        d = {"input": self.input, "output": self.output, "shape": list(self.shape), "dtype": self.dtype, "init": self.init}
+        return d if self.window is None else {**d, "window": self.window}
+
+    def present_length(self, past: int, tokens: int) -> int:
+        """Positions a growing state holds after a call of ``tokens`` tokens from ``past``."""
+        n = past + tokens
+        return n if self.window is None else min(n, self.window)
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "StateSpec":
@@ -147,8 +174,8 @@ class StateSpec:
             )
         if shape[0] != BATCH:
             raise ManifestError(f"{where} has shape {_short(shape)}; the first dim must be {BATCH!r}")
-        if any(isinstance(s, str) for s in shape[1:]):
-            raise ManifestError(f"{where} has shape {_short(shape)}; only the batch dim may be symbolic")
+        if any(isinstance(s, str) and s != PAST for s in shape[1:]):
+            raise ManifestError(f"{where} has shape {_short(shape)}; only the batch dim and {PAST!r} may be symbolic")
         init = d["init"]
         if d["dtype"] == "int64":
             if isinstance(init, bool) or not isinstance(init, int) or not -(2**63) <= init < 2**63:
@@ -157,7 +184,12 @@ class StateSpec:
             raise ManifestError(f"{where}: 'init' must be a finite number, got {_short(init)}")
         elif not _fits(init, d["dtype"]):
             raise ManifestError(f"{where}: 'init' {init!r} does not fit in {d['dtype']}")
-        return cls(d["input"], d["output"], tuple(shape), d["dtype"], init)
+        window = d.get("window")
+        if window is not None and (PAST not in shape or not _dim_ok(window) or isinstance(window, str)):
+            raise ManifestError(f"{where}: 'window' must be a positive integer on a state whose shape has {PAST!r}, got {_short(window)}")
+        if shape.count(PAST) > 1:
+            raise ManifestError(f"{where} has shape {_short(shape)}; {PAST!r} may appear once")
+        return cls(d["input"], d["output"], tuple(shape), d["dtype"], init, window)
 
 
 class FormatWarning(UserWarning):
@@ -208,9 +240,15 @@ class Manifest:
         object.__setattr__(self, "tokenizer", normalize_tokenizer(self.tokenizer))
 
     # ---- sizes ---------------------------------------------------------------------------------
-    def state_bytes(self, batch: int = 1) -> int:
-        """Bytes of the whole recurrent state for ``batch`` sequences (constant in sequence length)."""
-        return sum(s.nbytes(batch) for s in self.states)
+    def state_bytes(self, batch: int = 1, past: int = 0) -> int:
+        """Bytes of the whole state for ``batch`` sequences; a growing state (KV cache) at ``past`` positions (its
+        window at most). Without a growing state the size is the same at any length."""
+        return sum(s.nbytes(batch, past if s.window is None else min(past, s.window)) for s in self.states)
+
+    @property
+    def grows(self) -> bool:
+        """True when some state grows with the sequence (a KV cache): the state's size depends on the context."""
+        return any(s.grows for s in self.states)
 
     # ---- the graphs' inputs and outputs --------------------------------------------------------
     def io(self, graph: str) -> dict[str, list[dict[str, Any]]]:
@@ -249,7 +287,7 @@ class Manifest:
             "format": FORMAT,
             "graphs": dict(self.graphs),
             "sha256": None if self.sha256 is None else dict(self.sha256),
-            "symbols": dict(SYMBOLS),
+            "symbols": dict(SYMBOLS) | (GROWING_SYMBOLS if self.grows else {}),
             "io": {g: self.io(g) for g in GRAPHS},
             "input_ids": self.input_ids,
             "logits": self.logits,
@@ -394,7 +432,8 @@ def implied_io(graph: str, input_ids: str, logits: str, logits_dtype: str, vocab
     ragged = [tensor(lengths, "int64", [BATCH])] if lengths is not None and graph == "prefill" else []
     return {
         "inputs": [tensor(input_ids, "int64", [BATCH, seq])] + ragged + [tensor(s["input"], s["dtype"], s["shape"]) for s in states],
-        "outputs": [tensor(logits, logits_dtype, [BATCH, seq, vocab])] + [tensor(s["output"], s["dtype"], s["shape"]) for s in states],
+        "outputs": [tensor(logits, logits_dtype, [BATCH, seq, vocab])]
+        + [tensor(s["output"], s["dtype"], [PRESENT if d == PAST else d for d in s["shape"]]) for s in states],
     }
 
 
@@ -570,6 +609,6 @@ def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
 
 __all__ = [
     "BATCH", "DTYPES", "FORMAT", "HUGGINGFACE", "TOKENIZER_FILES", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "PREFILL_PIECE", "SEQUENCE",
-    "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "canonical_json", "canonical_manifest_equal",
+    "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "state_key", "canonical_json", "canonical_manifest_equal",
     "file_sha256", "normalize_tokenizer", "parse_json", "plain_file_name", "sync_io",
 ]

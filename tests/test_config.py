@@ -14,7 +14,7 @@ NON_DEFAULT = ModelConfig(
     vocab_size=300, d_model=48, n_layers=3, n_heads=6, head_dim=8, feature_map="performer",
     mlp_ratio=2.5, chunk_size=32, eps=1e-8, normalisation="none", norm_eps=1e-6, tie_embeddings=False,
     feature_seed=-3, n_features=40, cosformer_horizon=1000, conv_size=3, decay="scalar", gate_rank=5,
-    update="delta",
+    update="delta", attn_layers=(0, 2), attn_kv_heads=3, attn_window=64, rope_theta=5e5, max_positions=4096,
 )
 
 
@@ -187,3 +187,26 @@ def test_mlp_hidden(d_model, mlp_ratio, expected):
     hidden = ModelConfig(d_model=d_model, mlp_ratio=mlp_ratio).mlp_hidden
     assert hidden == expected
     assert hidden % 8 == 0
+
+
+def test_a_pure_linear_config_writes_no_attention_fields():
+    """Configs (and so manifests) of models without attention layers are exactly what they were before hybrids."""
+    assert not set(ModelConfig.ATTENTION_FIELDS) & set(ModelConfig().to_dict())
+    hybrid = ModelConfig(n_layers=3, attn_layers=[2, 0]).to_dict()
+    assert hybrid["attn_layers"] == [0, 2] and set(ModelConfig.ATTENTION_FIELDS) <= set(hybrid)
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"attn_layers": [4]}, "attn_layers"),
+    ({"attn_layers": [1, 1]}, "attn_layers"),
+    ({"attn_layers": "1"}, "attn_layers"),
+    ({"attn_layers": [True]}, "attn_layers"),
+    ({"attn_layers": [1], "attn_kv_heads": 3}, "attn_kv_heads"),  # 3 does not divide n_heads 4
+    ({"attn_layers": [1], "attn_window": -1}, "attn_window"),
+    ({"attn_layers": [1], "attn_window": 512, "max_positions": 256}, "attn_window"),
+    ({"attn_layers": [1], "rope_theta": 0}, "rope_theta"),
+    ({"attn_layers": [1], "head_dim": 7}, "head_dim"),
+])
+def test_bad_attention_fields_name_the_field(changes, field):
+    with pytest.raises(ConfigError, match=field):
+        ModelConfig(**{"n_layers": 4, **changes})

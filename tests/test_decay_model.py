@@ -164,7 +164,7 @@ def test_layer_matches_a_hand_written_decayed_recurrence(decay, fm):
     cfg = attn.cfg
     Bx, T, H, D = 2, 2 * C + 3, cfg.n_heads, cfg.head_dim
     x = torch.randn(Bx, T, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    got, _ = attn(x, None, "chunk")
+    got, _ = attn(x, None, form="chunk")
 
     g = expected_gate(attn, x)  # gates read the input before the conv
     if g.dim() == 3:

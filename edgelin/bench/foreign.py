@@ -242,7 +242,7 @@ def foreign_worker_main(spec: dict[str, Any]) -> None:
         "check": check,
         "contenders": {
             "ort_iobinding": "the export's decode graph through edgelin.runtime Session (IO binding, state buffers reused)",
-            "torch_eager": "the imported model's step (edgelin's FlaCausalLM), PyTorch eager, inference_mode",
+            "torch_eager": "the imported model's step (edgelin.skeleton.CausalLM), PyTorch eager, inference_mode",
             "fla_step": "fla's LinearAttentionForCausalLM cached step, attn_mode='fused_recurrent'"
                         + ("" if spec["fused"] else ", fuse_norm=False, fuse_swiglu=False")
                         + ": fla's Triton kernels in Triton's CPU interpreter (TRITON_INTERPRET=1; Triton has no CPU "

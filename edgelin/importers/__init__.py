@@ -5,8 +5,9 @@ edgelin's model protocol (``edgelin.protocol.ExportableModel``), so it exports, 
 edgelin's own ``LinearLM``. Importers are loaded on first use: importing this package does not import torch.
 
 Adding a family: write a function ``(Path) -> model`` and register it under its ``model_type`` with
-``register_importer``; flash-linear-attention families register an attention builder in
-``edgelin.importers.fla`` instead and reuse its model skeleton, config checks and weight matching.
+``register_importer``. Every importer builds the one model skeleton (``edgelin.skeleton.CausalLM``) with its
+mixers; flash-linear-attention families are one module each in ``edgelin.importers.fla`` and share its config
+reading (``edgelin.importers.fields``) and weight matching (``edgelin.importers.weights``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ def _lazy(module: str, name: str) -> Importer:
     return load
 
 
-register_importer("linear_attn", _lazy("edgelin.importers.fla", "load_linear_attn"))
-register_importer("retnet", _lazy("edgelin.importers.fla", "load_retnet"))
-register_importer("gla", _lazy("edgelin.importers.fla", "load_gla"))
+for _family in ("linear_attn", "retnet", "gla"):  # flash-linear-attention: one module per model_type
+    register_importer(_family, _lazy(f"edgelin.importers.fla.{_family}", "load"))
 
 
 def supported() -> tuple[str, ...]:

@@ -18,25 +18,34 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 class Renamer:
-    """Checkpoint name <-> model name through (checkpoint fragment, model fragment) pairs, e.g.
-    (".mlp.gate_proj.", ".mlp.gate."). A whole-name pair such as ("lm_head.weight", "model.embeddings.weight")
-    makes an alias of a tied tensor."""
+    """Checkpoint name <-> model name through (checkpoint part, model part) pairs, applied in order, each at most
+    once: a prefix ("model.layers.", "blocks."), a fragment (".mlp.gate_proj.", ".mlp.gate."; starts with a dot),
+    or a whole name such as ("lm_head.weight", "embed.weight"), which makes an alias of a tied tensor."""
 
     def __init__(self, pairs: list[tuple[str, str]]) -> None:
         self.pairs = list(pairs)
 
     @staticmethod
-    def _swap(name: str, pairs) -> str:
-        for old, new in pairs:
-            if name == old or (old.startswith(".") and old in name):
-                return name.replace(old, new, 1)
+    def _apply(name: str, old: str, new: str) -> str:
+        if name == old:
+            return new
+        if old.startswith("."):
+            return name.replace(old, new, 1) if old in name else name
+        if old.endswith(".") and name.startswith(old):
+            return new + name[len(old):]
         return name
 
     def __call__(self, checkpoint_name: str) -> str:
-        return self._swap(checkpoint_name, self.pairs)
+        name = checkpoint_name
+        for old, new in self.pairs:
+            name = self._apply(name, old, new)
+        return name
 
     def inverse(self, model_name: str) -> str:
-        return self._swap(model_name, [(new, old) for old, new in self.pairs])
+        name = model_name
+        for old, new in reversed(self.pairs):
+            name = self._apply(name, new, old)
+        return name
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -82,7 +82,6 @@ def test_unknown_model_type_lists_the_supported_ones(ckpt, refused):
 
 
 @pytest.mark.parametrize("field, value, fragment", [
-    pytest.param("attn", {"layers": [1], "num_heads": 4}, "softmax", id="attn-hybrid"),
     pytest.param("attnres_block_size", 2, "attention residuals", id="attnres_block_size"),
     pytest.param("hidden_act", "powlu", "'swish'", id="hidden_act"),
     pytest.param("feature_map", "taylor", "'elementwise_product'", id="feature_map"),
@@ -175,7 +174,7 @@ def test_cli_export_exits_2_with_one_line(ckpt, tmp_path, change, fragment):
 def test_half_precision_weights_load_as_float32(ckpt):
     edit_weights(ckpt, lambda t: t.update({n: v.to(torch.bfloat16) for n, v in t.items()}))
     model = load_checkpoint(ckpt)
-    weight = model.model.layers[0].attn.q_proj.weight
+    weight = model.blocks[0].attn.q_proj.weight
     saved = load_file(ckpt / "model.safetensors")["model.layers.0.attn.q_proj.weight"]
     assert weight.dtype == torch.float32 and torch.equal(weight, saved.to(torch.float32))
 

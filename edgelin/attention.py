@@ -1,0 +1,198 @@
+"""Softmax attention with a KV cache: the mixer kind "attention" of hybrid stacks (edgelin.skeleton).
+
+State per layer (the KV cache, a state that grows along the sequence):
+
+    key   [B, H_kv, P, D]    keys after RoPE (and the k norm), oldest first
+    value [B, H_kv, P, Dv]
+    pos   [B] int64          tokens this row has seen (the absolute position of its next token)
+
+P is the manifest's symbol "past": 0 for a fresh sequence, P + T after a call of T tokens, at most the window W
+when the layer has one (``window``: each query sees itself and the W - 1 positions before it; the cache keeps
+the last W positions, so the state stops growing at W).
+
+One rule masks everything. Slot j of row b (j over the P cached then the T new positions) holds the token at
+absolute position a_j = pos_b - P + j: the cache is right-aligned, so rows of different lengths can share one
+batch with their caches left-padded (slots with a_j < 0 are padding). Query t (absolute pos_b + t) sees slot j
+iff 0 <= a_j <= pos_b + t and, with a window, pos_b + t - a_j < W. Queries of a key/value group share one MatMul
+against the cache (grouped heads are never expanded).
+
+RoPE rotates halves (GPT-NeoX / fla / transformers' rotate_half), at absolute positions, over the first
+``rotary_dim`` features of each head (partial rotary), with inv_freq = theta^(-2i / rotary_dim) in float32.
+Options: biases on q/k/v (``qkv_bias``), per-head RMSNorms on q and k before RoPE (``qk_norm``), and Qwen's
+output gate (``output_gate``: o * sigmoid(W_g x) before o_proj). Only portable operators (Concat, Slice, MatMul,
+Softmax, Where): the graphs run in every runtime edgelin has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgelin.skeleton import RMSNorm, register_mixer
+from edgelin.state import State
+
+PAST = "past"  # the manifest's symbol for the positions a growing state holds
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rotary_dim: int | None = None  # None: the whole head
+    window: int | None = None  # None: the whole context
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    output_gate: bool = False
+    norm_eps: float = 1e-6
+
+
+def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
+    """theta^(-2i / rotary_dim), i < rotary_dim / 2, float32 (as fla and transformers compute it)."""
+    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim))
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """RoPE by halves on the first 2 * len(inv_freq) features: x [B, h, T, D], positions [B, T] int64."""
+    r = 2 * inv_freq.shape[0]
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, r / 2]
+    cos, sin = angles.cos()[:, None].to(x.dtype), angles.sin()[:, None].to(x.dtype)  # [B, 1, T, r / 2]
+    rot, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    x1, x2 = rot.chunk(2, dim=-1)  # [B, h, T, r / 2] each
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [B, h, T, r]
+    return out if rest is None else torch.cat([out, rest], dim=-1)
+
+
+def cache_mask(pos: torch.Tensor, past: int | torch.SymInt, T: int | torch.SymInt, window: int | None) -> torch.Tensor:
+    """[B, 1, T, P + T] bool: query t of row b may read slot j (module docstring)."""
+    device = pos.device
+    slot = pos[:, None] - past + torch.arange(past + T, device=device)[None, :]  # [B, P + T] absolute position of slot j
+    query = pos[:, None] + torch.arange(T, device=device)[None, :]  # [B, T]
+    seen = (slot[:, None, :] >= 0) & (slot[:, None, :] <= query[:, :, None])  # [B, T, P + T]
+    if window is not None:
+        seen = seen & (query[:, :, None] - slot[:, None, :] < window)
+    return seen[:, None]  # [B, 1, T, P + T]
+
+
+@register_mixer("attention")
+class Attention(nn.Module):
+    """Softmax attention over a KV cache (module docstring). Forms: "chunk" (any T: the prefill graph) and
+    "step" (T = 1: the decode graph) run the same code; "naive" is a per-query float64-friendly loop."""
+
+    forms = ("chunk", "step", "naive")
+    accepts_lengths = False  # a right-padded ragged batch would put padding inside the right-aligned cache
+    bounded_state = True  # keys and values are activations, not running sums: float16 holds them
+
+    def __init__(self, o: AttentionOptions) -> None:
+        super().__init__()
+        if o.num_heads % o.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({o.num_kv_heads}) must divide num_heads ({o.num_heads})")
+        self.o = o
+        self.groups = o.num_heads // o.num_kv_heads
+        rotary = o.head_dim if o.rotary_dim is None else o.rotary_dim
+        if rotary % 2 or not 0 < rotary <= o.head_dim:
+            raise ValueError(f"the rotary width must be even and in (0, head_dim = {o.head_dim}], got {rotary}")
+        self.q_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim, bias=o.qkv_bias)
+        self.k_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
+        self.v_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
+        self.o_proj = nn.Linear(o.num_heads * o.head_dim, o.d_model, bias=False)
+        self.g_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim, bias=False) if o.output_gate else None
+        self.q_norm = RMSNorm(o.head_dim, o.norm_eps) if o.qk_norm else None
+        self.k_norm = RMSNorm(o.head_dim, o.norm_eps) if o.qk_norm else None
+        self.register_buffer("inv_freq", rope_inv_freq(rotary, o.rope_theta), persistent=False)  # [rotary / 2]
+
+    def state_layout(self) -> dict[str, tuple]:
+        o = self.o
+        return {
+            "key": (("batch", o.num_kv_heads, PAST, o.head_dim), "float32", 0.0, o.window),
+            "value": (("batch", o.num_kv_heads, PAST, o.head_dim), "float32", 0.0, o.window),
+            "pos": (("batch",), "int64", 0),
+        }
+
+    def _heads(self, x: torch.Tensor, heads: int, norm: RMSNorm | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        x = x.view(B, T, heads, self.o.head_dim)  # [B, T, h, D]
+        if norm is not None:
+            x = norm(x)
+        return x.transpose(1, 2)  # [B, h, T, D]
+
+    def forward(
+        self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None,
+        lengths: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, State]:
+        if form not in self.forms:
+            raise ValueError(f"attention runs the forms {', '.join(self.forms)}, not {form!r}")
+        if lengths is not None:
+            raise ValueError("attention layers take no lengths (a ragged batch); prefill the rows one by one")
+        o = self.o
+        B, T, _ = x.shape
+        pos = state["pos"]  # [B]
+        positions = pos[:, None] + torch.arange(T, device=x.device)[None, :]  # [B, T]
+        q = rotate(self._heads(self.q_proj(x), o.num_heads, self.q_norm), positions, self.inv_freq)  # [B, H, T, D]
+        k = rotate(self._heads(self.k_proj(x), o.num_kv_heads, self.k_norm), positions, self.inv_freq)  # [B, Hkv, T, D]
+        v = self._heads(self.v_proj(x), o.num_kv_heads, None)  # [B, Hkv, T, D]
+        past = state["key"].shape[2]
+        keys = torch.cat([state["key"], k], dim=2)  # [B, Hkv, P + T, D]
+        values = torch.cat([state["value"], v], dim=2)  # [B, Hkv, P + T, D]
+        seen = cache_mask(pos, past, T, o.window)  # [B, 1, T, P + T]
+        if form == "naive":
+            y = self._naive(q, keys, values, seen)
+        else:
+            y = self._grouped(q, keys, values, seen)  # [B, H, T, D]
+        y = y.transpose(1, 2).reshape(B, T, o.num_heads * o.head_dim)  # [B, T, H D]
+        if self.g_proj is not None:
+            y = y * torch.sigmoid(self.g_proj(x))
+        if o.window is not None:  # keep the last W positions (all of them while fewer)
+            keys, values = keys[:, :, -o.window :], values[:, :, -o.window :]
+        return self.o_proj(y), {"key": keys, "value": values, "pos": pos + T}
+
+    def _grouped(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """The queries of each key/value group in one MatMul: [B, Hkv, G T, D] x [B, Hkv, D, P + T]."""
+        B, H, T, D = q.shape
+        Hkv, G = self.o.num_kv_heads, self.groups
+        scores = (q.reshape(B, Hkv, G * T, D) @ keys.transpose(2, 3)) * D**-0.5  # [B, Hkv, G T, P + T]
+        scores = scores.view(B, Hkv, G, T, -1)
+        scores = torch.where(seen[:, :, None], scores, torch.tensor(float("-inf"), dtype=scores.dtype))  # [B, Hkv, G, T, P + T]
+        weights = torch.softmax(scores, dim=-1).reshape(B, Hkv, G * T, -1)
+        return (weights @ values).reshape(B, H, T, D)  # [B, H, T, D]
+
+    def _naive(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """One query head and position at a time, keys of its group picked by index: the slow reference."""
+        B, H, T, D = q.shape
+        out = torch.zeros_like(q)
+        for b in range(B):
+            for h in range(H):
+                kv = h // self.groups
+                for t in range(T):
+                    mask = seen[b, 0, t]  # [P + T]
+                    s = (keys[b, kv][mask] @ q[b, h, t]) * D**-0.5  # [n]
+                    out[b, h, t] = torch.softmax(s, dim=0) @ values[b, kv][mask]
+        return out
+
+
+def attention_from_config(cfg) -> Attention:
+    """The attention layer of a LinearLM hybrid (``cfg.attn_layers``; edgelin.config)."""
+    return Attention(AttentionOptions(
+        d_model=cfg.d_model, num_heads=cfg.n_heads, num_kv_heads=cfg.attn_kv_heads or cfg.n_heads, head_dim=cfg.head_dim,
+        rope_theta=float(cfg.rope_theta), window=cfg.attn_window or None, norm_eps=cfg.norm_eps,
+    ))
+
+
+def sdpa_reference(q, k, v, *, window: int | None = None, groups: int = 1) -> torch.Tensor:
+    """Causal softmax attention over whole sequences in float64 with torch's SDPA: q [B, H, T, D], k, v
+    [B, H / groups, T, D] (positions 0..T-1, keys already rotated); the independent check of the cache."""
+    T = q.shape[2]
+    i = torch.arange(T)
+    mask = i[None, :] <= i[:, None]
+    if window is not None:
+        mask = mask & (i[:, None] - i[None, :] < window)
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+
+
+__all__ = ["Attention", "AttentionOptions", "PAST", "attention_from_config", "cache_mask", "rope_inv_freq", "rotate", "sdpa_reference"]

@@ -1,0 +1,228 @@
+"""fla's gated families' shared mixer: RetNet's MultiScaleRetention and GLA's GatedLinearAttention (the family
+modules ``retnet`` and ``gla`` register them)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgelin.feature_maps import Adjusted, make_feature_map
+from edgelin.importers.fields import Fields
+from edgelin.importers.fla import Common, share_state, split_heads, unshare_state
+from edgelin.importers.fla.linear_attn import read_heads
+from edgelin.ops import FORMS, State, recurrent_step
+from edgelin.skeleton import RMSNorm, fixed_norm, register_mixer
+
+# fla's feature_map for RetNet and GLA: an activation on q and k (None: none), before the rotary (RetNet) and
+# before the kernel's K^-0.5 query scale. Both families' activation tables give these the same functions.
+GATED_FEATURE_MAPS: dict[str | None, Callable[[torch.Tensor], torch.Tensor] | None] = {
+    None: None, "relu": torch.relu, "sigmoid": torch.sigmoid, "swish": F.silu, "silu": F.silu,
+}
+GLA_GATE_NORMALIZER = 16  # fla's GatedLinearAttention default; its model does not pass the config's
+GLA_GATE_RANK = 16  # the low-rank gate projection's width (likewise fixed by the model)
+ROTARY_BASE = 10000.0
+
+
+def read_feature_activation(f: Fields) -> str | None:
+    fm = f.get("feature_map")
+    if fm not in GATED_FEATURE_MAPS:
+        allowed = ", ".join(repr(n) for n in GATED_FEATURE_MAPS if n is not None)
+        raise f.fail("feature_map", f"is {fm!r}; edgelin supports null, {allowed}")
+    return fm
+
+
+@dataclass(frozen=True)
+class GatedOptions:
+    """The attention layer of fla's RetNet (``decay="fixed"``) or GLA (``decay="gla"``)."""
+
+    decay: str  # "fixed": gamma_h = 1 - 2^(-5-h) per head, with rotary positions; "gla": the data-dependent gate
+    num_heads: int
+    num_kv_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    feature_map: str | None  # a GATED_FEATURE_MAPS key
+    output_gate: bool  # g_proj: RMSNorm(o) * swish(g_proj(x)); else RMSNorm(o)
+    elementwise_affine: bool
+    short_conv: bool = False  # GLA: depthwise causal convs (+ SiLU) after the q, k, v projections
+    conv_size: int = 4
+    clamp_min: float | None = None  # GLA: lower bound of the log-gate
+
+
+def read_retnet(f: Fields, common: Common) -> GatedOptions:
+    heads, kv_heads, head_k_dim, head_v_dim = read_heads(f, common)
+    if head_k_dim % 2 or head_k_dim > 256:
+        raise f.fail("expand_k", f"gives a key head width of {head_k_dim}; fla's rotary needs an even width <= 256")
+    f.flag("use_short_conv")  # fla's RetNet model does not pass it (nor conv_size) to its layer: no convs
+    f.integer("conv_size")
+    return GatedOptions(
+        decay="fixed", num_heads=heads, num_kv_heads=kv_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        feature_map=read_feature_activation(f), output_gate=f.flag("use_output_gate"),
+        elementwise_affine=f.flag("elementwise_affine"),
+    )
+
+
+def read_gla(f: Fields, common: Common) -> GatedOptions:
+    heads, kv_heads, head_k_dim, head_v_dim = read_heads(f, common)
+    clamp = f.get("clamp_min")
+    if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not (clamp < 0 and math.isfinite(clamp))):
+        raise f.fail("clamp_min", f"must be a negative finite number or null, got {clamp!r}")
+    f.flag("use_gk")  # fla's GLA model does not pass use_gk / use_gv to its layer: always the key gate only
+    f.flag("use_gv")
+    return GatedOptions(
+        decay="gla", num_heads=heads, num_kv_heads=kv_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        feature_map=read_feature_activation(f), output_gate=f.flag("use_output_gate"),
+        elementwise_affine=f.flag("elementwise_affine"), short_conv=f.flag("use_short_conv"),
+        conv_size=f.integer("conv_size"), clamp_min=None if clamp is None else float(clamp),
+    )
+
+
+class FlaShortConv(nn.Module):
+    """fla's ShortConvolution at inference: a causal depthwise convolution over the last W inputs, then SiLU.
+
+    Its window is fla's cache layout: the last W inputs [B, D, W], oldest first (zeros before the start); the
+    oldest column is dropped before use, so y_t = sum_i w_i x_{t-W+1+i}."""
+
+    def __init__(self, dim: int, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.weight = nn.Parameter(torch.zeros(dim, 1, size))  # [D, 1, W], fla's name and shape
+
+    def forward(self, x: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        full = torch.cat([window, x.transpose(1, 2)], dim=2)  # [B, D, W + T]
+        y = F.conv1d(full[:, :, 1:], self.weight, groups=self.weight.shape[0])  # [B, D, T]
+        return F.silu(y).transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], new window [B, D, W]
+
+
+def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """log(sigmoid(x)) without log(0): min(x, 0) - log(1 + exp(-|x|))."""
+    return torch.clamp(x, max=0.0) - torch.log1p(torch.exp(-x.abs()))
+
+
+@register_mixer("fla/gated")
+class FlaGatedAttention(nn.Module):
+    """fla's MultiScaleRetention (RetNet) and GatedLinearAttention (GLA) on edgelin's forms, with the ops'
+    log-decay g: per head for RetNet (log gamma_h), per key feature for GLA (the gate).
+
+    q (and k) go through the optional activation, RetNet's rotary, then q is scaled by head_k_dim^-0.5; the
+    attention has no denominator. The output is a per-head RMSNorm, times swish(g_proj(x)) with the output gate.
+    State per layer: S [B, Hs, Dk, Dv] (Hs = num_heads for RetNet, whose decay differs per query head; the key/value
+    heads for GLA, whose state is the same for every query head of a group), RetNet's position "pos" [B] int64
+    (the rotary offset), GLA's conv windows "conv_q" / "conv_k" / "conv_v" [B, D, W]."""
+
+    forms = ("chunk", "step")
+    accepts_lengths = False
+    bounded_state = True  # RetNet's and GLA's states decay
+
+    def __init__(self, o: GatedOptions, common: Common) -> None:
+        super().__init__()
+        self.o = o
+        self.groups = o.num_heads // o.num_kv_heads
+        hidden = common.hidden_size
+        key, kv_key, kv_value = o.num_heads * o.head_k_dim, o.num_kv_heads * o.head_k_dim, o.num_kv_heads * o.head_v_dim
+        self.q_proj = nn.Linear(hidden, key, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_key, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_value, bias=False)
+        if o.output_gate:
+            self.g_proj = nn.Linear(hidden, o.num_heads * o.head_v_dim, bias=False)
+        if o.short_conv:
+            self.q_conv1d = FlaShortConv(key, o.conv_size)
+            self.k_conv1d = FlaShortConv(kv_key, o.conv_size)
+            self.v_conv1d = FlaShortConv(kv_value, o.conv_size)
+        if o.decay == "gla":
+            self.gk_proj = nn.Sequential(nn.Linear(hidden, GLA_GATE_RANK, bias=False), nn.Linear(GLA_GATE_RANK, kv_key, bias=True))
+        self.o_proj = nn.Linear(o.num_heads * o.head_v_dim, hidden, bias=False)
+        self.g_norm = RMSNorm(o.head_v_dim, common.norm_eps)
+        if not o.elementwise_affine:  # fla's norm then has no weight: a fixed 1, not in the checkpoint
+            fixed_norm(self.g_norm)
+        self.act = GATED_FEATURE_MAPS[o.feature_map]
+        self.phi = Adjusted(make_feature_map("identity", o.head_k_dim), query_scale=o.head_k_dim**-0.5)
+        if o.decay == "fixed":
+            # fla's retention kernels: g = log(1 - 2^(-5-h)) for query head h, computed in float32
+            gamma = 1 - 2.0 ** (-5.0 - torch.arange(o.num_heads, dtype=torch.float32))
+            self.register_buffer("log_gamma", gamma.log(), persistent=False)  # [H]
+            inv_freq = 1.0 / (ROTARY_BASE ** (torch.arange(0, o.head_k_dim, 2, dtype=torch.float32) / o.head_k_dim))
+            self.register_buffer("inv_freq", inv_freq, persistent=False)  # [Dk / 2]
+
+    @property
+    def state_heads(self) -> int:
+        return self.o.num_heads if self.o.decay == "fixed" else self.o.num_kv_heads
+
+    def state_layout(self) -> dict[str, tuple]:
+        o = self.o
+        layout: dict[str, tuple] = {"S": (("batch", self.state_heads, o.head_k_dim, o.head_v_dim), "float32", 0.0)}
+        if o.decay == "fixed":
+            layout["pos"] = (("batch",), "int64", 0)
+        if o.short_conv:
+            for name, conv in (("q", self.q_conv1d), ("k", self.k_conv1d), ("v", self.v_conv1d)):
+                layout[f"conv_{name}"] = (("batch", conv.weight.shape[0], o.conv_size), "float32", 0.0)
+        return layout
+
+    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """fla's rotary (halves, not interleaved) at absolute ``positions`` [B, T]: x [B, h, T, Dk]."""
+        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, Dk / 2]
+        cos, sin = angles.cos()[:, None].to(x.dtype), angles.sin()[:, None].to(x.dtype)  # [B, 1, T, Dk / 2]
+        x1, x2 = x.chunk(2, dim=-1)  # [B, h, T, Dk / 2] each
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [B, h, T, Dk]
+
+    def forward(
+        self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State]:
+        """"chunk" (the prefill graph, fla's chunked form) or "step" (one token, the decode graph)."""
+        if form not in self.forms or lengths is not None:
+            raise ValueError(f"{self.kind} layers run the forms {', '.join(self.forms)} without lengths, not {form!r}")
+        o = self.o
+        B, T, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H Dk], [B, T, Hkv Dk], [B, T, Hkv Dv]
+        new: State = {}
+        if o.short_conv:
+            q, new["conv_q"] = self.q_conv1d(q, state["conv_q"])
+            k, new["conv_k"] = self.k_conv1d(k, state["conv_k"])
+            v, new["conv_v"] = self.v_conv1d(v, state["conv_v"])
+        q = split_heads(q, o.num_heads, o.head_k_dim)  # [B, H, T, Dk]
+        k = split_heads(k, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
+        v = split_heads(v, o.num_kv_heads, o.head_v_dim, self.groups)  # [B, H, T, Dv]
+        if self.act is not None:
+            q, k = self.act(q), self.act(k)
+        if o.decay == "fixed":
+            pos = state["pos"]  # [B]
+            positions = pos[:, None] + torch.arange(T, device=x.device)[None, :]  # [B, T]
+            q, k = self._rotary(q, positions), self._rotary(k, positions)
+            new["pos"] = pos + T
+            g = self.log_gamma[None, :, None].expand(B, o.num_heads, T)  # [B, H, T]
+            S0 = state["S"]  # [B, H, Dk, Dv]
+        else:
+            gk = log_sigmoid(self.gk_proj(x)) / GLA_GATE_NORMALIZER  # [B, T, Hkv Dk]
+            if o.clamp_min is not None:
+                gk = torch.clamp(gk, min=o.clamp_min)
+            g = split_heads(gk, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
+            S0 = share_state({"S": state["S"]}, self.groups)["S"]  # [B, H, Dk, Dv]
+        common = dict(feature_map=self.phi, initial_state={"S": S0}, normalize=False, g=g)
+        if form == "step":
+            y, out = recurrent_step(q, k, v, **common)  # [B, H, 1, Dv]
+        else:
+            y, out = FORMS["chunk"](q, k, v, chunk_size=chunk_size, **common)  # [B, H, T, Dv]
+        new["S"] = out["S"] if o.decay == "fixed" else unshare_state(out, self.groups)["S"]  # [B, Hs, Dk, Dv]
+        y = self.g_norm(y).transpose(1, 2).reshape(B, T, o.num_heads * o.head_v_dim)  # [B, T, H Dv]
+        if o.output_gate:
+            y = y * F.silu(self.g_proj(x))  # [B, T, H Dv]
+        return self.o_proj(y), {name: new[name] for name in self.state_layout()}  # [B, T, hidden]
+
+
+def gated_renames(o: GatedOptions) -> list[tuple[str, str]]:
+    # with the output gate and fuse_norm, fla fuses the norm and the gate into one module of another name
+    return [(".attn.g_norm_swish_gate.", ".attn.g_norm.")]
+
+
+GATED_FIELDS = {  # shared by RetNet and GLA (the defaults that differ are set per family)
+    "num_kv_heads": None, "feature_map": None, "use_short_conv": False, "conv_size": 4, "use_output_gate": True,
+    "elementwise_affine": True,
+    "attn_mode": "chunk",  # which fla kernel runs the same math: no effect here
+}
+
+
+__all__ = ["GATED_FIELDS", "FlaGatedAttention", "GatedOptions", "gated_renames", "read_gla", "read_retnet"]

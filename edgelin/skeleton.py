@@ -1,0 +1,226 @@
+"""The one model skeleton every causal LM in edgelin is a configuration of.
+
+    tokens -> embedding -> n x [RMSNorm -> mixer -> + -> RMSNorm -> SwiGLU -> +] -> RMSNorm -> LM head (or tied)
+
+A *mixer* is the token-mixing layer of a block: linear attention with its maps, decays, gates and update rules
+(``edgelin.model.LinearAttention``), softmax attention with a KV cache (``edgelin.attention.Attention``), or an
+imported family's layer (``edgelin.importers``). A mixer kind is a ``torch.nn.Module`` registered by name in
+``MIXERS`` that owns its math in every form and its part of the state:
+
+    state_layout() -> {name: (shape with "batch" [and "past"], dtype name, init[, window])}    # its state, in order
+    forward(x [B, T, d], state {name: tensor}, *, form, chunk_size, lengths) -> (y [B, T, d], new state)
+    forms: tuple[str, ...]          # the forms it runs ("chunk" for the prefill graph, "step" for decode, ...)
+    accepts_lengths: bool           # forward takes a right-padded ragged batch (``lengths``)
+    bounded_state: bool             # its float states stay bounded (a decay, a window, a cache): float16 is safe
+
+``CausalLM`` holds the blocks and implements edgelin's model protocol (edgelin.protocol) once for all of them:
+the state contract, fresh states, the per-layer split of a state by structured keys (layer, name), forms,
+ragged batches and the prefill chunk. A state key is built from (layer, name) by ``state_key`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgelin.ops.lengths import check_lengths
+from edgelin.runtime.manifest import StateSpec, state_key
+from edgelin.state import State, fresh_state
+
+MIXERS: dict[str, type[nn.Module]] = {}
+
+
+def register_mixer(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    """Class decorator: register a mixer kind under ``name`` (its ``kind`` attribute is set to it)."""
+
+    def register(cls: type[nn.Module]) -> type[nn.Module]:
+        if name in MIXERS and MIXERS[name] is not cls:
+            raise ValueError(f"mixer kind {name!r} is registered twice")
+        cls.kind = name
+        MIXERS[name] = cls
+        return cls
+
+    return register
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x / sqrt, not x * rsqrt: ONNX Runtime fuses exactly this pattern (Pow, ReduceMean, Add, Sqrt, Div, Mul)
+        # into one SimplifiedLayerNormalization node when it loads a graph; the rsqrt form stays 8 nodes
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def fixed_norm(norm: RMSNorm) -> RMSNorm:
+    """``norm`` without a learned weight (a fixed 1, not in any checkpoint): an fla norm without elementwise_affine."""
+    dim = norm.weight.shape[0]
+    del norm.weight
+    norm.register_buffer("weight", torch.ones(dim), persistent=False)
+    return norm
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: Any) -> None:  # any object with d_model and mlp_hidden
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    """RMSNorm -> mixer -> residual, RMSNorm -> SwiGLU -> residual."""
+
+    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, norm_eps: float) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(d_model, norm_eps)
+        self.attn = mixer
+        self.mlp_norm = RMSNorm(d_model, norm_eps)
+        self.mlp = SwiGLU(SimpleNamespace(d_model=d_model, mlp_hidden=mlp_hidden))
+
+    def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
+        h, state = self.attn(self.attn_norm(x), state, **run)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), state
+
+
+class CausalLM(nn.Module):
+    """embedding -> blocks -> final norm -> head, over any mixers; the model protocol for all of them.
+
+    ``make_mixer(layer)``: the mixer of each layer. ``config``: the manifest's "model" field (its "chunk_size", if present, follows ``with_chunk_size``)."""
+
+    def __init__(
+        self, make_mixer: Callable[[int], nn.Module], *, n_layers: int, vocab_size: int, d_model: int, mlp_hidden: int,
+        norm_eps: float, tie_embeddings: bool, chunk_size: int, config: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        self.vocab_size, self.chunk_size, self.config = vocab_size, chunk_size, dict(config)
+        self.embed = nn.Embedding(vocab_size, d_model)
+        # the mixers are built in layer order after the embedding, so a seeded build draws the same numbers always
+        self.blocks = nn.ModuleList(Block(make_mixer(i), d_model, mlp_hidden, norm_eps) for i in range(n_layers))
+        self.norm = RMSNorm(d_model, norm_eps)
+        self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
+
+    # ---- the model protocol (edgelin.protocol) ------------------------------------------------------------
+    @property
+    def accepts_lengths(self) -> bool:
+        """forward(..., lengths=) prefills a right-padded ragged batch when every mixer can."""
+        return all(getattr(b.attn, "accepts_lengths", False) for b in self.blocks)
+
+    @property
+    def state_decays(self) -> bool:
+        """Every float state stays bounded (decays, or is a cache of bounded values): float16 states are safe."""
+        return all(getattr(b.attn, "bounded_state", False) for b in self.blocks)
+
+    def model_config(self) -> dict[str, Any]:
+        config = dict(self.config)
+        if "chunk_size" in config:
+            config["chunk_size"] = self.chunk_size
+        return config
+
+    def layer_keys(self) -> list[dict[str, str]]:
+        """Per layer, state name -> state key, in the layer's layout order: built from (layer, name) here only."""
+        return [{name: state_key(i, name) for name in block.attn.state_layout()} for i, block in enumerate(self.blocks)]
+
+    def state_specs(self) -> tuple[StateSpec, ...]:
+        """The state contract, in graph order: each layer's mixer state, in the mixer's layout order."""
+        return tuple(
+            StateSpec.for_key(state_key(i, name), *entry)  # (shape, dtype, init[, window])
+            for i, block in enumerate(self.blocks)
+            for name, entry in block.attn.state_layout().items()
+        )
+
+    def init_state(self, batch: int) -> State:
+        """Every state tensor at its init value; float tensors in the model's dtype."""
+        p = self.embed.weight
+        return fresh_state(self.state_specs(), batch, dtype=p.dtype, device=p.device)
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        """The forms every mixer runs."""
+        kinds = [set(getattr(b.attn, "forms", ("chunk", "step"))) for b in self.blocks]
+        common = set.intersection(*kinds) if kinds else {"chunk", "step"}
+        return tuple(sorted(common))
+
+    # ---- running ----------------------------------------------------------------------------------------
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        if self.lm_head is None:
+            return x @ self.embed.weight.T  # [B, T, vocab]
+        return self.lm_head(x)  # [B, T, vocab]
+
+    def forward(
+        self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk", lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State]:
+        """input_ids [B, T] -> logits [B, T, vocab], state after the last token. ``form``: the form of every
+        mixer ("chunk": the prefill graph; "step" takes T = 1 and is what ``step`` runs; a mixer may run more).
+
+        ``lengths`` [B] int64 (a ragged batch, right padding; sequence forms only): row b's real tokens are
+        its first lengths[b]; its returned state is that after its last real token, exactly as prefilling
+        the row alone, and its logits at t >= lengths[b] mean nothing (edgelin.ops.lengths)."""
+        if form not in self.forms:
+            layer = next(i for i, b in enumerate(self.blocks) if form not in getattr(b.attn, "forms", ("chunk", "step")))
+            mixer = self.blocks[layer].attn
+            raise ValueError(
+                f"layer {layer} ({mixer.kind}{getattr(mixer, 'variant', '')}) runs the forms {', '.join(mixer.forms)}, not {form!r}"
+            )
+        if lengths is not None:
+            if form in ("step", "recurrent"):
+                raise ValueError(f"the {form} form takes no lengths (ragged batches run in the naive, chunk and parallel forms)")
+            if not self.accepts_lengths:
+                kinds = sorted({b.attn.kind for b in self.blocks if not getattr(b.attn, "accepts_lengths", False)})
+                raise ValueError(f"a ragged batch (lengths) needs every layer to take lengths; {', '.join(kinds)} layers do not")
+            lengths = check_lengths(lengths, tuple(input_ids.shape))
+        if state is None:
+            state = self.init_state(input_ids.shape[0])
+        x = self.embed(input_ids)  # [B, T, d_model]
+        new_state: State = {}
+        run = {"form": form, "chunk_size": self.chunk_size, "lengths": lengths}
+        for block, keys in zip(self.blocks, self.layer_keys()):
+            x, layer = block(x, {name: state[key] for name, key in keys.items()}, **run)
+            new_state.update({key: layer[name] for name, key in keys.items()})
+        return self._logits(x), new_state
+
+    def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """One token per sequence: input_ids [B, 1] -> logits [B, 1, vocab], the next state."""
+        return self.forward(input_ids, state, form="step")
+
+    def with_chunk_size(self, chunk_size: int) -> "CausalLM":
+        """A copy of this model with another prefill chunk length (the chunk changes no result, only speed)."""
+        if chunk_size == self.chunk_size:
+            return self
+        model = copy.deepcopy(self)
+        model.chunk_size = chunk_size
+        return model
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def init_weights(model: nn.Module) -> None:
+    """GPT-2 style: N(0, 0.02) for every linear and embedding weight, then the residual projections
+    (attn.o_proj, mlp.down) of each block scaled by 1/sqrt(2 n_layers). Shared by LinearLM and SoftmaxLM."""
+
+    def normal(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+
+    model.apply(normal)
+    for block in model.blocks:
+        for proj in (block.attn.o_proj, block.mlp.down):
+            nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
+
+
+__all__ = ["Block", "CausalLM", "MIXERS", "RMSNorm", "SwiGLU", "fixed_norm", "init_weights", "register_mixer"]
