@@ -60,7 +60,8 @@ def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """RoPE by halves on the first 2 * len(inv_freq) features: x [B, h, T, D], positions [B, T] int64."""
     r = 2 * inv_freq.shape[0]
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, r / 2]
+    # float32 angles, cos and sin whatever the model's dtype (a float64 copy too): the convention checkpoints have
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)  # [B, T, r / 2]
     cos, sin = angles.cos()[:, None].to(x.dtype), angles.sin()[:, None].to(x.dtype)  # [B, 1, T, r / 2]
     rot, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
     x1, x2 = rot.chunk(2, dim=-1)  # [B, h, T, r / 2] each

@@ -268,6 +268,7 @@ class LinearLM(CausalLM):
             mlp_hidden=cfg.mlp_hidden, norm_eps=cfg.norm_eps, tie_embeddings=cfg.tie_embeddings,
             chunk_size=cfg.chunk_size, config=cfg.to_dict(),
         )
+        self.max_positions = cfg.max_positions or None
         init_weights(self)
 
     def model_config(self) -> dict:

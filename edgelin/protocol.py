@@ -14,6 +14,7 @@ A state is a dict ``spec.key -> tensor`` ("{layer}.{name}" -> tensor); ``forward
 starts from ``fresh_state(model.state_specs(), batch)``. Optional members, used when present:
 ``chunk_size`` (the prefill graph's chunk: example inputs are made longer than it) and
 ``with_chunk_size(n)`` (the same weights with another chunk, for ``export --chunk-size``) and
+``max_positions`` (the context limit it declares: the runtime refuses to go past it) and
 ``state_decays`` (True when every float state forgets its past at a decay < 1, so it stays bounded; only
 such a model may store its state in float16, see ``check_float16_state``) and ``accepts_lengths`` (True
 when ``forward(input_ids, state, lengths=lengths)`` prefills a right-padded ragged batch: lengths [B]
@@ -115,6 +116,16 @@ def check_lengths(model: Any) -> None:
         )
 
 
+def max_positions(model: Any) -> int | None:
+    """The context limit the model declares (optional member ``max_positions``: positions per sequence), or None."""
+    value = getattr(model, "max_positions", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ExportError(f"{type(model).__name__}.max_positions must be a positive int or None, got {value!r}")
+    return value
+
+
 def tokenizer(model: Any) -> dict[str, Any]:
     """The manifest's tokenizer entry: the model's own, or bytes for a 256-token vocabulary."""
     own = getattr(model, "tokenizer", None)
@@ -124,6 +135,6 @@ def tokenizer(model: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "ExportableModel", "accepts_lengths", "check_float16_state", "check_lengths", "check_model", "chunk_size",
+    "ExportableModel", "accepts_lengths", "max_positions", "check_float16_state", "check_lengths", "check_model", "chunk_size",
     "state_decays", "tokenizer",
 ]

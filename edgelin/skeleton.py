@@ -107,6 +107,7 @@ class CausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.vocab_size, self.chunk_size, self.config = vocab_size, chunk_size, dict(config)
+        self.max_positions: int | None = None  # a context limit the family declares (edgelin.protocol)
         self.embed = nn.Embedding(vocab_size, d_model)
         # the mixers are built in layer order after the embedding, so a seeded build draws the same numbers always
         self.blocks = nn.ModuleList(Block(make_mixer(i), d_model, mlp_hidden, norm_eps) for i in range(n_layers))

@@ -128,7 +128,7 @@ def build_manifest(
         vocab_size=model.vocab_size, tokenizer=tokenizer or protocol.tokenizer(model), model=model.model_config(),
         opset=opset, precision=precision, edgelin_version=__version__, source=source, extra=dict(extra or {}),
         logits_dtype=logits_dtype or "float32", prefill_piece=PREFILL_PIECE,  # every precision keeps fp32 logits
-        lengths=LENGTHS if ragged else None,
+        lengths=LENGTHS if ragged else None, max_positions=protocol.max_positions(model),
     )
 
 

@@ -69,7 +69,7 @@ REQUIRED_V1 = (
     "model", "opset", "precision", "edgelin_version", "source",
 )
 DROPPED_V1 = ("weights_file",)  # named a file that is not in the export
-FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "lengths")
+FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "lengths", "max_positions")
 SEQUENCE = "sequence"
 SYMBOLS = {
     BATCH: "sequences run together (>= 1); the same for every input and output of one call",
@@ -234,6 +234,7 @@ class Manifest:
     min_sequence: int = 1
     prefill_piece: int = PREFILL_PIECE
     lengths: str | None = None  # the ragged prefill graph's per-row lengths input, int64 [batch]; None: no such input
+    max_positions: int | None = None  # the context limit the model declares (positions per sequence); None: none
     read_from: str = field(default=FORMAT, compare=False)  # the format the manifest was read in (edgelin/1 is upgraded)
 
     def __post_init__(self) -> None:
@@ -295,6 +296,7 @@ class Manifest:
             "min_sequence": self.min_sequence,
             "prefill_piece": self.prefill_piece,
             **({} if self.lengths is None else {"lengths": self.lengths}),  # absent: written exactly as before
+            **({} if self.max_positions is None else {"max_positions": self.max_positions}),
             "states": [s.to_dict() for s in self.states],
             "vocab_size": self.vocab_size,
             "tokenizer": dict(self.tokenizer),
@@ -369,6 +371,7 @@ class Manifest:
             precision=d["precision"], edgelin_version=d["edgelin_version"], source=d["source"], extra=extra,
             sha256=dict(d["sha256"]) if hashes_given else None, logits_dtype=logits_dtype,
             min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]), lengths=lengths,
+            max_positions=None if d.get("max_positions") is None else _int(d["max_positions"]),
         )
         for g in GRAPHS:
             if not json_equal(d["io"][g], m.io(g)):

@@ -92,7 +92,8 @@ class Session:
             raise RuntimeInputError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
         self.export_dir = Path(export_dir)
         self.manifest = Manifest.load(self.export_dir)
-        self.io_binding = io_binding
+        # a growing state (KV cache) changes shape every call: ONNX Runtime allocates it, no buffers are bound
+        self.io_binding = io_binding and not self.manifest.grows
         self._tokenizer: Tokenizer | None = None
         self._serial = next(_SERIALS)  # tells apart the IO bindings that states cache for each session
         paths = {g: self.manifest.graph_path(self.export_dir, g) for g in GRAPHS}
@@ -283,6 +284,12 @@ class Session:
             raise RuntimeInputError(f"input_ids must be [batch={state.batch}, tokens], got shape {list(ids.shape)}")
         if ids.shape[1] == 0:
             raise RuntimeInputError("input_ids is empty: give at least one token")
+        limit = self.manifest.max_positions
+        if limit is not None and state.seen + ids.shape[1] > limit:
+            raise RuntimeInputError(
+                f"this model declares a context of {limit:,} positions (max_positions); the sequence would reach "
+                f"{state.seen + ids.shape[1]:,} -- start a new sequence or shorten the prompt"
+            )
         if not np.issubdtype(ids.dtype, np.integer):
             raise RuntimeInputError(f"input_ids must be integers, got {ids.dtype}")
         bad = (ids < 0) | (ids >= self.vocab_size)
@@ -306,6 +313,7 @@ class Session:
                 feeds[m.lengths] = np.ascontiguousarray(lengths, dtype=np.int64)
             logits, *states = sess.run([m.logits] + [s.output for s in m.states], feeds)
             state._advance([to_ortvalue(a, self.device) for a in states])
+            state.seen += ids.shape[1]
             return logits
         key = (self._serial, graph, ids.shape, state._parity)
         bound = state._bindings.get(key)
@@ -324,6 +332,7 @@ class Session:
         if self.device != CPU:
             io.synchronize_outputs()
         state._advance()
+        state.seen += ids.shape[1]
         return logits.copy() if graph == "decode" else logits  # the decode buffer is reused next step
 
     def _bind(self, graph: str, shape: tuple[int, int], state: State) -> tuple[Any, np.ndarray, np.ndarray]:

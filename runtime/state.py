@@ -1,9 +1,11 @@
 """The recurrent state of a batch of sequences, held as OrtValues on the provider's device.
 
-One OrtValue per manifest state spec (``state.{layer}.{name}``), in manifest order. The state has a
-fixed size whatever the sequence length. A session advances it in place: with IO binding the graph
-writes into a second set of buffers (never the ones it reads) and the two sets swap, so on CPU no
-array is copied per step.
+One OrtValue per manifest state spec (``state.{layer}.{name}``), in manifest order. A linear-attention
+state has a fixed size whatever the sequence length; a growing state (a KV cache: dim "past" in its spec)
+holds ``past`` positions, the same for every growing state and row (rows that saw fewer tokens are
+left-padded; the graphs mask padding by each row's position). A session advances a state in place: with IO
+binding the graph writes into a second set of buffers (never the ones it reads) and the two sets swap, so on
+CPU no array is copied per step; a growing state is re-allocated by ONNX Runtime on every call.
 
 Snapshots are ``.npz`` files holding every state array plus a JSON header with the export's
 ``source`` hash and the names, shapes and dtypes, so a state is never restored into another model.
@@ -49,6 +51,8 @@ class State:
         self._spare: list[ort.OrtValue] | None = None  # output buffers of the next IO-bound run
         self._parity = 0  # which of the two buffer sets is current
         self._bindings: dict = {}  # IO bindings a session made for these buffers, reused step after step
+        self.past = _past_of(manifest, self._values)  # positions a growing state holds (0 without one)
+        self.seen = self.past  # tokens fed since the fresh state, at least (a context limit is checked against it)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -78,15 +82,18 @@ class State:
             raise RuntimeInputError(f"state {manifest.states[0].input!r} has shape {list(first)}; the first dim is the batch (>= 1)")
         batch = int(first[0])
         values = []
+        past = None  # set by the first growing state: every other must hold as many positions
         for s in manifest.states:
             try:
                 a = np.asarray(arrays[s.input])
             except (ValueError, TypeError) as exc:
                 raise RuntimeInputError(f"state {s.input!r} is not an array ({exc})") from None
-            if a.shape != s.concrete_shape(batch) or a.dtype != s.np_dtype:
+            past = _array_past(s, a, past if s.grows else None)
+            if a.shape != s.concrete_shape(batch, past or 0) or a.dtype != s.np_dtype:
+                need = [d if d == "past" else n for d, n in zip(s.shape, s.concrete_shape(batch))]
                 raise RuntimeInputError(
-                    f"state {s.input!r} is {a.dtype}{list(a.shape)}; this model needs "
-                    f"{s.dtype}{list(s.concrete_shape(batch))} for batch {batch}"
+                    f"state {s.input!r} is {a.dtype}{list(a.shape)}; this model needs {s.dtype}{need} for batch {batch}"
+                    + (f" with past = {past} (as the other growing states)" if s.grows and past is not None else "")
                 )
             values.append(to_ortvalue(a.copy() if copy else a, device))
         return cls(manifest, batch, values, device)
@@ -106,10 +113,11 @@ class State:
         return {s.input: np.array(v.numpy(), copy=True) for s, v in zip(self.manifest.states, self._values)}
 
     def nbytes(self) -> int:
-        return self.manifest.state_bytes(self.batch)
+        return self.manifest.state_bytes(self.batch, self.past)
 
     def __repr__(self) -> str:
-        return f"State(batch={self.batch}, arrays={len(self._values)}, bytes={self.nbytes()}, device={self.device[0]})"
+        past = f", past={self.past}" if self.manifest.grows else ""
+        return f"State(batch={self.batch}{past}, arrays={len(self._values)}, bytes={self.nbytes()}, device={self.device[0]})"
 
     # ---- copies, rows --------------------------------------------------------------------------
     def fork(self) -> "State":
@@ -127,12 +135,23 @@ class State:
 
     @staticmethod
     def stack(states: Sequence["State"]) -> "State":
-        """Concatenate states of the same export along the batch dim."""
+        """Concatenate states of the same export along the batch dim; growing states (KV caches) of different
+        lengths are left-padded to the longest (padding is masked by each row's position, edgelin.attention)."""
         first = states[0]
         for s in states[1:]:
             first._check_same_model(s)
         arrays = [s.numpy() for s in states]
-        return State.from_arrays(first.manifest, {k: np.concatenate([a[k] for a in arrays]) for k in arrays[0]}, first.device, copy=False)
+        past = max(s.past for s in states)
+        out = {}
+        for spec in first.manifest.states:
+            parts = [a[spec.input] for a in arrays]
+            if spec.grows:
+                axis = spec.shape.index("past")
+                parts = [np.pad(p, [(past - p.shape[axis], 0) if i == axis else (0, 0) for i in range(p.ndim)]) for p in parts]
+            out[spec.input] = np.concatenate(parts)
+        stacked = State.from_arrays(first.manifest, out, first.device, copy=False)
+        stacked.seen = max(s.seen for s in states)
+        return stacked
 
     def same_model(self, manifest: Manifest) -> bool:
         """True if this state belongs to the model ``manifest`` describes (same weights, config and state layout)."""
@@ -160,6 +179,7 @@ class State:
             self._parity ^= 1
         else:  # plain run: fresh arrays; the old buffers (and bindings to them) are dropped
             self._values, self._spare, self._parity, self._bindings = list(new_values), None, 0, {}
+            self.past = _past_of(self.manifest, self._values)
 
     # ---- snapshots -----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -172,7 +192,7 @@ class State:
         path = Path(path)
         header = {
             "format": SNAPSHOT_FORMAT, "source": self.manifest.source, "model": self.manifest.model, "batch": self.batch,
-            "states": [{"input": s.input, "shape": list(s.concrete_shape(self.batch)), "dtype": s.dtype} for s in self.manifest.states],
+            "states": [{"input": s.input, "shape": list(s.concrete_shape(self.batch, self.past)), "dtype": s.dtype} for s in self.manifest.states],
         }
         arrays = {HEADER_KEY: np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8), **self.numpy()}
         folder = path.parent if str(path.parent) else Path(".")
@@ -252,7 +272,7 @@ def _read_snapshot(path: Path, manifest: Manifest, batch: int | None) -> dict[st
             with np.load(path, allow_pickle=False) as npz:
                 raw = npz[HEADER_KEY]
                 header = _check_header(path, raw, manifest, batch)
-                want = {s.input: s.nbytes(header["batch"]) for s in manifest.states}
+                want = {s.input: s.nbytes(header["batch"], _header_past(path, header, s)) for s in manifest.states}
                 members = {name[:-4] for name in infos if name.endswith(".npy")} - {HEADER_KEY}
                 unknown = sorted(members - set(want))
                 if unknown:
@@ -298,6 +318,44 @@ def _check_header(path: Path, raw: np.ndarray, manifest: Manifest, batch: int | 
         raise RuntimeInputError(f"{path} holds {held} sequence(s) but {batch} are needed here")
     check_bytes(manifest.state_bytes(held), f"the state in {path} ({held:,} sequences)", "it cannot be loaded on this machine")
     return header
+
+
+def _array_past(spec, array: np.ndarray, past: int | None) -> int | None:
+    """The positions ``array`` holds for growing state ``spec`` (``past`` if an earlier one set it), checked
+    against the spec's window; None for a fixed-size state."""
+    if not spec.grows:
+        return past
+    axis = spec.shape.index("past")
+    if array.ndim != len(spec.shape):
+        return past if past is not None else 0  # the shape check names the problem
+    held = int(array.shape[axis])
+    if past is not None and held != past:
+        raise RuntimeInputError(f"state {spec.input!r} holds {held} positions but the other growing states hold {past}; they must agree")
+    if spec.window is not None and held > spec.window:
+        raise RuntimeInputError(f"state {spec.input!r} holds {held} positions; its window keeps at most {spec.window}")
+    return held
+
+
+def _past_of(manifest: Manifest, values: Sequence[ort.OrtValue]) -> int:
+    for spec, v in zip(manifest.states, values):
+        if spec.grows:
+            return int(v.shape()[spec.shape.index("past")])
+    return 0
+
+
+def _header_past(path: Path, header: dict, spec) -> int:
+    """The positions a snapshot says growing state ``spec`` holds (0 for a fixed-size state), bounded by its window."""
+    if not spec.grows:
+        return 0
+    entry = next((e for e in header.get("states", []) if isinstance(e, dict) and e.get("input") == spec.input), None)
+    shape = entry.get("shape") if entry else None
+    axis = spec.shape.index("past")
+    if not isinstance(shape, list) or len(shape) != len(spec.shape) or not isinstance(shape[axis], int) or shape[axis] < 0:
+        raise RuntimeInputError(f"{path} has a malformed header (no shape for {spec.input!r}); {NOT_A_STATE}")
+    held = shape[axis]
+    if spec.window is not None and held > spec.window:
+        raise RuntimeInputError(f"{path}: state {spec.input!r} holds {held} positions; its window keeps at most {spec.window}")
+    return held
 
 
 def require_state(state: object) -> None:

@@ -137,12 +137,16 @@ def read_attn(f: Fields, common: Common) -> tuple[frozenset[int], AttentionOptio
 
 def build(family: Family, source: dict[str, Any], options: Any, common: Common, attn: tuple) -> CausalLM:
     layers, attn_options = attn
-    return CausalLM(
+    model = CausalLM(
         lambda i: Attention(attn_options) if i in layers else family.make_layer(options, common),
         n_layers=common.num_layers, vocab_size=common.vocab_size, d_model=common.hidden_size,
         mlp_hidden=common.mlp_hidden, norm_eps=common.norm_eps, tie_embeddings=common.tie_embeddings,
         chunk_size=family.chunk_size, config={"family": family.name, "chunk_size": family.chunk_size, "source_config": source},
     )
+    limit = source.get("max_position_embeddings")
+    if layers and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        model.max_positions = limit  # a hybrid's attention was trained to this context; the runtime enforces it
+    return model
 
 
 # fla's module names -> the skeleton's (edgelin.skeleton): prefixes first, then fragments

@@ -1,0 +1,276 @@
+"""Softmax attention with a KV cache (edgelin.attention) and hybrid stacks of it with linear attention.
+
+The layer against an independent float64 reference (torch's SDPA over the whole sequence, RoPE written here as a
+complex rotation) at awkward lengths, with grouped heads, windows, partial rotary, biases, q/k norms and the output
+gate; the cache carried across pieces and steps; rows of different lengths stacked with left-padded caches; the
+hybrid LinearLM's forms and refusals; one hybrid export run in ONNX Runtime through the torch-free runtime
+(pieces, decode, prefill_batch of different lengths, save/load, fork, the context limit, the memory it reports).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgelin.attention import Attention, AttentionOptions, sdpa_reference
+from edgelin.config import ModelConfig
+from edgelin.errors import RuntimeInputError
+from edgelin.model import LinearLM
+from testkit import rel_err
+
+D_MODEL = 32
+
+
+def layer(seed: int = 0, **options) -> Attention:
+    torch.manual_seed(seed)
+    o = AttentionOptions(**{"d_model": D_MODEL, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, **options})
+    a = Attention(o).double().eval()
+    with torch.no_grad():
+        for p in a.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # sharper than init: attention weights far from uniform
+    return a
+
+
+def fresh(a: Attention, B: int) -> dict:
+    o = a.o
+    return {
+        "key": torch.zeros(B, o.num_kv_heads, 0, o.head_dim, dtype=torch.float64),
+        "value": torch.zeros(B, o.num_kv_heads, 0, o.head_dim, dtype=torch.float64),
+        "pos": torch.zeros(B, dtype=torch.int64),
+    }
+
+
+def rope_complex(x: torch.Tensor, rotary: int, theta: float) -> torch.Tensor:
+    """RoPE by halves as a complex rotation (independent of edgelin.attention.rotate): feature i pairs with
+    i + rotary/2 and turns by angle t * theta^(-2i/rotary) at position t; features past ``rotary`` stay. The
+    angles and their cos and sin are float32, as fla and transformers compute them (a checkpoint was trained so)."""
+    T = x.shape[2]
+    half = rotary // 2
+    freq = 1.0 / theta ** (torch.arange(half, dtype=torch.float32) * 2 / rotary)  # float32 throughout
+    angles = torch.arange(T, dtype=torch.float32)[:, None] * freq
+    turn = torch.complex(angles.cos().double(), angles.sin().double())
+    z = torch.complex(x[..., :half], x[..., half:rotary]) * turn
+    return torch.cat([z.real, z.imag, x[..., rotary:]], dim=-1)
+
+
+def reference(a: Attention, x: torch.Tensor) -> torch.Tensor:
+    """The layer over a whole sequence from position 0, written from the formulas: float64 SDPA."""
+    o = a.o
+    B, T, _ = x.shape
+
+    def heads(t, h, norm=None):
+        t = t.view(B, T, h, o.head_dim)
+        if norm is not None:
+            t = t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + o.norm_eps) * norm.weight
+        return t.transpose(1, 2)
+
+    rotary = o.rotary_dim or o.head_dim
+    q = rope_complex(heads(a.q_proj(x), o.num_heads, a.q_norm), rotary, o.rope_theta)
+    k = rope_complex(heads(a.k_proj(x), o.num_kv_heads, a.k_norm), rotary, o.rope_theta)
+    v = heads(a.v_proj(x), o.num_kv_heads)
+    y = sdpa_reference(q, k, v, window=o.window, groups=o.num_heads // o.num_kv_heads)  # [B, H, T, D]
+    y = y.transpose(1, 2).reshape(B, T, -1)
+    if a.g_proj is not None:
+        y = y * torch.sigmoid(a.g_proj(x))
+    return a.o_proj(y)
+
+
+VARIANTS = {
+    "gqa": {},
+    "mha-bias": {"num_kv_heads": 4, "qkv_bias": True},
+    "mqa-window5": {"num_kv_heads": 1, "window": 5},
+    "partial_rotary-gate-qknorm": {"rotary_dim": 4, "output_gate": True, "qk_norm": True, "rope_theta": 1e6},
+    "window1": {"window": 1},
+}
+
+
+@pytest.mark.parametrize("T", [1, 15, 16, 17, 70])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@torch.no_grad()
+def test_layer_matches_float64_sdpa(variant, T):
+    a = layer(**VARIANTS[variant])
+    x = torch.randn(2, T, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(T))
+    want = reference(a, x)
+    for form in ("chunk", "naive"):
+        got, state = a(x, fresh(a, 2), form=form)
+        assert rel_err(got, want) < 1e-12, form
+    window = VARIANTS[variant].get("window")
+    assert state["key"].shape[2] == (T if window is None else min(T, window))
+    assert state["pos"].tolist() == [T, T]
+
+
+@pytest.mark.parametrize("variant", ["gqa", "mqa-window5", "partial_rotary-gate-qknorm"])
+@torch.no_grad()
+def test_cache_carries_across_pieces_and_steps(variant):
+    """Prefill in pieces of 7, 1 and 9 tokens, then 5 single steps = the whole sequence at once."""
+    a = layer(**VARIANTS[variant])
+    x = torch.randn(3, 22, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    want = reference(a, x)
+    state, outs, start = fresh(a, 3), [], 0
+    for n in (7, 1, 9, 1, 1, 1, 1, 1):
+        y, state = a(x[:, start : start + n], state, form="step" if n == 1 else "chunk")
+        outs.append(y)
+        start += n
+    assert rel_err(torch.cat(outs, 1), want) < 1e-12
+
+
+@torch.no_grad()
+def test_rows_of_different_lengths_share_a_batch_with_left_padded_caches():
+    """Two rows prefilled alone (lengths 4 and 11), their caches left-padded with garbage to one batch: each row's
+    next steps are those of the row alone (padding is masked by the row's position, whatever it holds)."""
+    a = layer(**VARIANTS["mqa-window5"] | {"window": None})
+    xs = [torch.randn(1, n, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(n)) for n in (4, 11)]
+    states = [a(x, fresh(a, 1))[1] for x in xs]
+    pad = 11 - 4
+    junk = torch.full((1, a.o.num_kv_heads, pad, a.o.head_dim), 1e3, dtype=torch.float64)
+    batch = {
+        "key": torch.cat([torch.cat([junk, states[0]["key"]], 2), states[1]["key"]]),
+        "value": torch.cat([torch.cat([junk, states[0]["value"]], 2), states[1]["value"]]),
+        "pos": torch.cat([states[0]["pos"], states[1]["pos"]]),
+    }
+    step = torch.randn(2, 3, D_MODEL, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    got, _ = a(step, batch)
+    for b in range(2):
+        alone, _ = a(step[b : b + 1], states[b])
+        assert rel_err(got[b : b + 1], alone) < 1e-12
+
+
+def test_bad_layer_options_are_refused():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        Attention(AttentionOptions(d_model=32, num_heads=4, num_kv_heads=3, head_dim=8))
+    with pytest.raises(ValueError, match="rotary"):
+        Attention(AttentionOptions(d_model=32, num_heads=4, num_kv_heads=4, head_dim=8, rotary_dim=3))
+
+
+# ---- the hybrid LinearLM ----------------------------------------------------------------------------------------
+
+
+def hybrid(seed: int = 0, **overrides) -> LinearLM:
+    torch.manual_seed(seed)
+    cfg = dict(
+        vocab_size=256, d_model=32, n_layers=3, n_heads=2, head_dim=16, chunk_size=16, feature_map="elu+1",
+        conv_size=4, decay="scalar", attn_layers=[1], attn_kv_heads=1,
+    )
+    m = LinearLM(ModelConfig(**(cfg | overrides))).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.mul_(5.0)
+    return m
+
+
+def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("window", [0, 6])
+@torch.no_grad()
+def test_hybrid_forms_agree_in_float64(window):
+    m = hybrid(attn_window=window).double()
+    ids = tokens(2, 37)
+    want, _ = m(ids, form="naive")
+    got, state = m(ids)
+    assert rel_err(got, want) < 1e-10
+    outs, s = [], m.init_state(2)
+    s = {k: v.double() if v.is_floating_point() else v for k, v in s.items()}
+    for t in range(37):
+        y, s = m.step(ids[:, t : t + 1], s)
+        outs.append(y)
+    assert rel_err(torch.cat(outs, 1), want) < 1e-10
+    assert [k for k in state if k.startswith("1.")] == ["1.key", "1.value", "1.pos"]
+    assert state["1.key"].shape == (2, 1, 37 if not window else window, 16)
+
+
+def test_hybrid_state_contract():
+    m = hybrid(attn_window=6)
+    specs = {s.key: s for s in m.state_specs()}
+    assert specs["1.key"].shape == ("batch", 1, "past", 16) and specs["1.key"].window == 6 and specs["1.key"].grows
+    assert not specs["0.S"].grows and specs["0.S"].window is None
+    assert m.state_decays  # the linear layers decay, the cache holds activations: float16 states allowed
+    assert not hybrid(decay="none").state_decays
+    assert not m.accepts_lengths
+    with pytest.raises(ValueError, match="attention"):
+        m(tokens(2, 5), lengths=torch.tensor([5, 3]))
+    with pytest.raises(ValueError, match=r"layer 1 \(attention\) .*not 'parallel'"):
+        m(tokens(2, 5), form="parallel")
+
+
+# ---- exported: the torch-free runtime ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hybrid_export(export_of):
+    m = hybrid(attn_window=0, max_positions=96)
+    return m, export_of(m, {"test_attention.hybrid": 1}, label="hybrid", check=False)
+
+
+@torch.no_grad()
+def test_exported_hybrid_runs_in_pieces_and_steps(hybrid_export):
+    import edgelin.runtime as rt
+
+    m, out = hybrid_export
+    s = rt.load(out, provider="cpu")
+    assert s.manifest.grows and s.manifest.max_positions == 96
+    ids = tokens(3, 50, seed=3)
+    want, _ = m(ids)
+    state = s.new_state(3)
+    assert state.past == 0
+    got = [s.prefill(ids[:, :30].numpy(), state, chunk=7)]
+    assert state.past == 30
+    got += [s.decode(ids[:, t : t + 1].numpy(), state) for t in range(30, 50)]
+    assert state.past == 50
+    assert np.abs(np.concatenate(got, 1) - want.numpy()).max() < 1e-4
+    assert state.nbytes() == s.manifest.state_bytes(3, 50) > s.manifest.state_bytes(3, 0)
+
+
+@torch.no_grad()
+def test_exported_hybrid_batches_prompts_of_different_lengths(hybrid_export, tmp_path):
+    import edgelin.runtime as rt
+
+    m, out = hybrid_export
+    s = rt.load(out, provider="cpu")
+    prompts = [tokens(1, n, seed=n)[0].numpy() for n in (9, 26, 2)]
+    last, state = s.prefill_batch(prompts)
+    assert state.past == 26
+    nxt = np.array([[5], [6], [7]])
+    step = s.decode(nxt, state)
+    for b, p in enumerate(prompts):
+        full, _ = m(torch.tensor(np.append(p, nxt[b]))[None])
+        assert np.abs(last[b] - full[0, -2].numpy()).max() < 1e-4
+        assert np.abs(step[b, 0] - full[0, -1].numpy()).max() < 1e-4
+    state.save(tmp_path / "s.npz")
+    again = s.load_state(tmp_path / "s.npz")
+    fork = again.fork()
+    a, b = s.decode(nxt, again), s.decode(nxt, fork)
+    assert np.array_equal(a, b) and again.past == fork.past == 28
+
+
+def test_exported_hybrid_refuses_bad_caches_and_the_context_limit(hybrid_export):
+    import edgelin.runtime as rt
+
+    _, out = hybrid_export
+    s = rt.load(out, provider="cpu")
+    arrays = s.new_state(2).numpy()
+    arrays["state.1.key"] = np.zeros((2, 1, 4, 16), np.float32)  # 4 positions, the value cache 0
+    with pytest.raises(RuntimeInputError, match="1.value.*positions|1.key.*positions"):
+        rt.State.from_arrays(s.manifest, arrays)
+    arrays["state.1.key"] = np.zeros((3, 1, 0, 16), np.float32)  # another batch
+    with pytest.raises(RuntimeInputError, match="state.1.key"):
+        rt.State.from_arrays(s.manifest, arrays)
+    state = s.new_state(1)
+    s.prefill(np.zeros((1, 90), np.int64), state)
+    with pytest.raises(RuntimeInputError, match="context of 96 positions"):
+        s.prefill(np.zeros((1, 7), np.int64), state)
+    for _ in range(6):
+        s.decode(np.zeros((1, 1), np.int64), state)
+    with pytest.raises(RuntimeInputError, match="max_positions"):
+        s.decode(np.zeros((1, 1), np.int64), state)
+
+
+def test_a_window_larger_than_the_context_limit_is_refused():
+    from edgelin.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="attn_window"):
+        hybrid(attn_window=128, max_positions=64)
+
