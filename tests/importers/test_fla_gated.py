@@ -96,7 +96,7 @@ def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
     folder, prompt, steps, (ref_prefill, ref_decode, ref_cache) = fla_case(case_id, fla_oracle, tmp_path_factory)
     model, state = fla_oracle.import_vs_fla(folder, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
 
-    o = model.options
+    o = model.blocks[0].attn.o
     groups = o.num_heads // o.num_kv_heads
     for layer, cache in enumerate(ref_cache):
         S = cache["recurrent_state"]  # fla's state per query head: RetNet [B, H, K, V], GLA [B, H, V, K]

@@ -73,7 +73,8 @@ def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
     folder, prompt, steps, (ref_prefill, ref_decode, ref_states) = fla_case(case_id, fla_oracle, tmp_path_factory)
     model, state = fla_oracle.import_vs_fla(folder, prompt, steps[:, :STEPS], ref_prefill, ref_decode, MAX_ABS)
     # the state: carried per key/value head; fla repeats it for every query head of a group
-    groups = model.options.num_heads // model.options.num_kv_heads
+    o = model.blocks[0].attn.o
+    groups = o.num_heads // o.num_kv_heads
     for layer, ref in enumerate(ref_states):
         assert sorted(f"{layer}.{n}" for n in ref) == sorted(n for n in state if n.startswith(f"{layer}."))
         for name, r in ref.items():

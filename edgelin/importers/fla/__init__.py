@@ -100,22 +100,30 @@ class Family:
 ATTN_KEYS = {"layers": None, "num_heads": None, "num_kv_heads": None, "qkv_bias": False, "window_size": None, "rope_theta": 10000.0}
 
 
-def read_attn(f: Fields, common: Common) -> tuple[frozenset[int], AttentionOptions | None]:
-    """fla's ``attn`` field: (the layers that are softmax attention, their options), or (empty, None)."""
+def read_attn(f: Fields, common: Common) -> dict[int, AttentionOptions]:
+    """fla's ``attn`` field (one spec, or a list of specs for different layers): layer -> its attention options."""
     attn = f.get("attn")
     if attn is None:
-        return frozenset(), None
-    if not isinstance(attn, dict):
-        raise f.fail("attn", f"must be an object or null, got {attn!r}")
-    unknown = sorted(set(attn) - set(ATTN_KEYS))
+        return {}
+    specs = [attn] if isinstance(attn, dict) else attn
+    if not isinstance(specs, list) or not specs or not all(isinstance(s, dict) for s in specs):
+        raise f.fail("attn", f"must be an object, a list of objects or null, got {str(attn)[:60]}")
+    out: dict[int, AttentionOptions] = {}
+    for spec in specs:
+        out.update(read_attn_spec(f, common, spec, taken=set(out)))
+    return out
+
+
+def read_attn_spec(f: Fields, common: Common, spec: dict[str, Any], taken: set[int]) -> dict[int, AttentionOptions]:
+    unknown = sorted(set(spec) - set(ATTN_KEYS))
     if unknown:
         raise f.fail("attn", f"has the key {unknown[0]!r}, unknown to edgelin's fla importer; it may change the model")
-    layers = attn.get("layers")
-    if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+    layers = spec.get("layers")
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
         raise f.fail("attn", f"needs 'layers', a list of layer indices, got {layers!r}")
-    if any(not 0 <= i < common.num_layers for i in layers):
-        raise f.fail("attn", f"lists layers {layers}; num_hidden_layers is {common.num_layers}")
-    sub = Fields(attn, ATTN_KEYS, f.where)
+    if any(not 0 <= i < common.num_layers for i in layers) or len(set(layers)) != len(layers) or set(layers) & taken:
+        raise f.fail("attn", f"lists layers {list(layers)}; each must be one of 0..{common.num_layers - 1}, once")
+    sub = Fields(spec, ATTN_KEYS, f.where)
     heads = sub.integer("num_heads")
     kv_heads = sub.integer("num_kv_heads", optional=True) or heads
     if common.hidden_size % heads:
@@ -129,22 +137,22 @@ def read_attn(f: Fields, common: Common) -> tuple[frozenset[int], AttentionOptio
     limit = f.data.get("max_position_embeddings")
     if window is not None and isinstance(limit, int) and not isinstance(limit, bool) and window > limit:
         raise f.fail("attn", f"has window_size {window}, larger than max_position_embeddings ({limit})")
-    return frozenset(layers), AttentionOptions(
+    options = AttentionOptions(
         d_model=common.hidden_size, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         rope_theta=sub.number("rope_theta"), window=window, qkv_bias=sub.flag("qkv_bias"), norm_eps=common.norm_eps,
     )
+    return {i: options for i in layers}
 
 
-def build(family: Family, source: dict[str, Any], options: Any, common: Common, attn: tuple) -> CausalLM:
-    layers, attn_options = attn
+def build(family: Family, source: dict[str, Any], options: Any, common: Common, attn: dict[int, AttentionOptions]) -> CausalLM:
     model = CausalLM(
-        lambda i: Attention(attn_options) if i in layers else family.make_layer(options, common),
+        lambda i: Attention(attn[i]) if i in attn else family.make_layer(options, common),
         n_layers=common.num_layers, vocab_size=common.vocab_size, d_model=common.hidden_size,
         mlp_hidden=common.mlp_hidden, norm_eps=common.norm_eps, tie_embeddings=common.tie_embeddings,
         chunk_size=family.chunk_size, config={"family": family.name, "chunk_size": family.chunk_size, "source_config": source},
     )
     limit = source.get("max_position_embeddings")
-    if layers and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+    if attn and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         model.max_positions = limit  # a hybrid's attention was trained to this context; the runtime enforces it
     return model
 
