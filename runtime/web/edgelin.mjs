@@ -59,7 +59,8 @@ export function checkManifest(m) {
   if (m.logits_layout.next_token !== "last" || m.logits_layout.positions !== "every") fail("unknown logits_layout");
   for (const s of m.states) {
     if (!TYPED[s.dtype]) fail(`state ${s.input} has dtype ${s.dtype}`);
-    if (s.shape[0] !== "batch" || !s.shape.slice(1).every((d) => Number.isInteger(d) && d > 0)) fail(`state ${s.input} has shape ${JSON.stringify(s.shape)}`);
+    // a growing state (a KV cache) has "past" where its positions go: 0 for a fresh sequence
+    if (s.shape[0] !== "batch" || !s.shape.slice(1).every((d) => (Number.isInteger(d) && d > 0) || d === "past")) fail(`state ${s.input} has shape ${JSON.stringify(s.shape)}`);
   }
   if (m.lengths !== undefined && (typeof m.lengths !== "string" || !m.lengths)) fail("'lengths' must be a name");
   for (const g of GRAPHS) {
@@ -416,6 +417,7 @@ export class State {
   constructor(tensors) {
     this.tensors = tensors;
     this.pending = null; // a generated token not yet fed to the model (fed at the start of the next call)
+    this.seen = 0; // tokens fed so far (checked against the manifest's max_positions)
   }
 }
 
@@ -434,17 +436,19 @@ export class Model {
     return this._tokenizer;
   }
 
-  /** Bytes of the state of `batch` sequences (constant in sequence length). */
-  stateBytes(batch = 1) {
+  /** Bytes of the state of `batch` sequences holding `past` positions in its growing states (a KV cache, at
+   * most its window); without a growing state the same at any length. */
+  stateBytes(batch = 1, past = 0) {
     const size = { float32: 4, float16: 2, int64: 8 };
-    return this.manifest.states.reduce((n, s) => n + batch * s.shape.slice(1).reduce((a, b) => a * b, 1) * size[s.dtype], 0);
+    const held = (s) => (s.window === undefined ? past : Math.min(past, s.window));
+    return this.manifest.states.reduce((n, s) => n + batch * s.shape.slice(1).reduce((a, d) => a * (d === "past" ? held(s) : d), 1) * size[s.dtype], 0);
   }
 
   /** A fresh state: every element at its spec's init. */
   newState() {
     const tensors = {};
     for (const s of this.manifest.states) {
-      const dims = [1, ...s.shape.slice(1)];
+      const dims = [1, ...s.shape.slice(1).map((d) => (d === "past" ? 0 : d))]; // a fresh KV cache holds nothing
       const data = TYPED[s.dtype](dims.reduce((a, b) => a * b, 1));
       data.fill(s.dtype === "int64" ? BigInt(s.init) : s.dtype === "float16" ? toHalf(s.init) : s.init);
       tensors[s.input] = new this.ort.Tensor(s.dtype, data, dims);
@@ -463,6 +467,9 @@ export class Model {
 
   async _run(graph, ids, state) {
     const m = this.manifest;
+    if (m.max_positions !== undefined && state.seen + ids.length > m.max_positions) {
+      throw new EdgelinError(`this model declares a context of ${m.max_positions} positions (max_positions); the sequence would reach ${state.seen + ids.length} -- start a new conversation or shorten the prompt`);
+    }
     const feeds = { ...state.tensors };
     feeds[m.input_ids] = new this.ort.Tensor("int64", BigInt64Array.from(ids, (i) => BigInt(i)), [1, ids.length]);
     if (graph === "prefill" && m.lengths !== undefined) {
@@ -470,6 +477,7 @@ export class Model {
     }
     const out = await this.sessions[graph].run(feeds);
     for (const s of m.states) state.tensors[s.input] = out[s.output];
+    state.seen += ids.length;
     const data = out[m.logits].data;
     return this.logitsHalf ? Float32Array.from(data, fromHalf) : data; // [1, t, V] flat
   }

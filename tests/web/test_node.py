@@ -3,8 +3,8 @@
 Python writes the cases (prompts, its greedy ids, text and logits; tokenizer and sampler expectations)
 to a JSON file; ``node --test tests/web/edgelin.test.mjs`` checks the module against them: greedy ids
 equal, logits within 1e-4 (one ONNX Runtime thread on each side), on the bundled model's export, on a
-cosFormer export (an int64 state) and on a ragged export (its prefill graph takes per-row lengths, which
-the module feeds). Skipped, with the reason, where node or onnxruntime-node is missing.
+cosFormer export (an int64 state), on a ragged export (its prefill graph takes per-row lengths, which
+the module feeds) and on a hybrid export (a windowed KV cache: a state that grows, then stays at its window). Skipped, with the reason, where node or onnxruntime-node is missing.
 """
 
 from __future__ import annotations
@@ -121,6 +121,8 @@ def ragged_export(exported):
 
 def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundled_export, exported, ragged_export, python_greedy, tmp_path):
     _, cos_dir = exported("cosformer")
+    # a hybrid: layer 1 softmax attention with a KV cache of at most 16 positions (a growing state, "past")
+    _, hybrid_dir = exported("elu+1", decay="scalar", attn_layers=(1,), attn_window=16)
     from edgelin.runtime.manifest import Manifest
 
     assert any(s.dtype == "int64" for s in Manifest.load(cos_dir).states), "the cosFormer export should carry an int64 state"
@@ -132,6 +134,7 @@ def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundl
             _export_case("bundled", bundled_export, python_greedy, 40, prompts),
             _export_case("cosformer", cos_dir, python_greedy, 24, prompts),
             _export_case("cosformer-ragged", ragged_export, python_greedy, 24, prompts),
+            _export_case("hybrid-window16", hybrid_dir, python_greedy, 24, prompts),
         ],
         "decoding": decoding, "encoding": encoding, "sampling": _sampling_cases(),
     }
