@@ -38,10 +38,13 @@ def _summary(r: dict) -> str:
         what = f"{len(r['results'])} prompts, {r['new_tokens']} new tokens ({reasons}), prompts {r['prompt_tokens']} tokens"
     else:
         what = f"{r['new_tokens']} new tokens ({r['stop_reason']}), prompt {r['prompt_tokens']} tokens"
+    state = ""
+    if r.get("state_grows"):  # a hybrid: its KV cache grows with the context, say how much it holds now
+        state = f"; state {r['state_bytes'] / 1e6:.2f} MB (KV cache of {r['state_positions']:,} positions, grows with the context)"
     return (
         f"[{r['provider']}] {what}; "
         f"time to first token {r['time_to_first_token_s'] * 1e3:.1f} ms, prefill {rate(r['prefill_tokens_per_s'])}, "
-        f"decode {rate(r['decode_tokens_per_s'])}"
+        f"decode {rate(r['decode_tokens_per_s'])}{state}"
     )
 
 

@@ -485,8 +485,13 @@ def generate_text(
     else:
         texts = {"text": gen.results[0].text, "ids": list(gen.results[0].ids), "stop_reason": gen.results[0].stop_reason}
     has_text = gen._seqs[0].decoder is not None  # the export's tokenizer decoded the ids
+    # positions the longest sequence holds at the end (prompt + continuation); a batch's caches are as long as it
+    positions = max(len(p) + len(r.ids) for p, r in zip(gen.prompt_ids, gen.results))
     return {**texts, "has_text": has_text, "provider": session.provider, **gen.stats.to_dict(), "load_s": load_s,
-            "state_out": str(state_out) if state_out is not None else None}
+            "state_out": str(state_out) if state_out is not None else None,
+            # the state's memory now: fixed for a linear model; a hybrid's KV cache grows with the context
+            "state_bytes": session.manifest.state_bytes(len(gen.results), positions), "state_grows": session.manifest.grows,
+            "state_positions": positions}
 
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "Result", "Stats", "Token", "generate_text", "process_logits"]

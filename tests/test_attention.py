@@ -274,3 +274,16 @@ def test_a_window_larger_than_the_context_limit_is_refused():
     with pytest.raises(ConfigError, match="attn_window"):
         hybrid(attn_window=128, max_positions=64)
 
+
+
+def test_generate_reports_the_growing_state(hybrid_export):
+    """generate_text (and the CLI's summary line) says how much a hybrid's KV cache holds at the end."""
+    import edgelin.runtime as rt
+    from edgelin.cli_generate import _summary
+
+    _, out = hybrid_export
+    s = rt.load(out, provider="cpu")
+    r = rt.generate_text(s, prompt_ids=[1, 2, 3, 4], max_new_tokens=6, min_new_tokens=6)
+    assert r["state_grows"] and r["state_positions"] == 10
+    assert r["state_bytes"] == s.manifest.state_bytes(1, 10) > s.manifest.state_bytes(1, 0)
+    assert "KV cache of 10 positions" in _summary(r)
