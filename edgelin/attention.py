@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgelin.skeleton import RMSNorm, register_mixer
+from edgelin.skeleton import RMSNorm, check_form, register_mixer
 from edgelin.state import State
 
 PAST = "past"  # the manifest's symbol for the positions a growing state holds
@@ -126,10 +126,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None,
         lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, State]:
-        if form not in self.forms:
-            raise ValueError(f"attention runs the forms {', '.join(self.forms)}, not {form!r}")
-        if lengths is not None:
-            raise ValueError("attention layers take no lengths (a ragged batch); prefill the rows one by one")
+        check_form(self, form, lengths)
         o = self.o
         B, T, _ = x.shape
         pos = state["pos"]  # [B]

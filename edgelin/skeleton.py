@@ -49,6 +49,14 @@ def register_mixer(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
     return register
 
 
+def check_form(mixer: nn.Module, form: str, lengths: torch.Tensor | None) -> None:
+    """ValueError unless ``mixer`` runs ``form`` (and takes ``lengths`` if given): for a mixer called on its own."""
+    if form not in mixer.forms:
+        raise ValueError(f"{mixer.kind} layers run the forms {', '.join(mixer.forms)}, not {form!r}")
+    if lengths is not None and not getattr(mixer, "accepts_lengths", False):
+        raise ValueError(f"{mixer.kind} layers take no lengths (a ragged batch); prefill the rows one by one")
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -224,4 +232,4 @@ def init_weights(model: nn.Module) -> None:
             nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
 
 
-__all__ = ["Block", "CausalLM", "MIXERS", "RMSNorm", "SwiGLU", "fixed_norm", "init_weights", "register_mixer"]
+__all__ = ["Block", "CausalLM", "MIXERS", "RMSNorm", "SwiGLU", "check_form", "fixed_norm", "init_weights", "register_mixer"]

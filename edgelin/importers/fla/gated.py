@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgelin.attention import rotate
 from edgelin.feature_maps import Adjusted, make_feature_map
 from edgelin.importers.fields import Fields
 from edgelin.importers.fla import Common, share_state, split_heads, unshare_state
 from edgelin.importers.fla.linear_attn import read_heads
 from edgelin.ops import FORMS, State, recurrent_step
-from edgelin.skeleton import RMSNorm, fixed_norm, register_mixer
+from edgelin.skeleton import RMSNorm, check_form, fixed_norm, register_mixer
 
 # fla's feature_map for RetNet and GLA: an activation on q and k (None: none), before the rotary (RetNet) and
 # before the kernel's K^-0.5 query scale. Both families' activation tables give these the same functions.
@@ -162,19 +163,11 @@ class FlaGatedAttention(nn.Module):
                 layout[f"conv_{name}"] = (("batch", conv.weight.shape[0], o.conv_size), "float32", 0.0)
         return layout
 
-    def _rotary(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """fla's rotary (halves, not interleaved) at absolute ``positions`` [B, T]: x [B, h, T, Dk]."""
-        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # [B, T, Dk / 2]
-        cos, sin = angles.cos()[:, None].to(x.dtype), angles.sin()[:, None].to(x.dtype)  # [B, 1, T, Dk / 2]
-        x1, x2 = x.chunk(2, dim=-1)  # [B, h, T, Dk / 2] each
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [B, h, T, Dk]
-
     def forward(
         self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None, lengths: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, State]:
         """"chunk" (the prefill graph, fla's chunked form) or "step" (one token, the decode graph)."""
-        if form not in self.forms or lengths is not None:
-            raise ValueError(f"{self.kind} layers run the forms {', '.join(self.forms)} without lengths, not {form!r}")
+        check_form(self, form, lengths)
         o = self.o
         B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H Dk], [B, T, Hkv Dk], [B, T, Hkv Dv]
@@ -191,7 +184,7 @@ class FlaGatedAttention(nn.Module):
         if o.decay == "fixed":
             pos = state["pos"]  # [B]
             positions = pos[:, None] + torch.arange(T, device=x.device)[None, :]  # [B, T]
-            q, k = self._rotary(q, positions), self._rotary(k, positions)
+            q, k = rotate(q, positions, self.inv_freq), rotate(k, positions, self.inv_freq)  # fla: halves, float32 angles
             new["pos"] = pos + T
             g = self.log_gamma[None, :, None].expand(B, o.num_heads, T)  # [B, H, T]
             S0 = state["S"]  # [B, H, Dk, Dv]

@@ -24,7 +24,7 @@ from edgelin.feature_maps import Adjusted, FeatureMap, make_feature_map
 from edgelin.importers.fields import Fields
 from edgelin.importers.fla import Common, Family, load_fla, share_state, split_heads, unshare_state
 from edgelin.ops import FORMS, State, recurrent_step, state_layout
-from edgelin.skeleton import CausalLM, RMSNorm, fixed_norm, register_mixer
+from edgelin.skeleton import CausalLM, RMSNorm, check_form, fixed_norm, register_mixer
 
 # fla's feature_map value -> edgelin's registry name
 LINEAR_ATTN_MAPS = {
@@ -125,8 +125,7 @@ class FlaLinearAttention(nn.Module):
         self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None, lengths: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, State]:
         """"chunk" (the prefill graph, fla's chunked form) or "step" (one token, the decode graph)."""
-        if form not in self.forms or lengths is not None:
-            raise ValueError(f"{self.kind} layers run the forms {', '.join(self.forms)} without lengths, not {form!r}")
+        check_form(self, form, lengths)
         o = self.o
         q = self._heads(self.q_proj(x), o.num_heads, o.head_k_dim)  # [B, H, T, Dk]
         k = self._heads(self.k_proj(x), o.num_kv_heads, o.head_k_dim)  # [B, H, T, Dk]
