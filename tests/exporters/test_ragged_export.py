@@ -273,7 +273,8 @@ def test_prefill_batch_refuses_bad_prompts(exports):
 
 def test_a_model_without_lengths_is_refused_for_a_ragged_export(tmp_path):
     model = tiny("elu1-no-conv-decay-none")
-    model.accepts_lengths = False
+    for block in model.blocks:  # a model accepts lengths when every layer does: here none does
+        block.attn.accepts_lengths = False
     with pytest.raises(ExportError, match="accepts_lengths"):
         export(model, tmp_path / "out", ragged=True)
     assert not (tmp_path / "out").exists()

@@ -209,8 +209,6 @@ def test_retnet_ignores_use_short_conv_as_fla_does(fla_oracle, tmp_path):
 
 
 @pytest.mark.parametrize("model_type, field, value, fragment", [
-    pytest.param("retnet", "attn", {"layers": [1], "num_heads": 4}, "softmax", id="retnet-attn-hybrid"),
-    pytest.param("gla", "attn", {"layers": [1], "num_heads": 4}, "softmax", id="gla-attn-hybrid"),
     pytest.param("retnet", "feature_map", "gelu", "'relu'", id="retnet-feature_map"),
     pytest.param("gla", "feature_map", "sqrelu", "'relu'", id="gla-feature_map"),
     pytest.param("retnet", "expand_k", 0.5625, "even", id="retnet-odd-rotary-width"),
