@@ -287,3 +287,26 @@ def test_generate_reports_the_growing_state(hybrid_export):
     assert r["state_grows"] and r["state_positions"] == 10
     assert r["state_bytes"] == s.manifest.state_bytes(1, 10) > s.manifest.state_bytes(1, 0)
     assert "KV cache of 10 positions" in _summary(r)
+
+
+
+@torch.no_grad()
+def test_exported_kv_cache_after_1k_tokens_matches_float64(export_of):
+    """1,000 tokens prefilled through the graphs in pieces of 256: the KV cache (keys after RoPE, values) and the
+    last logits against the float64 PyTorch model (whose attention matches float64 SDPA above)."""
+    import edgelin.runtime as rt
+    from testkit import rel_l2
+
+    m = hybrid()
+    out = export_of(m, {"test_attention.hybrid": 2}, label="hybrid-long", check=False)
+    ids = tokens(1, 1000, seed=11)
+    want_logits, want = m.double()(ids)
+    s = rt.load(out, provider="cpu")
+    state = s.new_state(1)
+    last = s.prefill(ids.numpy(), state, chunk=256, last_only=True)
+    got = state.numpy()
+    assert got["state.1.key"].shape == (1, 1, 1000, 16)
+    for name in ("key", "value"):
+        assert rel_l2(got[f"state.1.{name}"], want[f"1.{name}"].numpy()) < 1e-5
+    assert np.abs(last[0] - want_logits[0, -1].numpy()).max() < 1e-4
+    assert got["state.1.pos"].tolist() == [1000]
