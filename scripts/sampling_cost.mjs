@@ -7,37 +7,9 @@ import * as edgelin from "../runtime/web/edgelin.mjs";
 
 const SETTINGS = [["top-p 0.9", 1, 0, 0.9], ["top-k 50, top-p 0.95", 1, 50, 0.95], ["top-k 50", 1, 50, 1]];
 
-// ---- the implementation before (a sort of the whole row for top-k and for top-p), unchanged ----
-function softmax(x) {
-  let max = -Infinity;
-  for (const v of x) if (v > max) max = v;
-  const e = Float64Array.from(x, (v) => Math.exp(v - max));
-  let sum = 0;
-  for (const v of e) sum += v;
-  return e.map((v) => v / sum);
-}
-
+// ---- the implementation before (a sort of the whole row for top-k and for top-p): the runtime keeps it ----
 function fullSortProbabilities(logits, { temperature, topK, topP }) {
-  const V = logits.length;
-  const x = Float64Array.from(logits, (v) => v / temperature);
-  const keep = new Uint8Array(V).fill(1);
-  if (topK > 0 && topK < V) {
-    const kth = Float64Array.from(x).sort()[V - topK];
-    for (let i = 0; i < V; i++) if (x[i] < kth) keep[i] = 0;
-  }
-  if (topP < 1) {
-    const p = softmax(x);
-    const order = Array.from(p.keys()).sort((i, j) => p[j] - p[i] || i - j);
-    let before = 0;
-    const inNucleus = new Uint8Array(V);
-    for (const i of order) {
-      if (before < topP) inNucleus[i] = 1;
-      before += p[i];
-    }
-    for (let i = 0; i < V; i++) keep[i] &= inNucleus[i];
-  }
-  for (let i = 0; i < V; i++) if (!keep[i]) x[i] = -Infinity;
-  return softmax(x);
+  return edgelin.probabilitiesBySort(Float64Array.from(logits, (v) => v / temperature), topK, topP);
 }
 
 function fullSortSample(logits, options, random) {

@@ -308,8 +308,9 @@ export function selectInPlace(a, k) {
   return a[k];
 }
 
-/** What probabilities did before it selected: a sort of the whole vocabulary (kept for NaN logits). */
-function probabilitiesBySort(x, topK, topP) {
+/** What probabilities did before it selected: a sort of the whole vocabulary (kept for NaN logits; the baseline
+ * scripts/sampling_cost.mjs measures). `x`: the logits over the temperature, Float64Array, changed in place. */
+export function probabilitiesBySort(x, topK, topP) {
   const V = x.length;
   const keep = new Uint8Array(V).fill(1);
   if (topK > 0 && topK < V) {
