@@ -201,8 +201,8 @@ def test_hybrid_state_contract():
 
 @pytest.fixture(scope="module")
 def hybrid_export(export_of):
-    m = hybrid(attn_window=0, max_positions=96)
-    return m, export_of(m, {"test_attention.hybrid": 1}, label="hybrid", check=False)
+    m = hybrid(attn_window=0, max_positions=1100)
+    return m, export_of(m, {"test_attention.hybrid": m.model_config()}, label="hybrid", check=False)
 
 
 @torch.no_grad()
@@ -211,7 +211,7 @@ def test_exported_hybrid_runs_in_pieces_and_steps(hybrid_export):
 
     m, out = hybrid_export
     s = rt.load(out, provider="cpu")
-    assert s.manifest.grows and s.manifest.max_positions == 96
+    assert s.manifest.grows and s.manifest.max_positions == 1100
     ids = tokens(3, 50, seed=3)
     want, _ = m(ids)
     state = s.new_state(3)
@@ -259,10 +259,10 @@ def test_exported_hybrid_refuses_bad_caches_and_the_context_limit(hybrid_export)
     with pytest.raises(RuntimeInputError, match="state.1.key"):
         rt.State.from_arrays(s.manifest, arrays)
     state = s.new_state(1)
-    s.prefill(np.zeros((1, 90), np.int64), state)
-    with pytest.raises(RuntimeInputError, match="context of 96 positions"):
-        s.prefill(np.zeros((1, 7), np.int64), state)
-    for _ in range(6):
+    s.prefill(np.zeros((1, 1090), np.int64), state, chunk=512)
+    with pytest.raises(RuntimeInputError, match="context of 1,100 positions"):
+        s.prefill(np.zeros((1, 11), np.int64), state)
+    for _ in range(10):
         s.decode(np.zeros((1, 1), np.int64), state)
     with pytest.raises(RuntimeInputError, match="max_positions"):
         s.decode(np.zeros((1, 1), np.int64), state)
@@ -291,16 +291,17 @@ def test_generate_reports_the_growing_state(hybrid_export):
 
 
 @torch.no_grad()
-def test_exported_kv_cache_after_1k_tokens_matches_float64(export_of):
+def test_exported_kv_cache_after_1k_tokens_matches_float64(hybrid_export):
     """1,000 tokens prefilled through the graphs in pieces of 256: the KV cache (keys after RoPE, values) and the
     last logits against the float64 PyTorch model (whose attention matches float64 SDPA above)."""
+    import copy
+
     import edgelin.runtime as rt
     from testkit import rel_l2
 
-    m = hybrid()
-    out = export_of(m, {"test_attention.hybrid": 2}, label="hybrid-long", check=False)
+    m, out = hybrid_export
     ids = tokens(1, 1000, seed=11)
-    want_logits, want = m.double()(ids)
+    want_logits, want = copy.deepcopy(m).double()(ids)
     s = rt.load(out, provider="cpu")
     state = s.new_state(1)
     last = s.prefill(ids.numpy(), state, chunk=256, last_only=True)
