@@ -1,13 +1,16 @@
 """The ``decay`` section: what a decayed ``LinearLM`` costs against the plain one, same size, one run.
 
-One ``LinearLM`` per decay of ``ModelConfig.decay`` (none, fixed, scalar, gla), all of one shape (``DECAY_BASE``:
+One ``LinearLM`` per decay of ``ModelConfig.decay`` (none, fixed, scalar, gla), and where ModelConfig has the
+delta rule (``update``), one Gated DeltaNet-style model ``scalar+delta`` (decay scalar, update delta,
+normalisation none), all of one shape (``DECAY_BASE``:
 relu, short conv 4, bytes) and the plan's widths (the full run: the bundled model's size, d_model 256, 4 layers,
 4 heads x 64; --quick: tiny), random weights (speed does not depend on them), each exported with the exporter's check against PyTorch (in up to two worker processes, as
 the bench's other exports). Then:
 
     decode   ms per token at batch 1 through each export's decode graph (runtime Session, IO binding), the
              models interleaved in rotating rounds in this process
-    prefill  tokens/s of each export's prefill graph at each length of the plan, in fresh torch-free
+    prefill  tokens/s of each export's prefill graph at each length of the plan (``decay_lengths``: 1k, 4k, 16k
+             in the full run, so the chunk forms' scaling shows: tokens/s at 16k over 1k), in fresh torch-free
              subprocesses (peak memory too), the models back to back at one length
     nodes    node counts of both graphs
 
@@ -38,13 +41,25 @@ from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
 # The bundled model's shape (models/stdlib-linear, less its decay); the widths come from the plan.
 DECAY_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4}
 WIDTHS = ("d_model", "n_layers", "n_heads", "head_dim")
+DELTA_VARIANT = "scalar+delta"  # Gated DeltaNet: the scalar decay with the delta rule (no denominator)
 
 
 def decays() -> tuple[str, ...] | None:
-    """The decays ModelConfig offers, or None where it has no ``decay`` field."""
-    if "decay" not in {f.name for f in dataclasses.fields(ModelConfig)}:
+    """The models to measure: the decays ModelConfig offers, then ``DELTA_VARIANT`` where it has the delta rule;
+    None where it has no ``decay`` field."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    if "decay" not in fields:
         return None
-    return tuple(getattr(config_module, "DECAYS", ()))
+    names = tuple(getattr(config_module, "DECAYS", ()))
+    if "update" in fields and "delta" in getattr(config_module, "UPDATES", ()) and "scalar" in names:
+        names += (DELTA_VARIANT,)
+    return names
+
+
+def variant_config(base: dict[str, Any], name: str) -> ModelConfig:
+    if name == DELTA_VARIANT:
+        return ModelConfig(**base, decay="scalar", update="delta", normalisation="none")
+    return ModelConfig(**base, decay=name)
 
 
 def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
@@ -52,7 +67,7 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     if not names:
         return {"status": "skipped", "reason": "this version's ModelConfig has no 'decay' field: no decayed LinearLM to measure"}
     base = {**DECAY_BASE, **dict(zip(WIDTHS, plan.decay_widths))}
-    configs = {d: ModelConfig(**base, decay=d) for d in names}
+    configs = {d: variant_config(base, d) for d in names}
     say(f"decay: {', '.join(names)} on LinearLM {base} (random weights) ...")
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-decay-") as tmp:
         work = Path(tmp)
@@ -77,9 +92,9 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
         decode = {d: stats(samples[d]) for d in names}
 
         rows = []
-        for T in plan.opt_in_lengths:  # length-major: the decays at one length run back to back
+        for T in plan.decay_lengths:  # length-major: the decays at one length run back to back
             for d in names:
-                say(f"  prefill {d:7s} T={T:,} ...")
+                say(f"  prefill {d:12s} T={T:,} ...")
                 m = sessions[d].manifest
                 rows.append({"decay": d, "T": T, **prefill_case(m.graph_path(work / d, "prefill"), m.states, provider="cpu",
                                                                 threads=threads, vocab=DECAY_BASE["vocab_size"], T=T, seed=DATA_SEED, plan=plan)})
@@ -93,7 +108,10 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
         if d != plain:
             entry["decode_over_none"] = ratio(decode[d], decode[plain])
             entry["prefill_tokens_per_s_over_none"] = {str(T): ok[(d, T)]["tokens_per_s"] / ok[(plain, T)]["tokens_per_s"]
-                                                       for T in plan.opt_in_lengths if (d, T) in ok and (plain, T) in ok}
+                                                       for T in plan.decay_lengths if (d, T) in ok and (plain, T) in ok}
+        first, last = plan.decay_lengths[0], plan.decay_lengths[-1]
+        if (d, first) in ok and (d, last) in ok and last > first:  # a chunked form scales linearly: about 1
+            entry["scaling"] = {"from": first, "to": last, "tokens_per_s_ratio": ok[(d, last)]["tokens_per_s"] / ok[(d, first)]["tokens_per_s"]}
         models[d] = entry
     return {
         "status": "ok",
@@ -101,9 +119,9 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
                 "batch 1 (ORT, IO binding, interleaved) and prefill tokens/s per length (torch-free subprocesses, back to "
                 "back per length); ratios against decay 'none' (decode: ms ratio, above 1 is slower; prefill: tokens/s "
                 "ratio, below 1 is slower)",
-        "config": base, "decays": list(names), "lengths": list(plan.opt_in_lengths),
+        "config": base, "decays": list(names), "lengths": list(plan.decay_lengths),
         "models": models, "prefill": rows,
     }
 
 
-__all__ = ["DECAY_BASE", "decay_section", "decays"]
+__all__ = ["DECAY_BASE", "DELTA_VARIANT", "decay_section", "decays", "variant_config"]

@@ -83,7 +83,8 @@ class Plan:
     fla_rounds: int
     fla_per_round: int
     fla_time_cap_s: float  # the whole fla section (one worker process)
-    opt_in_lengths: tuple[int, ...]  # decay and precision sections: prefill lengths (decode uses the decode_* counts)
+    opt_in_lengths: tuple[int, ...]  # precision section: prefill lengths (decode uses the decode_* counts)
+    decay_lengths: tuple[int, ...]  # decay section: prefill lengths (first to last: the chunk forms' scaling)
     decay_widths: tuple[int, int, int, int]  # decay section's models: d_model, n_layers, n_heads, head_dim
 
 
@@ -95,7 +96,7 @@ FULL = Plan(
     sweep_length=4096, sweep_chunks=(16, 32, 64, 128, 256),
     bandwidth_bytes=256 << 20, bandwidth_repeats=10, floor_calls=300,
     fla_export_repeats=3, fla_warmup=3, fla_rounds=6, fla_per_round=10, fla_time_cap_s=900.0,
-    opt_in_lengths=(1024, 4096), decay_widths=(256, 4, 4, 64),  # the bundled model's size
+    opt_in_lengths=(1024, 4096), decay_lengths=(1024, 4096, 16384), decay_widths=(256, 4, 4, 64),  # the bundled model's size
 )
 QUICK = Plan(
     decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8, throughput_batches=(1, 4),
@@ -105,7 +106,7 @@ QUICK = Plan(
     sweep_length=256, sweep_chunks=(32,),
     bandwidth_bytes=32 << 20, bandwidth_repeats=3, floor_calls=30,
     fla_export_repeats=1, fla_warmup=1, fla_rounds=3, fla_per_round=2, fla_time_cap_s=600.0,
-    opt_in_lengths=(64, 256), decay_widths=(32, 1, 2, 16),
+    opt_in_lengths=(64, 256), decay_lengths=(64, 256), decay_widths=(32, 1, 2, 16),
 )
 
 

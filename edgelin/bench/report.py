@@ -351,8 +351,8 @@ def decay_lines(x: dict) -> list[str]:
     c = x["config"]
     lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
                    "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none), peak memory increment",
-             f"  {'decay':7s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>29s}" for T in x["lengths"])
-             + f"  {'nodes decode/prefill':>21s}  {'params':>9s}"]
+             f"  {'decay':12s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>29s}" for T in x["lengths"])
+             + f"  {'nodes decode/prefill':>21s}  {'params':>9s}  {'last/first T':>12s}"]
     ok = {(r["decay"], r["T"]): r for r in x["prefill"] if r["status"] == "ok"}
     for d, m in x["models"].items():
         cells = []
@@ -363,7 +363,8 @@ def decay_lines(x: dict) -> list[str]:
                          if r else f"{'failed':>29s}")
         rel = f"{m['decode_over_none']:.2f}x" if "decode_over_none" in m else "-"
         nodes = f"{m['nodes'].get('decode')}/{m['nodes'].get('prefill')}"
-        lines.append(f"  {d:7s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells) + f"  {nodes:>21s}  {m['parameters']:>9,}")
+        scaling = f"{m['scaling']['tokens_per_s_ratio']:.2f}x" if "scaling" in m else "-"
+        lines.append(f"  {d:12s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells) + f"  {nodes:>21s}  {m['parameters']:>9,}  {scaling:>12s}")
     for r in x["prefill"]:
         if r["status"] != "ok":
             lines.append(f"  prefill {r['decay']} T={r['T']:,}: {r['status']}: {r.get('reason', '')}")

@@ -39,7 +39,7 @@ def _lazy(module: str, name: str) -> Importer:
     return load
 
 
-for _family in ("linear_attn", "retnet", "gla"):  # flash-linear-attention: one module per model_type
+for _family in ("linear_attn", "retnet", "gla", "delta_net", "gated_deltanet"):  # flash-linear-attention: one module per model_type
     register_importer(_family, _lazy(f"edgelin.importers.fla.{_family}", "load"))
 
 

@@ -56,6 +56,8 @@ CLASSES = {
     "linear_attn": ("LinearAttentionConfig", "LinearAttentionForCausalLM"),
     "retnet": ("RetNetConfig", "RetNetForCausalLM"),
     "gla": ("GLAConfig", "GLAForCausalLM"),
+    "delta_net": ("DeltaNetConfig", "DeltaNetForCausalLM"),
+    "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM"),
 }
 
 

@@ -1,4 +1,4 @@
-"""fla hybrids: GLA and RetNet checkpoints whose ``attn`` field puts fla's softmax ``Attention`` at chosen layers.
+"""fla hybrids: GLA, RetNet and Gated DeltaNet checkpoints whose ``attn`` field puts fla's softmax ``Attention`` at chosen layers.
 
 The oracle is fla's own model: its whole forward runs (its linear layers' real kernels in Triton's interpreter, its
 Attention layer's projections, RoPE, cache updates and window truncation), except ``flash_attn_func``, which needs a
@@ -57,6 +57,12 @@ CASES = {
     "gla-attn13-gqa": ("gla", {"num_hidden_layers": 4, "attn": {"layers": [1, 3], "num_heads": 4, "num_kv_heads": 2}}),
     "gla-attn0-window6-bias-theta": (
         "gla", {"num_hidden_layers": 2, "attn": {"layers": [0], "num_heads": 2, "window_size": 6, "qkv_bias": True, "rope_theta": 500.0}},
+    ),
+    "gated_deltanet-attn1-gva": (
+        "gated_deltanet", {
+            "num_hidden_layers": 2, "head_dim": 16, "num_heads": 2, "num_v_heads": 4, "expand_v": 1.0,
+            "attn": {"layers": [1], "num_heads": 4, "num_kv_heads": 2},
+        },
     ),
     "retnet-attn-list": (
         "retnet", {"num_hidden_layers": 3, "attn": [{"layers": [0], "num_heads": 4}, {"layers": [2], "num_heads": 2, "window_size": 9}]},

@@ -83,20 +83,23 @@ def read_gla(f: Fields, common: Common) -> GatedOptions:
 
 
 class FlaShortConv(nn.Module):
-    """fla's ShortConvolution at inference: a causal depthwise convolution over the last W inputs, then SiLU.
+    """fla's ShortConvolution at inference: a causal depthwise convolution over the last W inputs, then SiLU
+    (``silu=False``: fla's ``activation=None``, no activation).
 
     Its window is fla's cache layout: the last W inputs [B, D, W], oldest first (zeros before the start); the
     oldest column is dropped before use, so y_t = sum_i w_i x_{t-W+1+i}."""
 
-    def __init__(self, dim: int, size: int) -> None:
+    def __init__(self, dim: int, size: int, *, silu: bool = True) -> None:
         super().__init__()
-        self.size = size
+        self.size, self.silu = size, silu
         self.weight = nn.Parameter(torch.zeros(dim, 1, size))  # [D, 1, W], fla's name and shape
 
     def forward(self, x: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         full = torch.cat([window, x.transpose(1, 2)], dim=2)  # [B, D, W + T]
         y = F.conv1d(full[:, :, 1:], self.weight, groups=self.weight.shape[0])  # [B, D, T]
-        return F.silu(y).transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], new window [B, D, W]
+        if self.silu:
+            y = F.silu(y)
+        return y.transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], new window [B, D, W]
 
 
 def log_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -218,4 +221,4 @@ GATED_FIELDS = {  # shared by RetNet and GLA (the defaults that differ are set p
 }
 
 
-__all__ = ["GATED_FIELDS", "FlaGatedAttention", "GatedOptions", "gated_renames", "read_gla", "read_retnet"]
+__all__ = ["GATED_FIELDS", "FlaGatedAttention", "FlaShortConv", "GatedOptions", "gated_renames", "read_gla", "read_retnet"]

@@ -60,13 +60,15 @@ def read_heads(f: Fields, common: Common) -> tuple[int, int, int, int]:
     kv_heads = f.integer("num_kv_heads", optional=True) or heads
     if heads % kv_heads:
         raise f.fail("num_kv_heads", f"must divide num_heads ({heads}), got {kv_heads}")
-    dims = {}
-    for name in ("expand_k", "expand_v"):
-        width = common.hidden_size * f.number(name)
-        if not math.isclose(width, round(width)) or round(width) % heads:
-            raise f.fail(name, f"gives a width hidden_size * {name} = {width:g}; it must be an integer divisible by num_heads ({heads})")
-        dims[name] = round(width) // heads
-    return heads, kv_heads, dims["expand_k"], dims["expand_v"]
+    return heads, kv_heads, head_width(f, common, "expand_k", heads), head_width(f, common, "expand_v", heads)
+
+
+def head_width(f: Fields, common: Common, name: str, heads: int) -> int:
+    """hidden_size * f[name] / heads: the width of one head, refused unless a whole number."""
+    width = common.hidden_size * f.number(name)
+    if not math.isclose(width, round(width)) or round(width) % heads:
+        raise f.fail(name, f"gives a width hidden_size * {name} = {width:g}; it must be an integer divisible by num_heads ({heads})")
+    return round(width) // heads
 
 
 def read_linear_attn(f: Fields, common: Common) -> LinearAttnOptions:
@@ -165,4 +167,4 @@ def load(path: str | Path) -> CausalLM:
     return load_fla(path, FAMILY)
 
 
-__all__ = ["FAMILY", "FlaLinearAttention", "LinearAttnOptions", "load", "read_heads"]
+__all__ = ["FAMILY", "FlaLinearAttention", "LinearAttnOptions", "head_width", "load", "read_heads"]

@@ -1,0 +1,259 @@
+"""edgelin's import of flash-linear-attention DeltaNet and Gated DeltaNet checkpoints against fla's own model.
+
+Same oracle as test_fla_gated.py: a tiny random fla model per case (built and saved with the real package), fla's
+real ``fused_recurrent`` delta-rule kernels in Triton's CPU interpreter, a 150-token prefill then 20 cached decode
+steps, batch 2; edgelin runs the prefill through the delta rule's chunk (WY) form and the decode through its
+step. Budget, fp32: max abs logits error <= 1e-4 at every position. The final states (S, the conv windows) are
+compared too. Hybrids of these families (fla's ``attn``) are in test_fla_hybrid.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from edgelin.checkpoint import load_checkpoint
+from edgelin.exporters import export
+from edgelin.importers import IMPORTERS
+from edgelin.ops import delta
+from edgelin.protocol import ExportableModel, check_model
+from edgelin.runtime.manifest import Manifest
+from edgelin.validate import validate
+from testkit import max_abs
+
+MAX_ABS = 1e-4
+STATE_REL = 1e-5  # S and the conv windows, relative L2
+BATCH, PROMPT, STEPS = 2, 150, 20
+GRAPH_LEVELS = 4  # the prefill scan lowered from MAX_SCAN_LEVELS for a faster export (16 chunks: 1,024 tokens)
+SMALL = {"head_dim": 16}  # Gated DeltaNet's default head_dim (256) is larger than the tiny model
+
+
+def strong_gates(tensors: dict[str, torch.Tensor]) -> None:
+    """Gates from keep-everything to forget-at-once, and beta driven to its ends: per value head
+    exp(A_log) in {0.01, 1, 4, 16} and dt_bias in {-5, 0, 1, 2} give log-decays g from about -7e-5 to -34;
+    b_proj scaled 30x puts sigmoid(b_proj x) near 0 and near 1."""
+    for name, t in tensors.items():
+        if name.endswith("A_log"):
+            t.copy_(torch.tensor([0.01, 1.0, 4.0, 16.0]).log().repeat(t.numel() // 4))
+        elif name.endswith("dt_bias"):
+            t.copy_(torch.tensor([-5.0, 0.0, 1.0, 2.0]).repeat(t.numel() // 4))
+        elif name.endswith("b_proj.weight"):
+            t.mul_(30.0)
+
+
+CASES = {  # id -> (model_type, fla config options; "edit": a change to the saved tensors)
+    # fla's defaults (expand_v 2, output gate, convs of 4); fla's own fused block norms and SwiGLU kernels are
+    # held to their PyTorch forms by the other families' default cases (they cost minutes in the interpreter)
+    "gated_deltanet-default": ("gated_deltanet", {**SMALL}),
+    "gated_deltanet-gva-neg_eigval-sigmoid_gate-conv3-expand_v1.5": (
+        "gated_deltanet", {
+            **SMALL, "num_heads": 2, "num_v_heads": 4, "expand_v": 1.5, "allow_neg_eigval": True,
+            "output_gate_activation": "sigmoid", "conv_size": 3, "fuse_norm": False,
+        },
+    ),
+    "gated_deltanet-no_gate-no_conv-strong_gates-tied": (
+        "gated_deltanet", {**SMALL, "use_gate": False, "use_short_conv": False, "tie_word_embeddings": True, "edit": strong_gates},
+    ),
+    "delta_net-default": ("delta_net", {}),  # silu, l2 norm, beta, convs of 4, no gate
+    "delta_net-sum-relu-no_beta-neg_eigval-gate-no_conv": (
+        "delta_net", {
+            "qk_norm": "sum", "qk_activation": "relu", "use_beta": False, "allow_neg_eigval": True, "use_gate": True,
+            "use_short_conv": False,
+        },
+    ),
+    "delta_net-elu-conv2-expand_k0.5-expand_v2-strong_beta-no_output_norm_flag": (
+        "delta_net", {
+            "qk_activation": "elu", "conv_size": 2, "expand_k": 0.5, "expand_v": 2.0, "use_output_norm": False,
+            "edit": strong_gates,
+        },
+    ),
+}
+# Exported: grouped value heads, beta in [0, 2], the sigmoid gate, convs of 3; DeltaNet's sum norm without convs.
+EXPORTED = ("gated_deltanet-gva-neg_eigval-sigmoid_gate-conv3-expand_v1.5", "delta_net-sum-relu-no_beta-neg_eigval-gate-no_conv")
+
+_RESULTS: dict[str, tuple] = {}
+
+
+def same_worker(case_ids):
+    """As in test_fla_gated.py: an exported case's import and export tests share one xdist worker, so fla's run
+    of it (the slow part) happens once."""
+    return [pytest.param(c, marks=pytest.mark.xdist_group(f"fla-{c}")) if c in EXPORTED else c for c in case_ids]
+
+
+def fla_case(case_id: str, fla_oracle, tmp_path_factory):
+    """(checkpoint folder, prompt, steps, fla's results with its raw cache) for one case, once per session."""
+    if case_id not in _RESULTS:
+        model_type, options = CASES[case_id]
+        options = dict(options)
+        edit = options.pop("edit", None)
+        folder = fla_oracle.build(tmp_path_factory.mktemp(case_id), model_type=model_type, **options)
+        if edit is not None:
+            tensors = load_file(folder / "model.safetensors")
+            edit(tensors)
+            save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
+        steps = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, STEPS), generator=gen)
+        oracle = fla_oracle.load(folder)
+        _RESULTS[case_id] = folder, prompt, steps, fla_oracle.run(oracle, prompt, steps, raw=True)
+    return _RESULTS[case_id]
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("case_id", same_worker(CASES))
+def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
+    folder, prompt, steps, (ref_prefill, ref_decode, ref_cache) = fla_case(case_id, fla_oracle, tmp_path_factory)
+    model, state = fla_oracle.import_vs_fla(folder, prompt, steps, ref_prefill, ref_decode, MAX_ABS)
+    o = model.blocks[0].attn.o
+    for layer, cache in enumerate(ref_cache):
+        S = cache["recurrent_state"]  # fla: Gated DeltaNet [B, HV, V, K] (value first), DeltaNet [B, H, K, V]
+        if o.gated:
+            S = S.transpose(-1, -2)
+        got = state[f"{layer}.S"]
+        assert got.shape == S.shape == (BATCH, o.num_v_heads, o.head_k_dim, o.head_v_dim), f"{layer}.S: {tuple(got.shape)}"
+        assert rel(got, S) <= STATE_REL, f"{layer}.S: relative L2 {rel(got, S):.2e}"
+        expected = {"S"} | ({"conv_q", "conv_k", "conv_v"} if o.short_conv else set())
+        assert {k.split(".", 1)[1] for k in state if k.startswith(f"{layer}.")} == expected
+        for name, window in zip(("conv_q", "conv_k", "conv_v"), cache["conv_state"] or ()):
+            got = state[f"{layer}.{name}"]
+            assert got.shape == window.shape and rel(got, window) <= STATE_REL, f"{layer}.{name}"
+
+
+@pytest.mark.slow  # an export with the delta rule's scan: ~1 min each on a loaded 2-core machine
+@pytest.mark.parametrize("case_id", same_worker(EXPORTED))
+def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory, monkeypatch):
+    """The two ONNX graphs in ONNX Runtime, driven from the manifest alone, against fla; no Loop or Scan in
+    them; then edgelin's validate of the export against the checkpoint passes."""
+    import onnx
+
+    folder, prompt, steps, (ref_prefill, ref_decode, _) = fla_case(case_id, fla_oracle, tmp_path_factory)
+    model_type = CASES[case_id][0]
+    out = tmp_path_factory.mktemp(f"{case_id}-export") / "export"
+    monkeypatch.setattr(delta, "MAX_SCAN_LEVELS", GRAPH_LEVELS)
+    export(folder, out, check=False)
+    manifest = Manifest.load(out)
+    assert manifest.model["family"] == f"fla/{model_type}" and manifest.model["source_config"]["model_type"] == model_type
+    for file in manifest.graphs.values():
+        ops = {node.op_type for node in onnx.load(str(out / file), load_external_data=False).graph.node}
+        assert not {"Loop", "Scan", "If"} & ops, file
+    fla_oracle.export_vs_fla(out, prompt, steps, ref_prefill, ref_decode, MAX_ABS)
+    report = validate(out, folder, steps=24, long=300)  # what `edgelin validate OUT --checkpoint PATH` runs
+    assert report.passed, report.table()
+
+
+# ---- reading the checkpoints (fla builds them; none of its kernels run) ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bases(fla_oracle, tmp_path_factory):
+    root = tmp_path_factory.mktemp("delta-bases")
+    return {
+        "delta_net": fla_oracle.build(root / "delta_net", model_type="delta_net"),
+        "gated_deltanet": fla_oracle.build(root / "gdn", model_type="gated_deltanet", **SMALL, num_heads=2, num_v_heads=4),
+    }
+
+
+def edit_config(folder, **changes):
+    path = folder / "config.json"
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_registry_lists_the_delta_families():
+    assert {"delta_net", "gated_deltanet"} <= set(IMPORTERS)
+
+
+@pytest.mark.parametrize("model_type", ["delta_net", "gated_deltanet"])
+def test_loads_as_a_protocol_model_and_its_forms_agree(bases, model_type):
+    """The protocol; the state layout (per value head, key-major; fla's conv windows); the chunk form at another
+    chunk length, the naive loop and the recurrent step all give one prefill's logits and state (float64)."""
+    model = load_checkpoint(bases[model_type])
+    assert isinstance(model, ExportableModel)
+    check_model(model)
+    assert model.model_config()["family"] == f"fla/{model_type}"
+    json.dumps(model.model_config())
+    specs = {s.key: (s.shape, s.dtype) for s in model.state_specs()}
+    if model_type == "gated_deltanet":  # 4 value heads of 16 x 32 (expand_v 2) reading 2 query/key heads
+        assert specs["0.S"] == (("batch", 4, 16, 32), "float32") and specs["0.conv_v"] == (("batch", 128, 4), "float32")
+        assert specs["0.conv_q"] == (("batch", 32, 4), "float32")
+    else:
+        assert specs["0.S"] == (("batch", 4, 16, 16), "float32") and specs["0.conv_k"] == (("batch", 64, 4), "float32")
+    assert model.state_decays is (model_type == "gated_deltanet")
+    model = model.double()
+    ids = torch.randint(0, 97, (2, 2 * model.chunk_size + 1), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref, ref_state = model(ids, form="naive")
+        for form, m in (("chunk", model), ("chunk", model.with_chunk_size(7)), ("recurrent", model)):
+            logits, state = m(ids, form=form)
+            assert max_abs(logits, ref) <= 1e-10, form
+            for key, value in ref_state.items():
+                assert max_abs(state[key], value) <= 1e-10, (form, key)
+
+
+@pytest.mark.parametrize("model_type", ["delta_net", "gated_deltanet"])
+def test_prefill_in_pieces_and_token_by_token_agree(bases, model_type):
+    """The state carries everything: prefill pieces of 1 (shorter than the conv window), C - 1, C, C + 1 tokens
+    from a carried state, and the decode step token by token, all give one prefill's logits and state."""
+    model = load_checkpoint(bases[model_type])
+    C = model.chunk_size
+    ids = torch.randint(0, 97, (2, 3 * C + 1), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref, ref_state = model(ids)
+        pieces, state, start = [], None, 0
+        for n in (1, C - 1, C, C + 1):
+            logits, state = model(ids[:, start : start + n], state)
+            pieces.append(logits)
+            start += n
+        steps, stepped = [], model.init_state(2)
+        for t in range(ids.shape[1]):
+            logits, stepped = model.step(ids[:, t : t + 1], stepped)
+            steps.append(logits)
+    for got, got_state in ((torch.cat(pieces, 1), state), (torch.cat(steps, 1), stepped)):
+        assert max_abs(got, ref) <= 2e-5
+        for key, value in ref_state.items():
+            assert torch.allclose(got_state[key], value, rtol=1e-5, atol=1e-5), key
+
+
+@pytest.mark.parametrize("model_type, field, value, fragment", [
+    pytest.param("gated_deltanet", "num_v_heads", 3, "multiple of num_heads (2)", id="gdn-num_v_heads"),
+    pytest.param("gated_deltanet", "num_v_heads", 1, "multiple of num_heads (2)", id="gdn-fewer-value-heads"),
+    pytest.param("gated_deltanet", "expand_v", 1.03, "must be an integer", id="gdn-expand_v"),
+    pytest.param("gated_deltanet", "output_gate_activation", "gelu", "'sigmoid'", id="gdn-gate-activation"),
+    pytest.param("gated_deltanet", "attn_mode", "fused_chunk", "'fused_recurrent'", id="gdn-attn_mode"),
+    pytest.param("gated_deltanet", "head_dim", 0, "positive integer", id="gdn-head_dim"),
+    pytest.param("delta_net", "qk_activation", "gelu", "'identity'", id="delta-qk_activation"),
+    pytest.param("delta_net", "qk_norm", "layer", "'sum'", id="delta-qk_norm"),
+    pytest.param("delta_net", "use_beta", 1, "true or false", id="delta-use_beta-type"),
+    pytest.param("delta_net", "attnres_block_size", 2, "attention residuals", id="delta-attnres"),
+    pytest.param("delta_net", "use_rope", True, "unknown", id="delta-unknown-field"),
+])
+def test_unsupported_option_is_refused_by_name(bases, tmp_path, model_type, field, value, fragment, refused):
+    ckpt = shutil.copytree(bases[model_type], tmp_path / "ckpt")
+    edit_config(ckpt, **{field: value})
+    refused(ckpt, repr(field), fragment)
+
+
+def test_conv_weights_without_use_short_conv_are_refused(bases, tmp_path, refused):
+    ckpt = shutil.copytree(bases["gated_deltanet"], tmp_path / "ckpt")
+    edit_config(ckpt, use_short_conv=False)
+    refused(ckpt, "unexpected", "q_conv1d.weight")
+
+
+def test_a_gate_missing_from_the_weights_names_the_tensor(bases, tmp_path, refused):
+    ckpt = shutil.copytree(bases["delta_net"], tmp_path / "ckpt")
+    edit_config(ckpt, use_gate=True)
+    refused(ckpt, "g_proj.weight")
+
+
+def test_heads_that_do_not_divide_the_width_are_refused(bases, tmp_path, refused):
+    ckpt = shutil.copytree(bases["delta_net"], tmp_path / "ckpt")
+    edit_config(ckpt, num_heads=3)
+    refused(ckpt, "'expand_k'", "divisible by num_heads (3)")
