@@ -18,9 +18,11 @@ against the cache (grouped heads are never expanded).
 
 RoPE rotates halves (GPT-NeoX / fla / transformers' rotate_half), at absolute positions, over the first
 ``rotary_dim`` features of each head (partial rotary), with inv_freq = theta^(-2i / rotary_dim) in float32.
-Options: biases on q/k/v (``qkv_bias``), per-head RMSNorms on q and k before RoPE (``qk_norm``), and Qwen's
-output gate (``output_gate``: o * sigmoid(W_g x) before o_proj). Only portable operators (Concat, Slice, MatMul,
-Softmax, Where): the graphs run in every runtime edgelin has.
+Options: biases on q/k/v (``qkv_bias``), per-head RMSNorms on q and k before RoPE (``qk_norm``; with a unit
+offset, x / rms(x) * (1 + w), by ``unit_offset_norm`` as Qwen3.5's), and Qwen's output gate (``output_gate``:
+o * sigmoid(W_g x) before o_proj; ``packed_gate``: W_g's rows inside q_proj, per head [q_h | gate_h], as Qwen3.5
+stores them). Only portable operators (Concat, Slice, MatMul, Softmax, Where): the graphs run in every runtime
+edgelin has.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgelin.skeleton import RMSNorm, check_form, register_mixer
+from edgelin.skeleton import RMSNorm, UnitOffsetRMSNorm, check_form, register_mixer
 from edgelin.state import State
 
 PAST = "past"  # the manifest's symbol for the positions a growing state holds
@@ -50,6 +52,8 @@ class AttentionOptions:
     qk_norm: bool = False
     output_gate: bool = False
     norm_eps: float = 1e-6
+    packed_gate: bool = False  # the output gate's rows inside q_proj, per head [q_h | gate_h] (Qwen3.5, Qwen3-Next)
+    unit_offset_norm: bool = False  # the q/k norms are UnitOffsetRMSNorm: x / rms(x) * (1 + w) (Qwen3.5)
 
 
 def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
@@ -98,13 +102,15 @@ class Attention(nn.Module):
         rotary = o.head_dim if o.rotary_dim is None else o.rotary_dim
         if rotary % 2 or not 0 < rotary <= o.head_dim:
             raise ValueError(f"the rotary width must be even and in (0, head_dim = {o.head_dim}], got {rotary}")
-        self.q_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim, bias=o.qkv_bias)
+        packed = o.output_gate and o.packed_gate
+        self.q_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim * (2 if packed else 1), bias=o.qkv_bias)
         self.k_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
         self.v_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
         self.o_proj = nn.Linear(o.num_heads * o.head_dim, o.d_model, bias=False)
-        self.g_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim, bias=False) if o.output_gate else None
-        self.q_norm = RMSNorm(o.head_dim, o.norm_eps) if o.qk_norm else None
-        self.k_norm = RMSNorm(o.head_dim, o.norm_eps) if o.qk_norm else None
+        self.g_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim, bias=False) if o.output_gate and not packed else None
+        norm = UnitOffsetRMSNorm if o.unit_offset_norm else RMSNorm
+        self.q_norm = norm(o.head_dim, o.norm_eps) if o.qk_norm else None
+        self.k_norm = norm(o.head_dim, o.norm_eps) if o.qk_norm else None
         self.register_buffer("inv_freq", rope_inv_freq(rotary, o.rope_theta), persistent=False)  # [rotary / 2]
 
     def state_layout(self) -> dict[str, tuple]:
@@ -131,7 +137,13 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         pos = state["pos"]  # [B]
         positions = pos[:, None] + torch.arange(T, device=x.device)[None, :]  # [B, T]
-        q = rotate(self._heads(self.q_proj(x), o.num_heads, self.q_norm), positions, self.inv_freq)  # [B, H, T, D]
+        q, gate = self.q_proj(x), None  # [B, T, H D] (packed: [B, T, H 2D])
+        if o.output_gate and o.packed_gate:
+            q, gate = q.view(B, T, o.num_heads, 2 * o.head_dim).chunk(2, dim=-1)  # [B, T, H, D] each
+            q, gate = q.reshape(B, T, o.num_heads * o.head_dim), gate.reshape(B, T, o.num_heads * o.head_dim)
+        elif self.g_proj is not None:
+            gate = self.g_proj(x)  # [B, T, H D]
+        q = rotate(self._heads(q, o.num_heads, self.q_norm), positions, self.inv_freq)  # [B, H, T, D]
         k = rotate(self._heads(self.k_proj(x), o.num_kv_heads, self.k_norm), positions, self.inv_freq)  # [B, Hkv, T, D]
         v = self._heads(self.v_proj(x), o.num_kv_heads, None)  # [B, Hkv, T, D]
         past = state["key"].shape[2]
@@ -143,8 +155,8 @@ class Attention(nn.Module):
         else:
             y = self._grouped(q, keys, values, seen)  # [B, H, T, D]
         y = y.transpose(1, 2).reshape(B, T, o.num_heads * o.head_dim)  # [B, T, H D]
-        if self.g_proj is not None:
-            y = y * torch.sigmoid(self.g_proj(x))
+        if gate is not None:
+            y = y * torch.sigmoid(gate)
         if o.window is not None:  # keep the last W positions (all of them while fewer)
             keys, values = keys[:, :, -o.window :], values[:, :, -o.window :]
         return self.o_proj(y), {"key": keys, "value": values, "pos": pos + T}

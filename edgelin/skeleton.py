@@ -69,6 +69,18 @@ class RMSNorm(nn.Module):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
+class UnitOffsetRMSNorm(RMSNorm):
+    """RMSNorm whose weight is stored as an offset from 1: x / rms(x) * (1 + w) (Qwen3.5's, Gemma's "zero-centred"
+    norm; the checkpoint holds w, which starts at 0)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
 def fixed_norm(norm: RMSNorm) -> RMSNorm:
     """``norm`` without a learned weight (a fixed 1, not in any checkpoint): an fla norm without elementwise_affine."""
     dim = norm.weight.shape[0]
@@ -91,11 +103,11 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """RMSNorm -> mixer -> residual, RMSNorm -> SwiGLU -> residual."""
 
-    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, norm_eps: float) -> None:
+    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, norm_eps: float, norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(d_model, norm_eps)
+        self.attn_norm = norm(d_model, norm_eps)
         self.attn = mixer
-        self.mlp_norm = RMSNorm(d_model, norm_eps)
+        self.mlp_norm = norm(d_model, norm_eps)
         self.mlp = SwiGLU(SimpleNamespace(d_model=d_model, mlp_hidden=mlp_hidden))
 
     def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
@@ -107,19 +119,20 @@ class Block(nn.Module):
 class CausalLM(nn.Module):
     """embedding -> blocks -> final norm -> head, over any mixers; the model protocol for all of them.
 
-    ``make_mixer(layer)``: the mixer of each layer. ``config``: the manifest's "model" field (its "chunk_size", if present, follows ``with_chunk_size``)."""
+    ``make_mixer(layer)``: the mixer of each layer. ``config``: the manifest's "model" field (its "chunk_size", if present, follows ``with_chunk_size``).
+    ``norm``: the class of the blocks' and the final norm (``RMSNorm``, or ``UnitOffsetRMSNorm``)."""
 
     def __init__(
         self, make_mixer: Callable[[int], nn.Module], *, n_layers: int, vocab_size: int, d_model: int, mlp_hidden: int,
-        norm_eps: float, tie_embeddings: bool, chunk_size: int, config: dict[str, Any],
+        norm_eps: float, tie_embeddings: bool, chunk_size: int, config: dict[str, Any], norm: type[RMSNorm] = RMSNorm,
     ) -> None:
         super().__init__()
         self.vocab_size, self.chunk_size, self.config = vocab_size, chunk_size, dict(config)
         self.max_positions: int | None = None  # a context limit the family declares (edgelin.protocol)
         self.embed = nn.Embedding(vocab_size, d_model)
         # the mixers are built in layer order after the embedding, so a seeded build draws the same numbers always
-        self.blocks = nn.ModuleList(Block(make_mixer(i), d_model, mlp_hidden, norm_eps) for i in range(n_layers))
-        self.norm = RMSNorm(d_model, norm_eps)
+        self.blocks = nn.ModuleList(Block(make_mixer(i), d_model, mlp_hidden, norm_eps, norm) for i in range(n_layers))
+        self.norm = norm(d_model, norm_eps)
         self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
 
     # ---- the model protocol (edgelin.protocol) ------------------------------------------------------------
@@ -232,4 +245,4 @@ def init_weights(model: nn.Module) -> None:
             nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
 
 
-__all__ = ["Block", "CausalLM", "MIXERS", "RMSNorm", "SwiGLU", "check_form", "fixed_norm", "init_weights", "register_mixer"]
+__all__ = ["Block", "CausalLM", "MIXERS", "RMSNorm", "SwiGLU", "UnitOffsetRMSNorm", "check_form", "fixed_norm", "init_weights", "register_mixer"]

@@ -41,6 +41,9 @@ def _lazy(module: str, name: str) -> Importer:
 
 for _family in ("linear_attn", "retnet", "gla", "delta_net", "gated_deltanet"):  # flash-linear-attention: one module per model_type
     register_importer(_family, _lazy(f"edgelin.importers.fla.{_family}", "load"))
+# Hugging Face transformers: one module per family
+register_importer("qwen3_5_text", _lazy("edgelin.importers.hf.qwen3_5", "load_text"))
+register_importer("qwen3_5", _lazy("edgelin.importers.hf.qwen3_5", "load"))
 
 
 def supported() -> tuple[str, ...]:

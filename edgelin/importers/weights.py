@@ -48,15 +48,18 @@ class Renamer:
         return name
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of ``path/model.safetensors`` (CPU). Never unpickles."""
-    from safetensors import SafetensorError
+def read_safetensors(path: Path, only: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of ``path/model.safetensors`` (CPU), or those named in ``only``. Never unpickles."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     file = path / WEIGHTS_FILE
     if not file.is_file():
         raise CheckpointError(f"{path} has no {WEIGHTS_FILE}; save the model with safetensors (save_pretrained does by default)")
     try:
+        if only is not None:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                return {name: f.get_tensor(name) for name in f.keys() if name in only}
         return load_file(file, device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
@@ -102,4 +105,23 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], groups: dic
     model.load_state_dict({target: tensors[sources[0]].to(torch.float32) for target, sources in groups.items()})
 
 
-__all__ = ["Renamer", "WEIGHTS_FILE", "load_weights", "match", "read_safetensors"]
+def load_checkpoint_weights(path: Path, build, rename: Renamer, *, left_out: tuple[str, ...] = ()) -> nn.Module:
+    """``build()``'s model with ``path/model.safetensors`` loaded into it along ``rename`` (eval mode, float32).
+
+    Names and shapes first, from ``build`` on the meta device and the file's header: a config that disagrees with
+    the weights is refused, naming the tensor, before memory is spent on either. Checkpoint tensors whose names
+    start with a ``left_out`` prefix (a vision tower, a multi-token-prediction head) are not part of the model:
+    they are neither matched nor read."""
+    from edgelin.safety import expected_shapes, header_shapes
+
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
+    found = {n: s for n, s in header_shapes(weights).items() if not n.startswith(left_out)} if left_out else header_shapes(weights)
+    groups = match(expected_shapes(build), found, rename, weights)
+    model = build()
+    load_weights(model, read_safetensors(path, only=set(found) if left_out else None), groups, weights)
+    return model.eval()
+
+
+__all__ = ["Renamer", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match", "read_safetensors"]

@@ -27,12 +27,10 @@ import torch
 from torch import nn
 
 from edgelin.attention import Attention, AttentionOptions
-from edgelin.errors import CheckpointError
 from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.weights import WEIGHTS_FILE, Renamer, load_weights, match, read_safetensors
+from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
-from edgelin.safety import expected_shapes, header_shapes
 from edgelin.skeleton import CausalLM
 from edgelin.state import State
 
@@ -177,16 +175,7 @@ def load_fla(path: str | Path, family: Family) -> CausalLM:
     if common.tie_embeddings:
         pairs.append(("lm_head.weight", "embed.weight"))  # a tied checkpoint may hold either copy
     rename = Renamer(pairs + family.renames(options))
-    weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
-    # names and shapes first, from the config (a model on the meta device) and the file's header: a config
-    # that disagrees with the weights is refused before memory is spent on either
-    expected = expected_shapes(lambda: build(family, source, options, common, attn))
-    groups = match(expected, header_shapes(weights), rename, weights)
-    model = build(family, source, options, common, attn)
-    load_weights(model, read_safetensors(path), groups, weights)
-    return model.eval()
+    return load_checkpoint_weights(path, lambda: build(family, source, options, common, attn), rename)
 
 # ---- pieces shared by the attention layers ---------------------------------------------------------------------
 

@@ -61,6 +61,9 @@ class DeltaOptions:
     allow_neg_eigval: bool  # beta in [0, 2]
     output_gate: bool  # g_proj
     gate_activation: str  # "swish" or "sigmoid"
+    # q, k, v from one projection and one conv over their concatenation [q | k | v] (transformers' Qwen3.5 layout:
+    # in_proj_qkv, conv1d; the conv window one state "conv"), not three
+    packed_qkv: bool = False
 
 
 def read_delta_net(f: Fields, common: Common) -> DeltaOptions:
@@ -125,16 +128,22 @@ class FlaDeltaAttention(nn.Module):
         self.bounded_state = o.gated and not o.allow_neg_eigval
         self.groups = o.num_v_heads // o.num_heads
         hidden, key, value = common.hidden_size, o.num_heads * o.head_k_dim, o.num_v_heads * o.head_v_dim
-        self.q_proj = nn.Linear(hidden, key, bias=False)
-        self.k_proj = nn.Linear(hidden, key, bias=False)
-        self.v_proj = nn.Linear(hidden, value, bias=False)
+        self.widths = (key, key, value)
+        if o.packed_qkv:
+            self.qkv_proj = nn.Linear(hidden, 2 * key + value, bias=False)
+            if o.short_conv:
+                self.qkv_conv1d = FlaShortConv(2 * key + value, o.conv_size)
+        else:
+            self.q_proj = nn.Linear(hidden, key, bias=False)
+            self.k_proj = nn.Linear(hidden, key, bias=False)
+            self.v_proj = nn.Linear(hidden, value, bias=False)
         if o.use_beta:
             self.b_proj = nn.Linear(hidden, o.num_v_heads, bias=False)
         if o.gated:
             self.a_proj = nn.Linear(hidden, o.num_v_heads, bias=False)
             self.A_log = nn.Parameter(torch.zeros(o.num_v_heads))
             self.dt_bias = nn.Parameter(torch.zeros(o.num_v_heads))
-        if o.short_conv:
+        if o.short_conv and not o.packed_qkv:
             qk_silu = o.qk_activation == "silu"
             self.q_conv1d = FlaShortConv(key, o.conv_size, silu=qk_silu)
             self.k_conv1d = FlaShortConv(key, o.conv_size, silu=qk_silu)
@@ -147,7 +156,9 @@ class FlaDeltaAttention(nn.Module):
     def state_layout(self) -> dict[str, tuple]:
         o = self.o
         layout: dict[str, tuple] = {"S": (("batch", o.num_v_heads, o.head_k_dim, o.head_v_dim), "float32", 0.0)}
-        if o.short_conv:
+        if o.short_conv and o.packed_qkv:
+            layout["conv"] = (("batch", sum(self.widths), o.conv_size), "float32", 0.0)
+        elif o.short_conv:
             for name, conv in (("q", self.q_conv1d), ("k", self.k_conv1d), ("v", self.v_conv1d)):
                 layout[f"conv_{name}"] = (("batch", conv.weight.shape[0], o.conv_size), "float32", 0.0)
         return layout
@@ -166,16 +177,24 @@ class FlaDeltaAttention(nn.Module):
         check_form(self, form, lengths)
         o = self.o
         B, T, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H K], [B, T, H K], [B, T, HV V]
         new: State = {}
-        if o.short_conv:
-            q, new["conv_q"] = self.q_conv1d(q, state["conv_q"])
-            k, new["conv_k"] = self.k_conv1d(k, state["conv_k"])
-            v, new["conv_v"] = self.v_conv1d(v, state["conv_v"])
+        if o.packed_qkv:  # one projection, one conv over [q | k | v] (SiLU on all of it)
+            qkv = self.qkv_proj(x)  # [B, T, 2 H K + HV V]
+            if o.short_conv:
+                qkv, new["conv"] = self.qkv_conv1d(qkv, state["conv"])
+            else:
+                qkv = F.silu(qkv)
+            q, k, v = qkv.split(self.widths, dim=-1)  # [B, T, H K], [B, T, H K], [B, T, HV V]
         else:
-            if o.qk_activation == "silu":
-                q, k = F.silu(q), F.silu(k)
-            v = F.silu(v)
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H K], [B, T, H K], [B, T, HV V]
+            if o.short_conv:
+                q, new["conv_q"] = self.q_conv1d(q, state["conv_q"])
+                k, new["conv_k"] = self.k_conv1d(k, state["conv_k"])
+                v, new["conv_v"] = self.v_conv1d(v, state["conv_v"])
+            else:
+                if o.qk_activation == "silu":
+                    q, k = F.silu(q), F.silu(k)
+                v = F.silu(v)
         q = split_heads(q, o.num_heads, o.head_k_dim, self.groups)  # [B, HV, T, K]
         k = split_heads(k, o.num_heads, o.head_k_dim, self.groups)  # [B, HV, T, K]
         v = split_heads(v, o.num_v_heads, o.head_v_dim)  # [B, HV, T, V]

@@ -1,0 +1,65 @@
+"""transformers' own model as the oracle, run in a subprocess (``python hf_oracle.py SPEC_JSON``).
+
+The importer tests' process imports fla (its Triton kernels in the interpreter); transformers picks fla's kernels
+for its linear-attention layers whenever fla can be imported, and those do not run on a CPU. Here fla is hidden
+before transformers is imported, so transformers runs its own PyTorch paths (its torch_chunk / torch_recurrent
+gated delta rule and its PyTorch causal conv), in a process of its own so that nothing hidden leaks into the
+test process.
+
+SPEC (JSON): {"model_type", "config": {...}, "folder", "out", "seed", "prompt": [[ids]], "steps": [[ids]]}.
+Builds the model from the config with the seed, perturbs every weight so that logits spread (norm weights of
+zero-centred norms around 0), saves it to ``folder`` with save_pretrained, then runs a prefill of ``prompt``
+and each column of ``steps`` through the cache, and writes ``out`` (safetensors): "prefill" [B, T, V],
+"decode" [n, B, V], and per layer "{i}.recurrent" / "{i}.conv" / "{i}.key" / "{i}.value" from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM")}
+
+
+def main(spec_file: str) -> None:
+    sys.modules["fla"] = None  # transformers then falls back to its PyTorch implementations
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    spec = json.loads(open(spec_file).read())
+    config_class, model_class = CLASSES[spec["model_type"]]
+    cfg = getattr(transformers, config_class)(**spec["config"])
+    torch.manual_seed(spec["seed"])
+    model = getattr(transformers, model_class)(cfg).eval()
+    gen = torch.Generator().manual_seed(spec["seed"] + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):  # the gated norm: plain weight around 1
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("norm.weight"):  # zero-centred norms: (1 + w), w around 0
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name or "lm_head" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(("A_log", "dt_bias")):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+            else:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(spec["folder"])
+    prompt, steps = torch.tensor(spec["prompt"]), torch.tensor(spec["steps"])
+    cache = transformers.DynamicCache(config=cfg)
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        out["prefill"] = model(prompt, past_key_values=cache, use_cache=True).logits
+        decoded = [model(steps[:, t : t + 1], past_key_values=cache, use_cache=True).logits[:, 0] for t in range(steps.shape[1])]
+    out["decode"] = torch.stack(decoded) if decoded else torch.zeros(0)
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, transformers.cache_utils.LinearAttentionCacheLayerMixin):
+            out[f"{i}.recurrent"], out[f"{i}.conv"] = cache.get_recurrent_state(i), cache.get_conv_state(i)
+        else:
+            out[f"{i}.key"], out[f"{i}.value"] = layer.keys, layer.values
+    save_file({k: v.contiguous().float() for k, v in out.items()}, spec["out"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,211 @@
+"""edgelin's import of Hugging Face transformers Qwen3.5 checkpoints against transformers' own model.
+
+The oracle is transformers 5.x's Qwen3_5ForCausalLM with its whole forward (its PyTorch gated delta rule and
+causal conv, its gated attention with partial RoPE and zero-centred norms, its DynamicCache), run in a subprocess
+(hf_oracle.py) that hides fla so transformers takes its PyTorch paths. A tiny random hybrid (Gated DeltaNet
+layers with grouped value heads and full-attention layers, 3:1), a 150-token prefill then 20 cached decode steps,
+batch 2. Budget, fp32: max abs logits error <= 1e-4; the cache (recurrent states, conv windows, keys, values) is
+compared too. The multimodal ``qwen3_5`` folder imports as its text model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from edgelin.checkpoint import load_checkpoint
+from edgelin.importers import IMPORTERS
+from edgelin.ops import delta
+from edgelin.protocol import ExportableModel, check_model
+from testkit import max_abs
+
+pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
+
+MAX_ABS = 1e-4
+STATE_REL = 1e-5
+BATCH, PROMPT, STEPS = 2, 150, 20
+GRAPH_LEVELS = 4  # the delta rule's prefill scan lowered for a faster export (16 chunks: 1,024 tokens)
+ORACLE = Path(__file__).with_name("hf_oracle.py")
+TINY = {
+    "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+CASES = {
+    # transformers' defaults for everything else: 3 Gated DeltaNet layers then one attention layer, conv 4,
+    # partial_rotary_factor 0.25 (RoPE on 4 of 16 features), rope_theta 10000, untied
+    "qwen3_5-hybrid4": {**TINY, "num_hidden_layers": 4},
+    # attention first, explicit layer_types, tied embeddings, half-width RoPE at theta 1e6, conv 3, 4 KV heads
+    "qwen3_5-types-tied-rope-conv3": {
+        **TINY, "num_hidden_layers": 3, "layer_types": ["full_attention", "linear_attention", "linear_attention"],
+        "tie_word_embeddings": True, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5},
+        "linear_conv_kernel_dim": 3, "num_key_value_heads": 4, "linear_num_value_heads": 2,
+    },
+}
+_RESULTS: dict[str, tuple] = {}
+
+
+def oracle(case_id: str, tmp_path_factory):
+    """(checkpoint folder, prompt, steps, transformers' outputs) for one case, once per session."""
+    if case_id not in _RESULTS:
+        root = tmp_path_factory.mktemp(case_id)
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
+        steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
+        spec = {"model_type": "qwen3_5_text", "config": CASES[case_id], "folder": str(root / "ckpt"),
+                "out": str(root / "ref.safetensors"), "seed": 0, "prompt": prompt.tolist(), "steps": steps.tolist()}
+        (root / "spec.json").write_text(json.dumps(spec))
+        run = subprocess.run([sys.executable, str(ORACLE), str(root / "spec.json")], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        _RESULTS[case_id] = root / "ckpt", prompt, steps, load_file(root / "ref.safetensors")
+    return _RESULTS[case_id]
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def test_registry_lists_qwen3_5():
+    assert {"qwen3_5_text", "qwen3_5"} <= set(IMPORTERS)
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_import_matches_transformers(case_id, tmp_path_factory):
+    folder, prompt, steps, ref = oracle(case_id, tmp_path_factory)
+    assert ref["prefill"].std() > 1.0, "logits without spread would hide errors"
+    model = load_checkpoint(folder)
+    with torch.no_grad():
+        logits, state = model(prompt)
+        prefill = max_abs(logits, ref["prefill"])
+        decode = 0.0
+        for t in range(STEPS):
+            logits, state = model.step(steps[:, t : t + 1], state)
+            decode = max(decode, max_abs(logits[:, 0], ref["decode"][t]))
+    print(f"\n{case_id}: max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    kinds = {"fla/delta": 0, "attention": 0}
+    for i, block in enumerate(model.blocks):
+        kinds[block.attn.kind] += 1
+        if block.attn.kind == "attention":  # transformers' cache: [B, Hkv, P, D], keys after the norm and RoPE
+            assert state[f"{i}.key"].shape == ref[f"{i}.key"].shape
+            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL and rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
+            assert state[f"{i}.pos"].tolist() == [PROMPT + STEPS] * BATCH
+        else:  # recurrent state [B, Nv, K, V] (the same layout); the conv window [B, 2 key + value, W]
+            assert state[f"{i}.S"].shape == ref[f"{i}.recurrent"].shape and rel(state[f"{i}.S"], ref[f"{i}.recurrent"]) <= STATE_REL
+            assert state[f"{i}.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
+    assert kinds["attention"] >= 1 and kinds["fla/delta"] >= 2
+    assert model.max_positions == 32768  # transformers' default max_position_embeddings: the declared context
+
+
+def test_protocol_and_forms_agree_in_float64(tmp_path_factory):
+    """The protocol; the naive forms (the delta rule's loop, attention per query) against the chunk form in
+    float64; prefill in pieces and token by token against one prefill."""
+    folder, *_ = oracle("qwen3_5-hybrid4", tmp_path_factory)
+    model = load_checkpoint(folder)
+    assert isinstance(model, ExportableModel)
+    check_model(model)
+    assert model.model_config()["family"] == "hf/qwen3_5_text"
+    json.dumps(model.model_config())
+    m64 = model.double()
+    ids = torch.randint(0, 97, (2, 2 * model.chunk_size + 1), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref, ref_state = m64(ids, form="naive")
+        logits, state = m64(ids)
+        assert max_abs(logits, ref) <= 1e-10
+        assert all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
+        model = model.float()
+        ref, ref_state = model(ids)
+        pieces, state, start = [], None, 0
+        for n in (1, 63, 65):
+            out, state = model(ids[:, start : start + n], state)
+            pieces.append(out)
+            start += n
+        assert max_abs(torch.cat(pieces, 1), ref) <= 2e-5
+        assert all(torch.allclose(state[k], v, rtol=1e-5, atol=1e-5) for k, v in ref_state.items())
+
+
+def multimodal(text_folder: Path, out: Path) -> Path:
+    """A qwen3_5 (vision-language) folder around a text checkpoint: the text weights under model.language_model.,
+    a vision tensor and an mtp tensor beside them, the text config nested."""
+    text_cfg = json.loads((text_folder / "config.json").read_text())
+    tensors = load_file(text_folder / "model.safetensors")
+    renamed = {("lm_head.weight" if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v for k, v in tensors.items()}
+    renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(8, 3, 2, 2)
+    renamed["mtp.fc.weight"] = torch.zeros(4, 4)
+    out.mkdir()
+    save_file(renamed, out / "model.safetensors", metadata={"format": "pt"})
+    cfg = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+           "text_config": text_cfg, "vision_config": {"depth": 1, "hidden_size": 8}, "image_token_id": 90,
+           "video_token_id": 91, "vision_start_token_id": 92, "vision_end_token_id": 93,
+           "tie_word_embeddings": text_cfg["tie_word_embeddings"]}
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_the_multimodal_checkpoint_imports_as_its_text_model(tmp_path_factory, tmp_path):
+    folder, prompt, steps, ref = oracle("qwen3_5-hybrid4", tmp_path_factory)
+    model = load_checkpoint(multimodal(folder, tmp_path / "vl"))
+    assert model.model_config()["family"] == "hf/qwen3_5" and "vision tower" in model.model_config()["left_out"]
+    text = load_checkpoint(folder)
+    with torch.no_grad():
+        assert torch.equal(model(prompt[:, :20])[0], text(prompt[:, :20])[0])
+
+
+@pytest.mark.slow  # one export of a 4-layer hybrid with the delta rule's scan: ~2 min on a loaded 2-core machine
+def test_export_matches_transformers(tmp_path_factory, monkeypatch):
+    """Both ONNX graphs in ONNX Runtime, driven from the manifest alone, against transformers' logits; validate
+    against the checkpoint passes."""
+    from edgelin.exporters import export
+    from edgelin.runtime import load
+    from edgelin.validate import validate
+
+    folder, prompt, steps, ref = oracle("qwen3_5-hybrid4", tmp_path_factory)
+    out = tmp_path_factory.mktemp("qwen3_5-export") / "export"
+    monkeypatch.setattr(delta, "MAX_SCAN_LEVELS", GRAPH_LEVELS)
+    export(folder, out, check=False)
+    session = load(out, provider="cpu")
+    state = session.new_state(BATCH)
+    prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref["prefill"])
+    decode = max(max_abs(torch.from_numpy(session.decode(steps[:, t : t + 1].numpy(), state))[:, 0], ref["decode"][t]) for t in range(STEPS))
+    print(f"\nqwen3_5 (ONNX): max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    report = validate(out, folder, steps=16, long=300)
+    assert report.passed, report.table()
+
+
+def edited(folder: Path, tmp_path: Path, **changes) -> Path:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(folder / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+@pytest.mark.parametrize("changes, field, fragment", [
+    ({"num_experts": 8}, "num_experts", "mixture-of-experts"),
+    ({"attention_bias": True}, "attention_bias", "false only"),
+    ({"hidden_act": "gelu"}, "hidden_act", "'silu'"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_parameters", "unknown"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "rope_parameters", "'default'"),
+    ({"layer_types": ["linear_attention"] * 3}, "layer_types", "4 entries"),
+    ({"linear_num_value_heads": 3}, "linear_num_value_heads", "multiple of linear_num_key_heads (2)"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads", "must divide"),
+    ({"sliding_window": 16}, "sliding_window", "unknown"),
+])
+def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("qwen3_5-hybrid4", tmp_path_factory)
+    refused(edited(folder, tmp_path, **changes), repr(field), fragment)
+
+
+def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("qwen3_5-hybrid4", tmp_path_factory)
+    refused(edited(folder, tmp_path, linear_conv_kernel_dim=3), "model.layers.0.linear_attn.conv1d.weight", "(96, 1, 4)")
