@@ -2,7 +2,7 @@
 
 The oracle is transformers 5.x's Qwen3_5ForCausalLM with its whole forward (its PyTorch gated delta rule and
 causal conv, its gated attention with partial RoPE and zero-centred norms, its DynamicCache), run in a subprocess
-(hf_oracle.py) that hides fla so transformers takes its PyTorch paths. A tiny random hybrid (Gated DeltaNet
+(tests/testkit/hf_oracle.py) that hides fla so transformers takes its PyTorch paths. A tiny random hybrid (Gated DeltaNet
 layers with grouped value heads and full-attention layers, 3:1), a 150-token prefill then 20 cached decode steps,
 batch 2. Budget, fp32: max abs logits error <= 1e-4; the cache (recurrent states, conv windows, keys, values) is
 compared too. The multimodal ``qwen3_5`` folder imports as its text model.
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,13 +24,14 @@ from edgelin.ops import delta
 from edgelin.protocol import ExportableModel, check_model
 from testkit import max_abs
 
+from testkit import hf_oracle
+
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5
 BATCH, PROMPT, STEPS = 2, 150, 20
 GRAPH_LEVELS = 4  # the delta rule's prefill scan lowered for a faster export (16 chunks: 1,024 tokens)
-ORACLE = Path(__file__).with_name("hf_oracle.py")
 TINY = {
     "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
     "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
@@ -59,12 +58,8 @@ def oracle(case_id: str, tmp_path_factory):
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
         steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        spec = {"model_type": "qwen3_5_text", "config": CASES[case_id], "folder": str(root / "ckpt"),
-                "out": str(root / "ref.safetensors"), "seed": 0, "prompt": prompt.tolist(), "steps": steps.tolist()}
-        (root / "spec.json").write_text(json.dumps(spec))
-        run = subprocess.run([sys.executable, str(ORACLE), str(root / "spec.json")], capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stderr[-3000:]
-        _RESULTS[case_id] = root / "ckpt", prompt, steps, load_file(root / "ref.safetensors")
+        folder, ref = hf_oracle.run("qwen3_5_text", CASES[case_id], root, prompt, steps)
+        _RESULTS[case_id] = folder, prompt, steps, ref
     return _RESULTS[case_id]
 
 

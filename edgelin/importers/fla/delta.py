@@ -31,10 +31,10 @@ from torch import nn
 
 from edgelin.importers.fields import Fields
 from edgelin.importers.fla import Common, split_heads
-from edgelin.importers.fla.gated import FlaShortConv
 from edgelin.importers.fla.linear_attn import head_width
 from edgelin.ops import DELTA_FORMS, State
 from edgelin.protocol import DEFAULT_CHUNK
+from edgelin.short_conv import WindowConv
 from edgelin.skeleton import RMSNorm, check_form, register_mixer
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")  # DeltaNet's qk_activation (fla's elu is elu + 1)
@@ -132,7 +132,7 @@ class FlaDeltaAttention(nn.Module):
         if o.packed_qkv:
             self.qkv_proj = nn.Linear(hidden, 2 * key + value, bias=False)
             if o.short_conv:
-                self.qkv_conv1d = FlaShortConv(2 * key + value, o.conv_size)
+                self.qkv_conv1d = WindowConv(2 * key + value, o.conv_size)
         else:
             self.q_proj = nn.Linear(hidden, key, bias=False)
             self.k_proj = nn.Linear(hidden, key, bias=False)
@@ -145,9 +145,9 @@ class FlaDeltaAttention(nn.Module):
             self.dt_bias = nn.Parameter(torch.zeros(o.num_v_heads))
         if o.short_conv and not o.packed_qkv:
             qk_silu = o.qk_activation == "silu"
-            self.q_conv1d = FlaShortConv(key, o.conv_size, silu=qk_silu)
-            self.k_conv1d = FlaShortConv(key, o.conv_size, silu=qk_silu)
-            self.v_conv1d = FlaShortConv(value, o.conv_size)
+            self.q_conv1d = WindowConv(key, o.conv_size, silu=qk_silu)
+            self.k_conv1d = WindowConv(key, o.conv_size, silu=qk_silu)
+            self.v_conv1d = WindowConv(value, o.conv_size)
         if o.output_gate:
             self.g_proj = nn.Linear(hidden, value, bias=False)
         self.o_norm = RMSNorm(o.head_v_dim, common.norm_eps)

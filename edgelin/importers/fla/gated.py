@@ -17,6 +17,7 @@ from edgelin.importers.fields import Fields
 from edgelin.importers.fla import Common, share_state, split_heads, unshare_state
 from edgelin.importers.fla.linear_attn import read_heads
 from edgelin.ops import FORMS, State, recurrent_step
+from edgelin.short_conv import WindowConv
 from edgelin.skeleton import RMSNorm, check_form, fixed_norm, register_mixer
 
 # fla's feature_map for RetNet and GLA: an activation on q and k (None: none), before the rotary (RetNet) and
@@ -82,24 +83,8 @@ def read_gla(f: Fields, common: Common) -> GatedOptions:
     )
 
 
-class FlaShortConv(nn.Module):
-    """fla's ShortConvolution at inference: a causal depthwise convolution over the last W inputs, then SiLU
-    (``silu=False``: fla's ``activation=None``, no activation).
-
-    Its window is fla's cache layout: the last W inputs [B, D, W], oldest first (zeros before the start); the
-    oldest column is dropped before use, so y_t = sum_i w_i x_{t-W+1+i}."""
-
-    def __init__(self, dim: int, size: int, *, silu: bool = True) -> None:
-        super().__init__()
-        self.size, self.silu = size, silu
-        self.weight = nn.Parameter(torch.zeros(dim, 1, size))  # [D, 1, W], fla's name and shape
-
-    def forward(self, x: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        full = torch.cat([window, x.transpose(1, 2)], dim=2)  # [B, D, W + T]
-        y = F.conv1d(full[:, :, 1:], self.weight, groups=self.weight.shape[0])  # [B, D, T]
-        if self.silu:
-            y = F.silu(y)
-        return y.transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], new window [B, D, W]
+# fla's ShortConvolution at inference (the window layout of fla's cache); edgelin.short_conv has the math
+FlaShortConv = WindowConv
 
 
 def log_sigmoid(x: torch.Tensor) -> torch.Tensor:

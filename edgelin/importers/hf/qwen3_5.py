@@ -24,6 +24,7 @@ from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.fla import Common
 from edgelin.importers.fla.delta import DeltaOptions, FlaDeltaAttention
+from edgelin.importers.hf import read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM, UnitOffsetRMSNorm
@@ -48,33 +49,8 @@ WRAPPER_FIELDS: dict[str, Any] = {
     "text_config": None, "vision_config": None, "tie_word_embeddings": False, "image_token_id": None,
     "video_token_id": None, "vision_start_token_id": None, "vision_end_token_id": None,
 }
-ROPE_KEYS = {"rope_type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"}
 LEFT_OUT = ("model.visual.", "mtp.")  # the vision tower; the multi-token-prediction head (transformers skips it too)
 LAYER_KINDS = ("linear_attention", "full_attention")
-
-
-def read_rope(f: Fields, head_dim: int) -> tuple[float, int]:
-    """(rope_theta, rotary width) from rope_parameters (transformers 5) or the older top-level fields."""
-    params = f.get("rope_parameters") or f.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise f.fail("rope_parameters", f"must be an object, got {str(params)[:60]}")
-    unknown = sorted(set(params) - ROPE_KEYS - {"type"})
-    if unknown:
-        raise f.fail("rope_parameters", f"has the key {unknown[0]!r}, unknown to edgelin's qwen3_5 importer; it may change the model")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", "mrope"):
-        raise f.fail("rope_parameters", f"has rope_type {kind!r}; edgelin supports 'default' (RoPE scaling is not supported)")
-    theta = params.get("rope_theta", f.get("rope_theta"))
-    factor = params.get("partial_rotary_factor", f.get("partial_rotary_factor"))
-    theta = 10000.0 if theta is None else theta
-    factor = 0.25 if factor is None else factor
-    for name, value in (("rope_theta", theta), ("partial_rotary_factor", factor)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise f.fail("rope_parameters", f"has {name} {value!r}; it must be a positive number")
-    rotary = int(head_dim * factor)
-    if rotary % 2 or not 0 < rotary <= head_dim:
-        raise f.fail("rope_parameters", f"gives a rotary width head_dim * partial_rotary_factor = {rotary}; it must be even and at most head_dim")
-    return float(theta), rotary
 
 
 def read_layer_types(f: Fields, n_layers: int) -> list[str]:
@@ -101,7 +77,8 @@ def build(text: dict[str, Any], where: Path, *, tie: bool | None = None, source:
     k_heads, v_heads = f.integer("linear_num_key_heads"), f.integer("linear_num_value_heads")
     if v_heads % k_heads:
         raise f.fail("linear_num_value_heads", f"must be a multiple of linear_num_key_heads ({k_heads}), got {v_heads}")
-    theta, rotary = read_rope(f, head_dim)
+    theta, rotary = read_rope(f, head_dim, importer=family, default_theta=10000.0, default_factor=0.25,
+                              extra_keys=("mrope_section", "mrope_interleaved"))
     kinds = read_layer_types(f, n_layers)
     tie = f.flag("tie_word_embeddings") if tie is None else tie
     common = Common(vocab_size=f.integer("vocab_size"), hidden_size=hidden, num_layers=n_layers, norm_eps=eps,

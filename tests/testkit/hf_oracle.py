@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
-CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM")}
+CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "lfm2": ("Lfm2Config", "Lfm2ForCausalLM")}
 
 
 def main(spec_file: str) -> None:
@@ -35,9 +35,9 @@ def main(spec_file: str) -> None:
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("linear_attn.norm.weight"):  # the gated norm: plain weight around 1
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("norm.weight"):  # zero-centred norms: (1 + w), w around 0
+            if name.endswith("linear_attn.norm.weight") or (spec["model_type"] == "lfm2" and name.endswith("norm.weight")):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))  # plain norm weights: around 1
+            elif name.endswith("norm.weight"):  # Qwen3.5's zero-centred norms: (1 + w), w around 0
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name or "lm_head" in name:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
@@ -58,7 +58,24 @@ def main(spec_file: str) -> None:
             out[f"{i}.recurrent"], out[f"{i}.conv"] = cache.get_recurrent_state(i), cache.get_conv_state(i)
         else:
             out[f"{i}.key"], out[f"{i}.value"] = layer.keys, layer.values
-    save_file({k: v.contiguous().float() for k, v in out.items()}, spec["out"])
+    save_file({k: v.contiguous().float() for k, v in out.items() if v is not None}, spec["out"])  # LFM2's convs: no recurrent state
+
+
+def run(model_type: str, config: dict, root, prompt, steps, seed: int = 0):
+    """From a test process: build, save and run transformers' model in a subprocess; returns (checkpoint folder,
+    the outputs as a dict of tensors)."""
+    import subprocess
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    root = Path(root)
+    spec = {"model_type": model_type, "config": config, "folder": str(root / "ckpt"), "out": str(root / "ref.safetensors"),
+            "seed": seed, "prompt": prompt.tolist(), "steps": steps.tolist()}
+    (root / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, __file__, str(root / "spec.json")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "ckpt", load_file(root / "ref.safetensors")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""transformers' ``lfm2`` (Lfm2ForCausalLM: LFM2 / LFM2.5) on the skeleton, as transformers 5.x computes it:
+
+- blocks: x + mixer(operator_norm(x)), then + SwiGLU(ffn_norm(.)) with w1 = gate, w3 = up, w2 = down; the final
+  norm is ``embedding_norm`` (after the last block); plain RMSNorms x / rms(x) * w
+- ``conv`` layers: the gated short conv (mixer ``short_conv``, edgelin.short_conv): B, C, x = in_proj(h),
+  out_proj(C * conv(B * x)), a depthwise causal conv of ``conv_L_cache`` taps, no activation; its window
+  ``{layer}.conv`` [B, hidden, L_cache] (transformers' cache: the last L_cache values of B * x)
+- ``full_attention`` layers: softmax attention (mixer ``attention``) with per-head RMSNorms on q and k before RoPE
+  (q_layernorm, k_layernorm), RoPE by halves over the whole head, grouped heads, out_proj
+- the MLP width: intermediate_size, with ``block_auto_adjust_ff_dim`` int(2 I / 3), then (with a
+  ``block_ffn_dim_multiplier``) int(multiplier * I) rounded up to a multiple of ``block_multiple_of``
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgelin.attention import Attention, AttentionOptions
+from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.importers.fields import Fields, check_fields
+from edgelin.importers.hf import read_rope
+from edgelin.importers.weights import Renamer, load_checkpoint_weights
+from edgelin.protocol import DEFAULT_CHUNK
+from edgelin.short_conv import GatedShortConv
+from edgelin.skeleton import CausalLM
+
+FIELDS: dict[str, Any] = {  # Lfm2Config's fields and defaults (transformers 5.x)
+    "vocab_size": 65536, "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "norm_eps": 1e-5,
+    "tie_word_embeddings": True, "conv_bias": False, "conv_L_cache": 3, "block_multiple_of": 256,
+    "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True, "full_attn_idxs": None, "layer_types": None,
+    "rope_parameters": None, "rope_theta": None, "rope_scaling": None,
+    "block_ff_dim": None, "tie_embedding": None,  # older names transformers still reads (intermediate_size, tie_word_embeddings)
+}
+# Fields of LFM2's released configs that transformers' model does not read (the same model whatever they hold).
+UNREAD_FIELDS = (
+    "block_dim", "conv_dim", "conv_dim_out", "block_mlp_init_scale", "block_out_init_scale", "block_use_xavier_init",
+    "conv_use_xavier_init", "block_use_swiglu", "block_norm_eps", "num_heads", "theta", "use_pos_enc",
+)
+MOE = "mixture-of-experts layers (the lfm2_moe model type); edgelin exports dense MLPs only"
+REFUSED_FIELDS = {"num_experts": MOE, "num_experts_per_tok": MOE, "moe_intermediate_size": MOE, "num_dense_layers": MOE}
+LAYER_KINDS = ("conv", "full_attention")
+
+
+def mlp_width(f: Fields) -> int:
+    width = f.integer("block_ff_dim", optional=True) or f.integer("intermediate_size")
+    if f.flag("block_auto_adjust_ff_dim"):
+        width = int(2 * width / 3)
+        multiplier = f.get("block_ffn_dim_multiplier")
+        if multiplier is not None:
+            multiple = f.integer("block_multiple_of")
+            if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0:
+                raise f.fail("block_ffn_dim_multiplier", f"must be a positive number or null, got {multiplier!r}")
+            width = int(multiplier * width)
+            width = multiple * ((width + multiple - 1) // multiple)
+    if width < 1:
+        raise f.fail("intermediate_size", f"gives an MLP width of {width}; it must be positive")
+    return width
+
+
+def read_layer_types(f: Fields, n_layers: int) -> list[str]:
+    kinds = f.get("layer_types")
+    if kinds is None:
+        idxs = f.get("full_attn_idxs")
+        idxs = list(range(n_layers)) if idxs is None else idxs  # transformers: every layer attention by default
+        if not isinstance(idxs, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers for i in idxs):
+            raise f.fail("full_attn_idxs", f"must list layer indices in 0..{n_layers - 1}, got {str(idxs)[:80]}")
+        return ["full_attention" if i in idxs else "conv" for i in range(n_layers)]
+    if not isinstance(kinds, list) or len(kinds) != n_layers or any(k not in LAYER_KINDS for k in kinds):
+        raise f.fail("layer_types", f"must list {n_layers} entries, each 'conv' or 'full_attention'; got {str(kinds)[:80]}")
+    return kinds
+
+
+def load(path: str | Path) -> CausalLM:
+    """An ``lfm2`` checkpoint folder (Lfm2ForCausalLM)."""
+    path = Path(path)
+    source = read_config(path)
+    defaults = {**FIELDS, **{name: None for name in UNREAD_FIELDS}}
+    f = check_fields(source, defaults=defaults, refused=REFUSED_FIELDS, importer="hf/lfm2", where=path / CONFIG_FILE)
+    hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("norm_eps")
+    heads, kv_heads = f.integer("num_attention_heads"), f.integer("num_key_value_heads")
+    if heads % kv_heads:
+        raise f.fail("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv_heads}")
+    head_dim = f.integer("head_dim", optional=True)
+    if head_dim is None:
+        if hidden % heads:
+            raise f.fail("num_attention_heads", f"must divide hidden_size ({hidden}) when head_dim is not set, got {heads}")
+        head_dim = hidden // heads
+    theta, rotary = read_rope(f, head_dim, importer="hf/lfm2", default_theta=1e6)
+    kinds = read_layer_types(f, n_layers)
+    legacy_tie = f.get("tie_embedding")
+    tie = f.flag("tie_embedding") if legacy_tie is not None else f.flag("tie_word_embeddings")
+    vocab, mlp, bias, taps = f.integer("vocab_size"), mlp_width(f), f.flag("conv_bias"), f.integer("conv_L_cache")
+    attention = AttentionOptions(
+        d_model=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rope_theta=theta, rotary_dim=rotary,
+        qk_norm=True, norm_eps=eps,
+    )
+
+    def make() -> CausalLM:
+        model = CausalLM(
+            lambda i: Attention(attention) if kinds[i] == "full_attention" else GatedShortConv(hidden, taps, bias=bias),
+            n_layers=n_layers, vocab_size=vocab, d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie,
+            chunk_size=DEFAULT_CHUNK, config={"family": "hf/lfm2", "chunk_size": DEFAULT_CHUNK, "source_config": source},
+        )
+        limit = source.get("max_position_embeddings")
+        if "full_attention" in kinds and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            model.max_positions = limit
+        return model
+
+    pairs = [
+        ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.embedding_norm.", "norm."),
+        (".operator_norm.", ".attn_norm."), (".ffn_norm.", ".mlp_norm."),
+        (".feed_forward.w1.", ".mlp.gate."), (".feed_forward.w3.", ".mlp.up."), (".feed_forward.w2.", ".mlp.down."),
+        (".self_attn.out_proj.", ".attn.o_proj."), (".self_attn.q_layernorm.", ".attn.q_norm."),
+        (".self_attn.k_layernorm.", ".attn.k_norm."), (".self_attn.", ".attn."),
+        (".conv.", ".attn."),  # the conv layer's module: layers.N.conv.{in_proj, conv, out_proj}
+    ]
+    if tie:
+        pairs.append(("lm_head.weight", "embed.weight"))  # a tied checkpoint may hold either copy
+    return load_checkpoint_weights(path, make, Renamer(pairs))
+
+
+__all__ = ["FIELDS", "UNREAD_FIELDS", "load", "mlp_width"]

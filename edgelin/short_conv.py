@@ -1,0 +1,86 @@
+"""Short causal convolutions: the window convolution the imported layers share, and LFM2's gated short conv as
+the skeleton's mixer kind "short_conv".
+
+``WindowConv``: a depthwise causal convolution over the last W inputs, optionally then SiLU. Its window is the
+cache layout fla and transformers keep, the last W inputs [B, D, W], oldest first (zeros before the start); the
+oldest column is dropped before use, so y_t = b + sum_i w_i x_{t-W+1+i}.
+
+``GatedShortConv`` (LFM2's conv layer, transformers' ``Lfm2ShortConv``):
+
+    B, C, x = in_proj(h) split in three (rows [0:D], [D:2D], [2D:3D]);  u = B * x
+    y = out_proj(C * conv(u))                 (conv: WindowConv over u, no activation)
+
+State per layer: "conv" [B, D, W], the last W values of u (transformers' cache). The step form is the same code
+at T = 1; the naive form a per-token loop written from the formula (the slow reference).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgelin.skeleton import check_form, register_mixer
+from edgelin.state import State
+
+
+class WindowConv(nn.Module):
+    """A depthwise causal convolution over a carried window (module docstring); ``silu``: SiLU after it."""
+
+    def __init__(self, dim: int, size: int, *, silu: bool = True, bias: bool = False) -> None:
+        super().__init__()
+        self.size, self.silu = size, silu
+        self.weight = nn.Parameter(torch.zeros(dim, 1, size))  # [D, 1, W], fla's and transformers' name and shape
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D], window [B, D, W] -> y [B, T, D], the new window [B, D, W]."""
+        full = torch.cat([window, x.transpose(1, 2)], dim=2)  # [B, D, W + T]
+        y = F.conv1d(full[:, :, 1:], self.weight, self.bias, groups=self.weight.shape[0])  # [B, D, T]
+        if self.silu:
+            y = F.silu(y)
+        return y.transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], [B, D, W]
+
+
+@register_mixer("short_conv")
+class GatedShortConv(nn.Module):
+    """LFM2's gated short convolution (module docstring)."""
+
+    forms = ("chunk", "step", "naive")
+    accepts_lengths = False
+    bounded_state = True  # a window of activations, not a running sum
+
+    def __init__(self, d_model: int, size: int, *, bias: bool = False) -> None:
+        super().__init__()
+        self.d_model, self.size = d_model, size
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.conv = WindowConv(d_model, size, silu=False, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def state_layout(self) -> dict[str, tuple]:
+        return {"conv": (("batch", self.d_model, self.size), "float32", 0.0)}
+
+    def forward(
+        self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, State]:
+        check_form(self, form, lengths)
+        b, c, v = self.in_proj(x).chunk(3, dim=-1)  # [B, T, D] each
+        u = b * v  # [B, T, D]
+        if form == "naive":
+            y, window = self._naive(u, state["conv"])
+        else:
+            y, window = self.conv(u, state["conv"])  # [B, T, D], [B, D, W]
+        return self.out_proj(c * y), {"conv": window}
+
+    def _naive(self, u: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """y_t = bias + sum_i w_i u_{t-W+1+i}, one token at a time, the window shifted by hand."""
+        w = self.conv.weight[:, 0, :]  # [D, W]
+        outs = []
+        for t in range(u.shape[1]):
+            window = torch.cat([window[:, :, 1:], u[:, t, :, None]], dim=2)  # [B, D, W]: the last W inputs
+            y = (window * w).sum(-1)  # [B, D]
+            outs.append(y if self.conv.bias is None else y + self.conv.bias)
+        return torch.stack(outs, dim=1), window  # [B, T, D], [B, D, W]
+
+
+__all__ = ["GatedShortConv", "WindowConv"]

@@ -1,0 +1,172 @@
+"""edgelin's import of Hugging Face transformers LFM2 checkpoints against transformers' own model.
+
+Same oracle as test_hf_qwen3_5.py (hf_oracle.py: transformers 5.x's Lfm2ForCausalLM, its PyTorch causal conv and
+DynamicCache, in a subprocess): a tiny random hybrid of gated short-conv and attention layers, a 150-token prefill
+then 20 cached decode steps, batch 2. Budget, fp32: max abs logits error <= 1e-4; the cache (conv windows, keys,
+values) is compared too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from edgelin.checkpoint import load_checkpoint
+from edgelin.importers import IMPORTERS
+from edgelin.protocol import ExportableModel, check_model
+from testkit import max_abs
+
+from testkit import hf_oracle
+
+pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
+
+MAX_ABS = 1e-4
+STATE_REL = 1e-5
+BATCH, PROMPT, STEPS = 2, 150, 20
+TINY = {"vocab_size": 97, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "block_multiple_of": 32}
+CASES = {
+    # conv, attention, conv, attention; tied embeddings, conv of 3 taps, MLP width int(2 * 192 / 3) rounded to 32
+    "lfm2-hybrid4": {**TINY, "intermediate_size": 192, "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+    # attention layers from full_attn_idxs, conv biases, 4 taps, untied, another rope_theta, no MLP width adjustment
+    "lfm2-idxs-bias-conv4-untied": {
+        **TINY, "intermediate_size": 80, "num_hidden_layers": 3, "full_attn_idxs": [1], "conv_bias": True, "conv_L_cache": 4,
+        "tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 5e4}, "block_auto_adjust_ff_dim": False,
+    },
+}
+_RESULTS: dict[str, tuple] = {}
+
+
+def oracle(case_id: str, tmp_path_factory):
+    if case_id not in _RESULTS:
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
+        steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
+        folder, ref = hf_oracle.run("lfm2", CASES[case_id], tmp_path_factory.mktemp(case_id), prompt, steps)
+        _RESULTS[case_id] = folder, prompt, steps, ref
+    return _RESULTS[case_id]
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def test_registry_lists_lfm2():
+    assert "lfm2" in IMPORTERS
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_import_matches_transformers(case_id, tmp_path_factory):
+    folder, prompt, steps, ref = oracle(case_id, tmp_path_factory)
+    assert ref["prefill"].std() > 1.0, "logits without spread would hide errors"
+    model = load_checkpoint(folder)
+    with torch.no_grad():
+        logits, state = model(prompt)
+        prefill = max_abs(logits, ref["prefill"])
+        decode = 0.0
+        for t in range(STEPS):
+            logits, state = model.step(steps[:, t : t + 1], state)
+            decode = max(decode, max_abs(logits[:, 0], ref["decode"][t]))
+    print(f"\n{case_id}: max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    kinds = set()
+    for i, block in enumerate(model.blocks):
+        kinds.add(block.attn.kind)
+        if block.attn.kind == "attention":
+            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL and rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
+        else:  # the last L_cache values of B * x, [B, hidden, L_cache]
+            assert state[f"{i}.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
+    assert kinds == {"attention", "short_conv"}
+    assert model.max_positions == 128000
+
+
+def test_protocol_forms_and_pieces(tmp_path_factory):
+    """The protocol; the short conv's naive loop and attention's naive form against the chunk form in float64;
+    prefill in pieces of 1 (shorter than the conv window), 2 and 40 from a carried state against one prefill."""
+    folder, *_ = oracle("lfm2-idxs-bias-conv4-untied", tmp_path_factory)
+    model = load_checkpoint(folder)
+    assert isinstance(model, ExportableModel)
+    check_model(model)
+    assert model.model_config()["family"] == "hf/lfm2" and model.state_decays
+    json.dumps(model.model_config())
+    ids = torch.randint(0, 97, (2, 43), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        m64 = model.double()
+        ref, ref_state = m64(ids, form="naive")
+        logits, state = m64(ids)
+        assert max_abs(logits, ref) <= 1e-10 and all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
+        model = model.float()
+        ref, ref_state = model(ids)
+        pieces, state, start = [], None, 0
+        for n in (1, 2, 40):
+            out, state = model(ids[:, start : start + n], state)
+            pieces.append(out)
+            start += n
+        assert max_abs(torch.cat(pieces, 1), ref) <= 2e-5
+        assert all(torch.allclose(state[k], v, rtol=1e-5, atol=1e-5) for k, v in ref_state.items())
+
+
+@pytest.mark.slow  # one export of a 4-layer hybrid: ~1 min on a loaded 2-core machine
+def test_export_matches_transformers(tmp_path_factory):
+    from edgelin.exporters import export
+    from edgelin.runtime import load
+    from edgelin.validate import validate
+
+    folder, prompt, steps, ref = oracle("lfm2-hybrid4", tmp_path_factory)
+    out = tmp_path_factory.mktemp("lfm2-export") / "export"
+    export(folder, out, check=False)
+    session = load(out, provider="cpu")
+    state = session.new_state(BATCH)
+    prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref["prefill"])
+    decode = max(max_abs(torch.from_numpy(session.decode(steps[:, t : t + 1].numpy(), state))[:, 0], ref["decode"][t]) for t in range(STEPS))
+    print(f"\nlfm2 (ONNX): max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    report = validate(out, folder, steps=16, long=300)
+    assert report.passed, report.table()
+
+
+def edited(folder: Path, tmp_path: Path, **changes) -> Path:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(folder / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+@pytest.mark.parametrize("changes, field, fragment", [
+    ({"num_experts": 8}, "num_experts", "mixture-of-experts"),
+    ({"layer_types": ["conv", "attention", "conv", "conv"]}, "layer_types", "'conv' or 'full_attention'"),
+    ({"layer_types": None, "full_attn_idxs": [7]}, "full_attn_idxs", "0..3"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e6}}, "rope_parameters", "'default'"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads", "must divide"),
+    ({"conv_bias": "no"}, "conv_bias", "true or false"),
+    ({"use_moe": True}, "use_moe", "unknown"),
+])
+def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("lfm2-hybrid4", tmp_path_factory)
+    refused(edited(folder, tmp_path, **changes), repr(field), fragment)
+
+
+def test_released_config_fields_transformers_does_not_read_are_accepted(tmp_path_factory, tmp_path):
+    """LFM2's released configs carry fields transformers' model never reads (block_dim, conv_dim, theta, ...):
+    they change nothing there, so they change nothing here; the older names it does read are honoured."""
+    folder, prompt, _, ref = oracle("lfm2-hybrid4", tmp_path_factory)
+    cfg = json.loads((folder / "config.json").read_text())
+    legacy = {"block_dim": 64, "conv_dim": 64, "conv_dim_out": 64, "block_norm_eps": 1e-5, "theta": 1e6, "use_pos_enc": True,
+              "block_ff_dim": cfg.pop("intermediate_size"), "tie_embedding": cfg.pop("tie_word_embeddings")}
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({**cfg, **legacy}))
+    shutil.copy(folder / "model.safetensors", out / "model.safetensors")
+    with torch.no_grad():
+        assert max_abs(load_checkpoint(out)(prompt)[0], ref["prefill"]) <= MAX_ABS
+
+
+def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("lfm2-hybrid4", tmp_path_factory)
+    refused(edited(folder, tmp_path, conv_L_cache=4), "model.layers.0.conv.conv.weight", "(64, 1, 3)")
