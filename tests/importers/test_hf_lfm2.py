@@ -117,7 +117,8 @@ def test_export_matches_transformers(tmp_path_factory):
 
     folder, prompt, steps, ref = oracle("lfm2-hybrid4", tmp_path_factory)
     out = tmp_path_factory.mktemp("lfm2-export") / "export"
-    export(folder, out, check=False)
+    summary = export(folder, out, check=False).summary()
+    assert "per position of context" in summary and "constant in sequence length" not in summary, summary
     session = load(out, provider="cpu")
     state = session.new_state(BATCH)
     prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref["prefill"])
