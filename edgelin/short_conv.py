@@ -42,6 +42,15 @@ class WindowConv(nn.Module):
         return y.transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], [B, D, W]
 
 
+def conv_qkv(layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: State, new: State):
+    """fla's three short convs of a layer (``q_conv1d``, ``k_conv1d``, ``v_conv1d``) on q, k, v [B, T, D], their
+    windows read from ``state`` and written to ``new`` as "conv_q", "conv_k", "conv_v"."""
+    q, new["conv_q"] = layer.q_conv1d(q, state["conv_q"])
+    k, new["conv_k"] = layer.k_conv1d(k, state["conv_k"])
+    v, new["conv_v"] = layer.v_conv1d(v, state["conv_v"])
+    return q, k, v
+
+
 @register_mixer("short_conv")
 class GatedShortConv(nn.Module):
     """LFM2's gated short convolution (module docstring)."""
@@ -83,4 +92,4 @@ class GatedShortConv(nn.Module):
         return torch.stack(outs, dim=1), window  # [B, T, D], [B, D, W]
 
 
-__all__ = ["GatedShortConv", "WindowConv"]
+__all__ = ["GatedShortConv", "WindowConv", "conv_qkv"]

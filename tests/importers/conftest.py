@@ -24,7 +24,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from testkit import max_abs
+from testkit.stateful import export_vs_reference, import_vs_reference
 
 _FLA = None
 
@@ -130,41 +130,34 @@ def run(model, prompt: torch.Tensor, steps: torch.Tensor, *, raw: bool = False):
 
 # ---- shared by the parity tests of every family ----------------------------------------------------
 def import_vs_fla(folder: Path, prompt: torch.Tensor, steps: torch.Tensor, ref_prefill, ref_decode, budget: float):
-    """edgelin's import of ``folder`` against fla's logits: prefill of ``prompt``, then each token of ``steps``
-    through ``step``. Asserts both within ``budget`` (max abs) and returns (model, final state)."""
-    from edgelin.checkpoint import load_checkpoint
-
-    assert ref_prefill.std() > 1.0, "logits without spread would hide errors"
-    model = load_checkpoint(folder)
-    with torch.no_grad():
-        logits, state = model(prompt)
-        prefill = max_abs(logits, ref_prefill)
-        decode = 0.0
-        for t in range(steps.shape[1]):
-            logits, state = model.step(steps[:, t : t + 1], state)
-            decode = max(decode, max_abs(logits, ref_decode[t]))
-    print(f"\n{folder.name}: max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= budget, f"prefill: max abs {prefill:.2e} > {budget}"
-    assert decode <= budget, f"decode: max abs {decode:.2e} > {budget}"
-    return model, state
-
+    """edgelin's import of ``folder`` against fla's logits (testkit.stateful); returns (model, final state)."""
+    return import_vs_reference(folder, prompt, steps, ref_prefill, ref_decode, budget, against="fla")
 
 
 def export_vs_fla(out: Path, prompt: torch.Tensor, steps: torch.Tensor, ref_prefill, ref_decode, budget: float) -> None:
-    """The export in ``out`` through edgelin's runtime (ONNX Runtime, CPU) against fla's logits: prefill of
-    ``prompt``, then each token of ``steps`` through the decode graph, both within ``budget`` (max abs)."""
-    from edgelin.runtime import load
+    """The export in ``out`` through edgelin's runtime against fla's logits (testkit.stateful)."""
+    export_vs_reference(out, prompt, steps, ref_prefill, ref_decode, budget, against="fla")
 
-    session = load(out, provider="cpu")
-    state = session.new_state(prompt.shape[0])
-    prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref_prefill)
-    decode = 0.0
-    for t in range(steps.shape[1]):
-        logits = session.decode(steps[:, t : t + 1].numpy(), state)
-        decode = max(decode, max_abs(torch.from_numpy(logits), ref_decode[t]))
-    print(f"\n{out.name} (ONNX): max abs logits vs fla: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= budget, f"prefill graph: max abs {prefill:.2e} > {budget}"
-    assert decode <= budget, f"decode graph: max abs {decode:.2e} > {budget}"
+
+def cached_case(store: dict, case_id: str, model_type: str, options: dict, tmp_path_factory, *, batch: int, prompt: int,
+                steps: int, fused: bool = False):
+    """(checkpoint folder, prompt ids, step ids, fla's results with its raw cache) for one case, built and run once
+    per session into ``store``; ``options`` are fla config options, "edit" a change to the saved tensors."""
+    if case_id not in store:
+        from safetensors.torch import load_file, save_file
+
+        options = dict(options)
+        edit = options.pop("edit", None)
+        folder = build(tmp_path_factory.mktemp(case_id), model_type=model_type, **options)
+        if edit is not None:
+            tensors = load_file(folder / "model.safetensors")
+            edit(tensors)
+            save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        gen = torch.Generator().manual_seed(0)
+        prompt_ids = torch.randint(0, TINY["vocab_size"], (batch, prompt), generator=gen)
+        step_ids = torch.randint(0, TINY["vocab_size"], (batch, steps), generator=gen)
+        store[case_id] = folder, prompt_ids, step_ids, run(load(folder, fused=fused), prompt_ids, step_ids, raw=True)
+    return store[case_id]
 
 
 def _refused(folder: Path, *fragments: str) -> str:

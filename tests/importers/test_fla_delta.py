@@ -10,11 +10,9 @@ compared too. Hybrids of these families (fla's ``attn``) are in test_fla_hybrid.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.exporters import export
@@ -24,6 +22,7 @@ from edgelin.protocol import ExportableModel, check_model
 from edgelin.runtime.manifest import Manifest
 from edgelin.validate import validate
 from testkit import max_abs
+from testkit.stateful import edited_copy, pieces_and_steps_agree
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S and the conv windows, relative L2
@@ -86,21 +85,9 @@ def same_worker(case_ids):
 
 def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     """(checkpoint folder, prompt, steps, fla's results with its raw cache) for one case, once per session."""
-    if case_id not in _RESULTS:
-        model_type, options = CASES[case_id]
-        options = dict(options)
-        edit = options.pop("edit", None)
-        folder = fla_oracle.build(tmp_path_factory.mktemp(case_id), model_type=model_type, **options)
-        if edit is not None:
-            tensors = load_file(folder / "model.safetensors")
-            edit(tensors)
-            save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
-        steps = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        oracle = fla_oracle.load(folder)
-        _RESULTS[case_id] = folder, prompt, steps, fla_oracle.run(oracle, prompt, steps, raw=True)
-    return _RESULTS[case_id]
+    model_type, options = CASES[case_id]
+    return fla_oracle.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT,
+                                  steps=STEPS)
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -160,13 +147,6 @@ def bases(fla_oracle, tmp_path_factory):
     }
 
 
-def edit_config(folder, **changes):
-    path = folder / "config.json"
-    data = json.loads(path.read_text())
-    data.update(changes)
-    path.write_text(json.dumps(data))
-
-
 def test_registry_lists_the_delta_families():
     assert {"delta_net", "gated_deltanet"} <= set(IMPORTERS)
 
@@ -205,21 +185,7 @@ def test_prefill_in_pieces_and_token_by_token_agree(bases, model_type):
     model = load_checkpoint(bases[model_type])
     C = model.chunk_size
     ids = torch.randint(0, 97, (2, 3 * C + 1), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref, ref_state = model(ids)
-        pieces, state, start = [], None, 0
-        for n in (1, C - 1, C, C + 1):
-            logits, state = model(ids[:, start : start + n], state)
-            pieces.append(logits)
-            start += n
-        steps, stepped = [], model.init_state(2)
-        for t in range(ids.shape[1]):
-            logits, stepped = model.step(ids[:, t : t + 1], stepped)
-            steps.append(logits)
-    for got, got_state in ((torch.cat(pieces, 1), state), (torch.cat(steps, 1), stepped)):
-        assert max_abs(got, ref) <= 2e-5
-        for key, value in ref_state.items():
-            assert torch.allclose(got_state[key], value, rtol=1e-5, atol=1e-5), key
+    pieces_and_steps_agree(model, ids, (1, C - 1, C, C + 1))
 
 
 @pytest.mark.parametrize("model_type, field, value, fragment", [
@@ -236,24 +202,16 @@ def test_prefill_in_pieces_and_token_by_token_agree(bases, model_type):
     pytest.param("delta_net", "use_rope", True, "unknown", id="delta-unknown-field"),
 ])
 def test_unsupported_option_is_refused_by_name(bases, tmp_path, model_type, field, value, fragment, refused):
-    ckpt = shutil.copytree(bases[model_type], tmp_path / "ckpt")
-    edit_config(ckpt, **{field: value})
-    refused(ckpt, repr(field), fragment)
+    refused(edited_copy(bases[model_type], tmp_path / "ckpt", **{field: value}), repr(field), fragment)
 
 
 def test_conv_weights_without_use_short_conv_are_refused(bases, tmp_path, refused):
-    ckpt = shutil.copytree(bases["gated_deltanet"], tmp_path / "ckpt")
-    edit_config(ckpt, use_short_conv=False)
-    refused(ckpt, "unexpected", "q_conv1d.weight")
+    refused(edited_copy(bases["gated_deltanet"], tmp_path / "ckpt", use_short_conv=False), "unexpected", "q_conv1d.weight")
 
 
 def test_a_gate_missing_from_the_weights_names_the_tensor(bases, tmp_path, refused):
-    ckpt = shutil.copytree(bases["delta_net"], tmp_path / "ckpt")
-    edit_config(ckpt, use_gate=True)
-    refused(ckpt, "g_proj.weight")
+    refused(edited_copy(bases["delta_net"], tmp_path / "ckpt", use_gate=True), "g_proj.weight")
 
 
 def test_heads_that_do_not_divide_the_width_are_refused(bases, tmp_path, refused):
-    ckpt = shutil.copytree(bases["delta_net"], tmp_path / "ckpt")
-    edit_config(ckpt, num_heads=3)
-    refused(ckpt, "'expand_k'", "divisible by num_heads (3)")
+    refused(edited_copy(bases["delta_net"], tmp_path / "ckpt", num_heads=3), "'expand_k'", "divisible by num_heads (3)")

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.exporters import export
@@ -22,7 +22,7 @@ from edgelin.importers import IMPORTERS
 from edgelin.protocol import ExportableModel, check_model
 from edgelin.runtime.manifest import Manifest
 from edgelin.validate import validate
-from testkit import max_abs
+from testkit.stateful import pieces_and_steps_agree
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S, relative L2
@@ -69,22 +69,9 @@ def same_worker(case_ids):
 
 def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     """(checkpoint folder, prompt, steps, fla's results with its raw cache) for one case, once per session."""
-    if case_id not in _RESULTS:
-        model_type, options = CASES[case_id]
-        options = dict(options)
-        edit = options.pop("edit", None)
-        folder = fla_oracle.build(tmp_path_factory.mktemp(case_id), model_type=model_type, **options)
-        if edit is not None:
-            tensors = load_file(folder / "model.safetensors")
-            edit(tensors)
-            save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
-        steps = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        fused = not options  # fla's defaults end to end, its fused RMSNorm and SwiGLU kernels included
-        oracle = fla_oracle.load(folder, fused=fused)
-        _RESULTS[case_id] = folder, prompt, steps, fla_oracle.run(oracle, prompt, steps, raw=True)
-    return _RESULTS[case_id]
+    model_type, options = CASES[case_id]
+    return fla_oracle.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT,
+                                  steps=STEPS, fused=not options)
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -179,26 +166,11 @@ def test_loads_as_a_protocol_model_and_the_chunk_changes_nothing(bases, model_ty
 @pytest.mark.parametrize("model_type", ["retnet", "gla"])
 def test_prefill_in_pieces_and_token_by_token_agree(bases, model_type):
     """The state carries everything: prefill pieces of 1 (shorter than the conv window), C - 1, C, C + 1 tokens
-    from a carried state, and the recurrent step token by token, all give one prefill's logits and state."""
+    from a carried state, and the decode step token by token, all give one prefill's logits and state."""
     model = load_checkpoint(bases[model_type])
     C = model.chunk_size
     ids = torch.randint(0, 97, (2, 3 * C + 1), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref, ref_state = model(ids)
-        pieces, state, start = [], None, 0
-        for n in (1, C - 1, C, C + 1):
-            logits, state = model(ids[:, start : start + n], state)
-            pieces.append(logits)
-            start += n
-        steps, stepped = [], model.init_state(2)
-        for t in range(ids.shape[1]):
-            logits, stepped = model.step(ids[:, t : t + 1], stepped)
-            steps.append(logits)
-    for got, got_state in ((torch.cat(pieces, 1), state), (torch.cat(steps, 1), stepped)):
-        assert max_abs(got, ref) <= 2e-5
-        for key, value in ref_state.items():
-            assert got_state[key].dtype == value.dtype
-            assert torch.allclose(got_state[key], value, rtol=1e-5, atol=1e-5), key
+    pieces_and_steps_agree(model, ids, (1, C - 1, C, C + 1))
 
 
 def test_retnet_ignores_use_short_conv_as_fla_does(fla_oracle, tmp_path):

@@ -72,15 +72,8 @@ _RESULTS: dict = {}
 
 
 def case(case_id, fla_attention, tmp_path_factory):
-    if case_id not in _RESULTS:
-        model_type, options = CASES[case_id]
-        folder = fla_attention.build(tmp_path_factory.mktemp(case_id), model_type=model_type, **options)
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, fla_attention.TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
-        steps = torch.randint(0, fla_attention.TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        oracle = fla_attention.load(folder)
-        _RESULTS[case_id] = folder, prompt, steps, fla_attention.run(oracle, prompt, steps, raw=True)
-    return _RESULTS[case_id]
+    model_type, options = CASES[case_id]
+    return fla_attention.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS)
 
 
 @pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.xdist_group("fla-hybrid")) for c in CASES])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from edgelin.protocol import ExportableModel, check_model
 from testkit import max_abs
 
 from testkit import hf_oracle
+from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -61,17 +61,7 @@ def test_registry_lists_lfm2():
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_import_matches_transformers(case_id, tmp_path_factory):
     folder, prompt, steps, ref = oracle(case_id, tmp_path_factory)
-    assert ref["prefill"].std() > 1.0, "logits without spread would hide errors"
-    model = load_checkpoint(folder)
-    with torch.no_grad():
-        logits, state = model(prompt)
-        prefill = max_abs(logits, ref["prefill"])
-        decode = 0.0
-        for t in range(STEPS):
-            logits, state = model.step(steps[:, t : t + 1], state)
-            decode = max(decode, max_abs(logits[:, 0], ref["decode"][t]))
-    print(f"\n{case_id}: max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    model, state = import_vs_reference(folder, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     kinds = set()
     for i, block in enumerate(model.blocks):
         kinds.add(block.attn.kind)
@@ -98,45 +88,21 @@ def test_protocol_forms_and_pieces(tmp_path_factory):
         ref, ref_state = m64(ids, form="naive")
         logits, state = m64(ids)
         assert max_abs(logits, ref) <= 1e-10 and all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
-        model = model.float()
-        ref, ref_state = model(ids)
-        pieces, state, start = [], None, 0
-        for n in (1, 2, 40):
-            out, state = model(ids[:, start : start + n], state)
-            pieces.append(out)
-            start += n
-        assert max_abs(torch.cat(pieces, 1), ref) <= 2e-5
-        assert all(torch.allclose(state[k], v, rtol=1e-5, atol=1e-5) for k, v in ref_state.items())
+    pieces_and_steps_agree(model.float(), ids, (1, 2, 40))
 
 
 @pytest.mark.slow  # one export of a 4-layer hybrid: ~1 min on a loaded 2-core machine
 def test_export_matches_transformers(tmp_path_factory):
     from edgelin.exporters import export
-    from edgelin.runtime import load
     from edgelin.validate import validate
 
     folder, prompt, steps, ref = oracle("lfm2-hybrid4", tmp_path_factory)
     out = tmp_path_factory.mktemp("lfm2-export") / "export"
     summary = export(folder, out, check=False).summary()
     assert "per position of context" in summary and "constant in sequence length" not in summary, summary
-    session = load(out, provider="cpu")
-    state = session.new_state(BATCH)
-    prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref["prefill"])
-    decode = max(max_abs(torch.from_numpy(session.decode(steps[:, t : t + 1].numpy(), state))[:, 0], ref["decode"][t]) for t in range(STEPS))
-    print(f"\nlfm2 (ONNX): max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300)
     assert report.passed, report.table()
-
-
-def edited(folder: Path, tmp_path: Path, **changes) -> Path:
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(changes)
-    out = tmp_path / "ckpt"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps(cfg))
-    shutil.copy(folder / "model.safetensors", out / "model.safetensors")
-    return out
 
 
 @pytest.mark.parametrize("changes, field, fragment", [
@@ -150,7 +116,7 @@ def edited(folder: Path, tmp_path: Path, **changes) -> Path:
 ])
 def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("lfm2-hybrid4", tmp_path_factory)
-    refused(edited(folder, tmp_path, **changes), repr(field), fragment)
+    refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
 
 
 def test_released_config_fields_transformers_does_not_read_are_accepted(tmp_path_factory, tmp_path):
@@ -170,4 +136,4 @@ def test_released_config_fields_transformers_does_not_read_are_accepted(tmp_path
 
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("lfm2-hybrid4", tmp_path_factory)
-    refused(edited(folder, tmp_path, conv_L_cache=4), "model.layers.0.conv.conv.weight", "(64, 1, 3)")
+    refused(edited_copy(folder, tmp_path / "ckpt", conv_L_cache=4), "model.layers.0.conv.conv.weight", "(64, 1, 3)")

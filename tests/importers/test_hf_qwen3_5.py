@@ -11,7 +11,6 @@ compared too. The multimodal ``qwen3_5`` folder imports as its text model.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from edgelin.protocol import ExportableModel, check_model
 from testkit import max_abs
 
 from testkit import hf_oracle
+from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -74,17 +74,7 @@ def test_registry_lists_qwen3_5():
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_import_matches_transformers(case_id, tmp_path_factory):
     folder, prompt, steps, ref = oracle(case_id, tmp_path_factory)
-    assert ref["prefill"].std() > 1.0, "logits without spread would hide errors"
-    model = load_checkpoint(folder)
-    with torch.no_grad():
-        logits, state = model(prompt)
-        prefill = max_abs(logits, ref["prefill"])
-        decode = 0.0
-        for t in range(STEPS):
-            logits, state = model.step(steps[:, t : t + 1], state)
-            decode = max(decode, max_abs(logits[:, 0], ref["decode"][t]))
-    print(f"\n{case_id}: max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    model, state = import_vs_reference(folder, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     kinds = {"fla/delta": 0, "attention": 0}
     for i, block in enumerate(model.blocks):
         kinds[block.attn.kind] += 1
@@ -115,15 +105,7 @@ def test_protocol_and_forms_agree_in_float64(tmp_path_factory):
         logits, state = m64(ids)
         assert max_abs(logits, ref) <= 1e-10
         assert all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
-        model = model.float()
-        ref, ref_state = model(ids)
-        pieces, state, start = [], None, 0
-        for n in (1, 63, 65):
-            out, state = model(ids[:, start : start + n], state)
-            pieces.append(out)
-            start += n
-        assert max_abs(torch.cat(pieces, 1), ref) <= 2e-5
-        assert all(torch.allclose(state[k], v, rtol=1e-5, atol=1e-5) for k, v in ref_state.items())
+    pieces_and_steps_agree(model.float(), ids, (1, 63, 65))
 
 
 def multimodal(text_folder: Path, out: Path) -> Path:
@@ -158,31 +140,15 @@ def test_export_matches_transformers(tmp_path_factory, monkeypatch):
     """Both ONNX graphs in ONNX Runtime, driven from the manifest alone, against transformers' logits; validate
     against the checkpoint passes."""
     from edgelin.exporters import export
-    from edgelin.runtime import load
     from edgelin.validate import validate
 
     folder, prompt, steps, ref = oracle("qwen3_5-hybrid4", tmp_path_factory)
     out = tmp_path_factory.mktemp("qwen3_5-export") / "export"
     monkeypatch.setattr(delta, "MAX_SCAN_LEVELS", GRAPH_LEVELS)
     export(folder, out, check=False)
-    session = load(out, provider="cpu")
-    state = session.new_state(BATCH)
-    prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref["prefill"])
-    decode = max(max_abs(torch.from_numpy(session.decode(steps[:, t : t + 1].numpy(), state))[:, 0], ref["decode"][t]) for t in range(STEPS))
-    print(f"\nqwen3_5 (ONNX): max abs logits vs transformers: prefill {prefill:.2e}, decode {decode:.2e}")
-    assert prefill <= MAX_ABS and decode <= MAX_ABS, (prefill, decode)
+    export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300)
     assert report.passed, report.table()
-
-
-def edited(folder: Path, tmp_path: Path, **changes) -> Path:
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(changes)
-    out = tmp_path / "ckpt"
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps(cfg))
-    shutil.copy(folder / "model.safetensors", out / "model.safetensors")
-    return out
 
 
 @pytest.mark.parametrize("changes, field, fragment", [
@@ -198,9 +164,9 @@ def edited(folder: Path, tmp_path: Path, **changes) -> Path:
 ])
 def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("qwen3_5-hybrid4", tmp_path_factory)
-    refused(edited(folder, tmp_path, **changes), repr(field), fragment)
+    refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
 
 
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("qwen3_5-hybrid4", tmp_path_factory)
-    refused(edited(folder, tmp_path, linear_conv_kernel_dim=3), "model.layers.0.linear_attn.conv1d.weight", "(96, 1, 4)")
+    refused(edited_copy(folder, tmp_path / "ckpt", linear_conv_kernel_dim=3), "model.layers.0.linear_attn.conv1d.weight", "(96, 1, 4)")

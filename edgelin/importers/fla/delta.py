@@ -34,7 +34,7 @@ from edgelin.importers.fla import Common, split_heads
 from edgelin.importers.fla.linear_attn import head_width
 from edgelin.ops import DELTA_FORMS, State
 from edgelin.protocol import DEFAULT_CHUNK
-from edgelin.short_conv import WindowConv
+from edgelin.short_conv import WindowConv, conv_qkv
 from edgelin.skeleton import RMSNorm, check_form, register_mixer
 
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")  # DeltaNet's qk_activation (fla's elu is elu + 1)
@@ -188,9 +188,7 @@ class FlaDeltaAttention(nn.Module):
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H K], [B, T, H K], [B, T, HV V]
             if o.short_conv:
-                q, new["conv_q"] = self.q_conv1d(q, state["conv_q"])
-                k, new["conv_k"] = self.k_conv1d(k, state["conv_k"])
-                v, new["conv_v"] = self.v_conv1d(v, state["conv_v"])
+                q, k, v = conv_qkv(self, q, k, v, state, new)
             else:
                 if o.qk_activation == "silu":
                     q, k = F.silu(q), F.silu(k)

@@ -17,7 +17,7 @@ from edgelin.importers.fields import Fields
 from edgelin.importers.fla import Common, share_state, split_heads, unshare_state
 from edgelin.importers.fla.linear_attn import read_heads
 from edgelin.ops import FORMS, State, recurrent_step
-from edgelin.short_conv import WindowConv
+from edgelin.short_conv import WindowConv, conv_qkv
 from edgelin.skeleton import RMSNorm, check_form, fixed_norm, register_mixer
 
 # fla's feature_map for RetNet and GLA: an activation on q and k (None: none), before the rotary (RetNet) and
@@ -161,9 +161,7 @@ class FlaGatedAttention(nn.Module):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H Dk], [B, T, Hkv Dk], [B, T, Hkv Dv]
         new: State = {}
         if o.short_conv:
-            q, new["conv_q"] = self.q_conv1d(q, state["conv_q"])
-            k, new["conv_k"] = self.k_conv1d(k, state["conv_k"])
-            v, new["conv_v"] = self.v_conv1d(v, state["conv_v"])
+            q, k, v = conv_qkv(self, q, k, v, state, new)
         q = split_heads(q, o.num_heads, o.head_k_dim)  # [B, H, T, Dk]
         k = split_heads(k, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
         v = split_heads(v, o.num_kv_heads, o.head_v_dim, self.groups)  # [B, H, T, Dv]

@@ -1,0 +1,85 @@
+"""Checks shared by the importer tests: a stateful model against a framework's logits, and the state carrying
+everything (prefill in pieces, token-by-token decode)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from testkit import max_abs
+
+
+def import_vs_reference(folder: Path, prompt, steps, ref_prefill, ref_decode, budget: float, *, against: str):
+    """edgelin's import of ``folder``: a prefill of ``prompt`` [B, T], then each token of ``steps`` [B, n] through
+    ``step``, against a framework's logits (``ref_decode[t]``: [B, V] or [B, 1, V]), each within ``budget`` (max
+    abs). Returns (model, final state)."""
+    from edgelin.checkpoint import load_checkpoint
+
+    assert ref_prefill.std() > 1.0, "logits without spread would hide errors"
+    model = load_checkpoint(folder)
+    with torch.no_grad():
+        logits, state = model(prompt)
+        prefill = max_abs(logits, ref_prefill)
+        decode = 0.0
+        for t in range(steps.shape[1]):
+            logits, state = model.step(steps[:, t : t + 1], state)
+            decode = max(decode, max_abs(logits, ref_decode[t].reshape(logits.shape)))
+    print(f"\n{folder.name}: max abs logits vs {against}: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= budget, f"prefill: max abs {prefill:.2e} > {budget}"
+    assert decode <= budget, f"decode: max abs {decode:.2e} > {budget}"
+    return model, state
+
+
+def export_vs_reference(out: Path, prompt, steps, ref_prefill, ref_decode, budget: float, *, against: str) -> None:
+    """The export in ``out`` through edgelin's runtime (ONNX Runtime, CPU, driven from the manifest alone): the
+    prefill graph on ``prompt``, then each token of ``steps`` through the decode graph, within ``budget``."""
+    from edgelin.runtime import load
+
+    session = load(out, provider="cpu")
+    state = session.new_state(prompt.shape[0])
+    prefill = max_abs(torch.from_numpy(session.prefill(prompt.numpy(), state)), ref_prefill)
+    decode = 0.0
+    for t in range(steps.shape[1]):
+        logits = torch.from_numpy(session.decode(steps[:, t : t + 1].numpy(), state))
+        decode = max(decode, max_abs(logits, ref_decode[t].reshape(logits.shape)))
+    print(f"\n{out.name} (ONNX): max abs logits vs {against}: prefill {prefill:.2e}, decode {decode:.2e}")
+    assert prefill <= budget, f"prefill graph: max abs {prefill:.2e} > {budget}"
+    assert decode <= budget, f"decode graph: max abs {decode:.2e} > {budget}"
+
+
+def pieces_and_steps_agree(model, ids: torch.Tensor, pieces: tuple[int, ...], *, tol: float = 2e-5, state_tol: float = 1e-5) -> None:
+    """The state carries everything: prefilling ``ids`` in ``pieces`` (their sum is the length) from a carried
+    state, and the step form token by token from a fresh state, both give one prefill's logits and state."""
+    assert sum(pieces) == ids.shape[1]
+    with torch.no_grad():
+        ref, ref_state = model(ids)
+        parts, state, start = [], None, 0
+        for n in pieces:
+            logits, state = model(ids[:, start : start + n], state)
+            parts.append(logits)
+            start += n
+        steps, stepped = [], model.init_state(ids.shape[0])
+        for t in range(ids.shape[1]):
+            logits, stepped = model.step(ids[:, t : t + 1], stepped)
+            steps.append(logits)
+    for got, got_state in ((torch.cat(parts, 1), state), (torch.cat(steps, 1), stepped)):
+        assert max_abs(got, ref) <= tol
+        for key, value in ref_state.items():
+            assert got_state[key].dtype == value.dtype, key
+            assert torch.allclose(got_state[key], value, rtol=state_tol, atol=state_tol), key
+
+
+def edited_copy(folder: Path, out: Path, **changes) -> Path:
+    """A copy of checkpoint ``folder`` at ``out`` with ``changes`` made to its config.json."""
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(folder / "model.safetensors", out / "model.safetensors")
+    return out
+
+
+__all__ = ["edited_copy", "export_vs_reference", "import_vs_reference", "pieces_and_steps_agree"]
