@@ -139,6 +139,24 @@ def export_vs_fla(out: Path, prompt: torch.Tensor, steps: torch.Tensor, ref_pref
     export_vs_reference(out, prompt, steps, ref_prefill, ref_decode, budget, against="fla")
 
 
+def export_matches_fla(case: tuple, model_type: str, out: Path, budget: float) -> Path:
+    """Export the checkpoint of ``case`` (from ``cached_case``) to ``out``; its manifest names the family; both
+    graphs, driven from the manifest alone, match fla within ``budget``; edgelin's validate of the export against
+    the checkpoint (what `edgelin validate OUT --checkpoint PATH` runs) passes. Returns ``out``."""
+    from edgelin.exporters import export
+    from edgelin.runtime.manifest import Manifest
+    from edgelin.validate import validate
+
+    folder, prompt, steps, (ref_prefill, ref_decode, _) = case
+    export(folder, out, check=False)
+    manifest = Manifest.load(out)
+    assert manifest.model["family"] == f"fla/{model_type}" and manifest.model["source_config"]["model_type"] == model_type
+    export_vs_fla(out, prompt, steps, ref_prefill, ref_decode, budget)
+    report = validate(out, folder, steps=24, long=300)
+    assert report.passed, report.table()
+    return out
+
+
 def cached_case(store: dict, case_id: str, model_type: str, options: dict, tmp_path_factory, *, batch: int, prompt: int,
                 steps: int, fused: bool = False):
     """(checkpoint folder, prompt ids, step ids, fla's results with its raw cache) for one case, built and run once

@@ -15,12 +15,10 @@ import pytest
 import torch
 
 from edgelin.checkpoint import load_checkpoint
-from edgelin.exporters import export
 from edgelin.importers import IMPORTERS
 from edgelin.ops import delta
 from edgelin.protocol import ExportableModel, check_model
 from edgelin.runtime.manifest import Manifest
-from edgelin.validate import validate
 from testkit import max_abs
 from testkit.stateful import edited_copy, pieces_and_steps_agree
 
@@ -120,19 +118,12 @@ def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory, monkeypatch):
     them; then edgelin's validate of the export against the checkpoint passes."""
     import onnx
 
-    folder, prompt, steps, (ref_prefill, ref_decode, _) = fla_case(case_id, fla_oracle, tmp_path_factory)
-    model_type = CASES[case_id][0]
-    out = tmp_path_factory.mktemp(f"{case_id}-export") / "export"
     monkeypatch.setattr(delta, "MAX_SCAN_LEVELS", GRAPH_LEVELS)
-    export(folder, out, check=False)
-    manifest = Manifest.load(out)
-    assert manifest.model["family"] == f"fla/{model_type}" and manifest.model["source_config"]["model_type"] == model_type
-    for file in manifest.graphs.values():
+    out = tmp_path_factory.mktemp(f"{case_id}-export") / "export"
+    fla_oracle.export_matches_fla(fla_case(case_id, fla_oracle, tmp_path_factory), CASES[case_id][0], out, MAX_ABS)
+    for file in Manifest.load(out).graphs.values():
         ops = {node.op_type for node in onnx.load(str(out / file), load_external_data=False).graph.node}
         assert not {"Loop", "Scan", "If"} & ops, file
-    fla_oracle.export_vs_fla(out, prompt, steps, ref_prefill, ref_decode, MAX_ABS)
-    report = validate(out, folder, steps=24, long=300)  # what `edgelin validate OUT --checkpoint PATH` runs
-    assert report.passed, report.table()
 
 
 # ---- reading the checkpoints (fla builds them; none of its kernels run) ------------------------------------------

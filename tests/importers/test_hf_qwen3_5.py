@@ -167,6 +167,17 @@ def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_p
     refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
 
 
+def test_released_config_fields_are_accepted(tmp_path_factory, tmp_path):
+    """Fields of Qwen3.5's released configs that transformers' model does not read (the gate flag, the SSM dtype,
+    the multi-token-prediction head's) and the multimodal RoPE keys import to the same model."""
+    folder, prompt, _, ref = oracle("qwen3_5-hybrid4", tmp_path_factory)
+    rope = {"type": "default", "mrope_section": [1, 1, 0], "mrope_interleaved": True, "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    out = edited_copy(folder, tmp_path / "ckpt", attn_output_gate=True, mamba_ssm_dtype="float32", mtp_num_hidden_layers=1,
+                      mtp_use_dedicated_embeddings=False, rope_parameters=rope)
+    with torch.no_grad():
+        assert max_abs(load_checkpoint(out)(prompt)[0], ref["prefill"]) <= MAX_ABS
+
+
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("qwen3_5-hybrid4", tmp_path_factory)
     refused(edited_copy(folder, tmp_path / "ckpt", linear_conv_kernel_dim=3), "model.layers.0.linear_attn.conv1d.weight", "(96, 1, 4)")

@@ -38,6 +38,10 @@ TEXT_FIELDS: dict[str, Any] = {  # Qwen3_5TextConfig's fields and defaults (tran
     "linear_num_key_heads": 16, "linear_num_value_heads": 32,
     "layer_types": None, "full_attention_interval": 4,
     "rope_parameters": None, "rope_theta": None, "partial_rotary_factor": None, "rope_scaling": None,
+    # in released configs, not read by transformers' model: the attention's output gate is always applied (a
+    # checkpoint without one has a q_proj of half the rows, refused by shape); the SSM dtype (edgelin computes in
+    # float32); the multi-token-prediction head (left out: LEFT_OUT)
+    "attn_output_gate": True, "mamba_ssm_dtype": None, "mtp_num_hidden_layers": None, "mtp_use_dedicated_embeddings": None,
 }
 MOE = "mixture-of-experts layers (the qwen3_5_moe model type); edgelin exports dense MLPs only"
 REFUSED_FIELDS = {
