@@ -101,18 +101,23 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """RMSNorm -> mixer -> residual, RMSNorm -> SwiGLU -> residual."""
+    """RMSNorm -> mixer -> residual, RMSNorm -> SwiGLU -> residual (``mlp_hidden=None``: no MLP, as Mamba2's)."""
 
-    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int, norm_eps: float, norm: type[RMSNorm] = RMSNorm) -> None:
+    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int | None, norm_eps: float, norm: type[RMSNorm] = RMSNorm) -> None:
         super().__init__()
         self.attn_norm = norm(d_model, norm_eps)
         self.attn = mixer
-        self.mlp_norm = norm(d_model, norm_eps)
-        self.mlp = SwiGLU(SimpleNamespace(d_model=d_model, mlp_hidden=mlp_hidden))
+        if mlp_hidden is None:
+            self.mlp_norm = self.mlp = None
+        else:
+            self.mlp_norm = norm(d_model, norm_eps)
+            self.mlp = SwiGLU(SimpleNamespace(d_model=d_model, mlp_hidden=mlp_hidden))
 
     def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
         h, state = self.attn(self.attn_norm(x), state, **run)
         x = x + h
+        if self.mlp is None:
+            return x, state
         return x + self.mlp(self.mlp_norm(x)), state
 
 
@@ -123,7 +128,7 @@ class CausalLM(nn.Module):
     ``norm``: the class of the blocks' and the final norm (``RMSNorm``, or ``UnitOffsetRMSNorm``)."""
 
     def __init__(
-        self, make_mixer: Callable[[int], nn.Module], *, n_layers: int, vocab_size: int, d_model: int, mlp_hidden: int,
+        self, make_mixer: Callable[[int], nn.Module], *, n_layers: int, vocab_size: int, d_model: int, mlp_hidden: int | None,
         norm_eps: float, tie_embeddings: bool, chunk_size: int, config: dict[str, Any], norm: type[RMSNorm] = RMSNorm,
     ) -> None:
         super().__init__()

@@ -45,6 +45,7 @@ for _family in ("linear_attn", "retnet", "gla", "delta_net", "gated_deltanet"): 
 register_importer("qwen3_5_text", _lazy("edgelin.importers.hf.qwen3_5", "load_text"))
 register_importer("qwen3_5", _lazy("edgelin.importers.hf.qwen3_5", "load"))
 register_importer("lfm2", _lazy("edgelin.importers.hf.lfm2", "load"))
+register_importer("mamba2", _lazy("edgelin.importers.hf.mamba2", "load"))
 
 
 def supported() -> tuple[str, ...]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import sys
 
-CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "lfm2": ("Lfm2Config", "Lfm2ForCausalLM")}
+CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
+           "mamba2": ("Mamba2Config", "Mamba2ForCausalLM")}
 
 
 def main(spec_file: str) -> None:
@@ -35,11 +36,11 @@ def main(spec_file: str) -> None:
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("linear_attn.norm.weight") or (spec["model_type"] == "lfm2" and name.endswith("norm.weight")):
+            if name.endswith("linear_attn.norm.weight") or (spec["model_type"] != "qwen3_5_text" and name.endswith("norm.weight")):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))  # plain norm weights: around 1
             elif name.endswith("norm.weight"):  # Qwen3.5's zero-centred norms: (1 + w), w around 0
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
-            elif "embed_tokens" in name or "lm_head" in name:
+            elif "embed" in name or "lm_head" in name:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
             elif name.endswith(("A_log", "dt_bias")):
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
@@ -50,8 +51,8 @@ def main(spec_file: str) -> None:
     cache = transformers.DynamicCache(config=cfg)
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        out["prefill"] = model(prompt, past_key_values=cache, use_cache=True).logits
-        decoded = [model(steps[:, t : t + 1], past_key_values=cache, use_cache=True).logits[:, 0] for t in range(steps.shape[1])]
+        out["prefill"] = model(prompt, cache=cache, use_cache=True).logits
+        decoded = [model(steps[:, t : t + 1], cache=cache, use_cache=True).logits[:, 0] for t in range(steps.shape[1])]
     out["decode"] = torch.stack(decoded) if decoded else torch.zeros(0)
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, transformers.cache_utils.LinearAttentionCacheLayerMixin):

@@ -1,0 +1,127 @@
+"""edgelin's import of Hugging Face transformers Mamba2 checkpoints against transformers' own model.
+
+Same oracle as test_hf_qwen3_5.py (testkit/hf_oracle.py: transformers 5.x's Mamba2ForCausalLM on its PyTorch path,
+in a subprocess): a tiny random model, a 150-token prefill then 20 cached decode steps, batch 2. Budget, fp32:
+max abs logits error <= 1e-4; the cache (SSM states, conv windows) is compared too. The SSD recurrence runs on the
+linear-attention chunk form with a per-head decay (edgelin.mamba2).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from edgelin.checkpoint import load_checkpoint
+from edgelin.importers import IMPORTERS
+from edgelin.protocol import ExportableModel, check_model
+from testkit import max_abs
+from testkit import hf_oracle
+from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree
+
+pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
+
+MAX_ABS = 1e-4
+STATE_REL = 1e-5
+BATCH, PROMPT, STEPS = 2, 150, 20
+TINY = {"vocab_size": 97, "hidden_size": 32, "state_size": 8, "num_hidden_layers": 2, "expand": 2}
+CASES = {
+    "mamba2-groups2": {**TINY, "num_heads": 8, "head_dim": 8, "n_groups": 2, "conv_kernel": 4},
+    # one group, biases on the projections but not the conv, a conv of 3 taps, tied embeddings, wider heads
+    "mamba2-group1-bias-conv3-tied": {
+        **TINY, "num_heads": 4, "head_dim": 16, "n_groups": 1, "conv_kernel": 3, "use_bias": True, "use_conv_bias": False,
+        "tie_word_embeddings": True,
+    },
+}
+_RESULTS: dict[str, tuple] = {}
+
+
+def oracle(case_id: str, tmp_path_factory):
+    if case_id not in _RESULTS:
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
+        steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
+        folder, ref = hf_oracle.run("mamba2", CASES[case_id], tmp_path_factory.mktemp(case_id), prompt, steps)
+        _RESULTS[case_id] = folder, prompt, steps, ref
+    return _RESULTS[case_id]
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def test_registry_lists_mamba2():
+    assert "mamba2" in IMPORTERS
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_import_matches_transformers(case_id, tmp_path_factory):
+    folder, prompt, steps, ref = oracle(case_id, tmp_path_factory)
+    model, state = import_vs_reference(folder, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
+    for i, block in enumerate(model.blocks):
+        assert block.attn.kind == "mamba2" and block.mlp is None
+        S = ref[f"{i}.recurrent"].transpose(-1, -2)  # transformers: [B, H, P, N]; edgelin: [B, H, N, P]
+        assert state[f"{i}.S"].shape == S.shape and rel(state[f"{i}.S"], S) <= STATE_REL
+        assert state[f"{i}.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
+    assert model.max_positions is None and model.state_decays  # no attention: no context limit; a decaying state
+
+
+def test_protocol_forms_and_pieces(tmp_path_factory):
+    """The protocol; the ops' naive form against the chunk form in float64; prefill in pieces (1 token: shorter
+    than the conv window; C - 1; C + 1) and token by token against one prefill."""
+    folder, *_ = oracle("mamba2-groups2", tmp_path_factory)
+    model = load_checkpoint(folder)
+    assert isinstance(model, ExportableModel)
+    check_model(model)
+    assert model.model_config()["family"] == "hf/mamba2"
+    json.dumps(model.model_config())
+    ids = torch.randint(0, 97, (2, 129), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        m64 = model.double()
+        ref, ref_state = m64(ids, form="naive")
+        logits, state = m64(ids)
+        assert max_abs(logits, ref) <= 1e-10 and all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
+    pieces_and_steps_agree(model.float(), ids, (1, 63, 65))
+
+
+def test_a_time_step_limit_is_applied_in_every_form(tmp_path_factory, tmp_path):
+    """transformers clamps dt by time_step_limit when it prefills but not in its one-token step; edgelin clamps in
+    both, so the prefill and the decode of a model with a finite limit agree, and the limit changes the model."""
+    folder, prompt, *_ = oracle("mamba2-groups2", tmp_path_factory)
+    limited = load_checkpoint(edited_copy(folder, tmp_path / "ckpt", time_step_limit=[0.0, 0.05]))
+    with torch.no_grad():
+        assert max_abs(limited(prompt[:, :40])[0], load_checkpoint(folder)(prompt[:, :40])[0]) > 1e-2
+    pieces_and_steps_agree(limited, prompt[:, :40], (20, 20))
+
+
+@pytest.mark.slow  # one export: ~1 min on a loaded 2-core machine
+def test_export_matches_transformers(tmp_path_factory):
+    from edgelin.exporters import export
+    from edgelin.validate import validate
+
+    folder, prompt, steps, ref = oracle("mamba2-groups2", tmp_path_factory)
+    out = tmp_path_factory.mktemp("mamba2-export") / "export"
+    summary = export(folder, out, check=False).summary()
+    assert "constant in sequence length" in summary
+    export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
+    report = validate(out, folder, steps=16, long=300)
+    assert report.passed, report.table()
+
+
+@pytest.mark.parametrize("changes, field, fragment", [
+    ({"num_heads": 6}, "num_heads", "must equal hidden_size x expand"),
+    ({"n_groups": 3}, "n_groups", "must divide num_heads (8)"),
+    ({"hidden_act": "gelu"}, "hidden_act", "'silu'"),
+    ({"norm_before_gate": True}, "norm_before_gate", "gates before the norm"),
+    ({"time_step_limit": [0.5, 0.1]}, "time_step_limit", "0 <= low <= high"),
+    ({"d_mlp": 64}, "d_mlp", "unknown"),
+])
+def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("mamba2-groups2", tmp_path_factory)
+    refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
+
+
+def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("mamba2-groups2", tmp_path_factory)
+    refused(edited_copy(folder, tmp_path / "ckpt", conv_kernel=3), "backbone.layers.0.mixer.conv1d.weight", "(96, 1, 4)")
