@@ -1,9 +1,10 @@
-"""edgelin's import of Hugging Face transformers Mamba2 checkpoints against transformers' own model.
+"""edgelin's import of Hugging Face transformers Mamba2 and Bamba checkpoints against transformers' own model.
 
 Same oracle as test_hf_qwen3_5.py (testkit/hf_oracle.py: transformers 5.x's Mamba2ForCausalLM on its PyTorch path,
 in a subprocess): a tiny random model, a 150-token prefill then 20 cached decode steps, batch 2. Budget, fp32:
 max abs logits error <= 1e-4; the cache (SSM states, conv windows) is compared too. The SSD recurrence runs on the
-linear-attention chunk form with a per-head decay (edgelin.mamba2).
+linear-attention chunk form with a per-head decay (edgelin.mamba2); Bamba puts it among attention layers (partial
+RoPE) with an MLP in every block.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ MAX_ABS = 1e-4
 STATE_REL = 1e-5
 BATCH, PROMPT, STEPS = 2, 150, 20
 TINY = {"vocab_size": 97, "hidden_size": 32, "state_size": 8, "num_hidden_layers": 2, "expand": 2}
-CASES = {
-    "mamba2-groups2": {**TINY, "num_heads": 8, "head_dim": 8, "n_groups": 2, "conv_kernel": 4},
+CASES = {  # id -> (model_type, config)
+    "mamba2-groups2": ("mamba2", {**TINY, "num_heads": 8, "head_dim": 8, "n_groups": 2, "conv_kernel": 4}),
     # one group, biases on the projections but not the conv, a conv of 3 taps, tied embeddings, wider heads
-    "mamba2-group1-bias-conv3-tied": {
+    "mamba2-group1-bias-conv3-tied": ("mamba2", {
         **TINY, "num_heads": 4, "head_dim": 16, "n_groups": 1, "conv_kernel": 3, "use_bias": True, "use_conv_bias": False,
         "tie_word_embeddings": True,
-    },
+    }),
+    # Mamba2, attention (4 heads, 2 KV heads, RoPE on half of each head), Mamba2; an MLP in every block
+    "bamba-attn1-groups2": ("bamba", {
+        "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
+        "mamba_d_conv": 4, "mamba_expand": 2,
+    }),
 }
 _RESULTS: dict[str, tuple] = {}
 
@@ -42,7 +49,8 @@ def oracle(case_id: str, tmp_path_factory):
         gen = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
         steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        folder, ref = hf_oracle.run("mamba2", CASES[case_id], tmp_path_factory.mktemp(case_id), prompt, steps)
+        model_type, config = CASES[case_id]
+        folder, ref = hf_oracle.run(model_type, config, tmp_path_factory.mktemp(case_id), prompt, steps)
         _RESULTS[case_id] = folder, prompt, steps, ref
     return _RESULTS[case_id]
 
@@ -51,20 +59,26 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def test_registry_lists_mamba2():
-    assert "mamba2" in IMPORTERS
+def test_registry_lists_mamba2_and_bamba():
+    assert {"mamba2", "bamba"} <= set(IMPORTERS)
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_import_matches_transformers(case_id, tmp_path_factory):
     folder, prompt, steps, ref = oracle(case_id, tmp_path_factory)
     model, state = import_vs_reference(folder, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
+    hybrid = CASES[case_id][0] == "bamba"
     for i, block in enumerate(model.blocks):
-        assert block.attn.kind == "mamba2" and block.mlp is None
+        assert (block.mlp is None) is (not hybrid)  # Mamba2 blocks have no MLP; Bamba's all do
+        if block.attn.kind == "attention":
+            assert hybrid and rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL and rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
+            continue
+        assert block.attn.kind == "mamba2"
         S = ref[f"{i}.recurrent"].transpose(-1, -2)  # transformers: [B, H, P, N]; edgelin: [B, H, N, P]
         assert state[f"{i}.S"].shape == S.shape and rel(state[f"{i}.S"], S) <= STATE_REL
         assert state[f"{i}.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
-    assert model.max_positions is None and model.state_decays  # no attention: no context limit; a decaying state
+    # no attention: no context limit (Bamba's: its max_position_embeddings); the states decay or are caches
+    assert model.max_positions == (262144 if hybrid else None) and model.state_decays
 
 
 def test_protocol_forms_and_pieces(tmp_path_factory):
@@ -119,6 +133,18 @@ def test_export_matches_transformers(tmp_path_factory):
 ])
 def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("mamba2-groups2", tmp_path_factory)
+    refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
+
+
+@pytest.mark.parametrize("changes, field, fragment", [
+    ({"attention_bias": True}, "attention_bias", "false only"),
+    ({"mamba_d_head": 5}, "mamba_d_head", "must equal mamba_expand x hidden_size"),
+    ({"mamba_n_groups": 3}, "mamba_n_groups", "must divide mamba_n_heads (8)"),
+    ({"attn_layer_indices": [5]}, "attn_layer_indices", "0..2"),
+    ({"num_experts": 4}, "num_experts", "unknown"),
+])
+def test_unsupported_bamba_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("bamba-attn1-groups2", tmp_path_factory)
     refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
 
 

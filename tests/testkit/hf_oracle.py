@@ -19,7 +19,7 @@ import json
 import sys
 
 CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
-           "mamba2": ("Mamba2Config", "Mamba2ForCausalLM")}
+           "mamba2": ("Mamba2Config", "Mamba2ForCausalLM"), "bamba": ("BambaConfig", "BambaForCausalLM")}
 
 
 def main(spec_file: str) -> None:
@@ -52,7 +52,9 @@ def main(spec_file: str) -> None:
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         out["prefill"] = model(prompt, cache=cache, use_cache=True).logits
-        decoded = [model(steps[:, t : t + 1], cache=cache, use_cache=True).logits[:, 0] for t in range(steps.shape[1])]
+        # Bamba's model counts positions from 0 on every call unless told (transformers' generate passes them)
+        at = (lambda t: {"position_ids": torch.full((steps.shape[0], 1), prompt.shape[1] + t)}) if spec["model_type"] == "bamba" else (lambda t: {})
+        decoded = [model(steps[:, t : t + 1], cache=cache, use_cache=True, **at(t)).logits[:, 0] for t in range(steps.shape[1])]
     out["decode"] = torch.stack(decoded) if decoded else torch.zeros(0)
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, transformers.cache_utils.LinearAttentionCacheLayerMixin):

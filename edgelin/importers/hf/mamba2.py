@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from edgelin.importers import CONFIG_FILE, read_config
-from edgelin.importers.fields import check_fields
+from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.mamba2 import Mamba2Mixer, Mamba2Options
 from edgelin.protocol import DEFAULT_CHUNK
@@ -31,6 +31,23 @@ FIELDS: dict[str, Any] = {  # Mamba2Config's fields and defaults (transformers 5
 }
 
 
+def read_time_step_limit(f: Fields) -> tuple[float, float]:
+    """``time_step_limit`` as (low, high); transformers writes infinity as {"__float__": "Infinity"}."""
+    limit = f.get("time_step_limit")
+    if isinstance(limit, (list, tuple)):
+        limit = [float(v["__float__"]) if isinstance(v, dict) and set(v) == {"__float__"} and v["__float__"] in ("Infinity", "inf")
+                 else v for v in limit]
+    if not isinstance(limit, (list, tuple)) or len(limit) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in limit) \
+            or not 0 <= limit[0] <= limit[1]:
+        raise f.fail("time_step_limit", f"must be [low, high] with 0 <= low <= high, got {limit!r}")
+    return float(limit[0]), float(limit[1])
+
+
+def mixer_renames(module: str) -> list[tuple[str, str]]:
+    """transformers' Mamba2 mixer module (``mixer``, Bamba's and Granite's ``mamba``) -> the skeleton's mixer."""
+    return [(f".{module}.norm.", ".attn.gate_norm_"), (f".{module}.", ".attn.")]  # gate_norm_weight: the gated norm
+
+
 def load(path: str | Path) -> CausalLM:
     """A ``mamba2`` checkpoint folder (Mamba2ForCausalLM)."""
     path = Path(path)
@@ -48,17 +65,11 @@ def load(path: str | Path) -> CausalLM:
     kinds = f.get("layer_types")
     if kinds is not None and (not isinstance(kinds, list) or any(k not in ("mamba", "linear_attention") for k in kinds)):
         raise f.fail("layer_types", f"must list only Mamba2 layers; got {str(kinds)[:80]}")
-    limit = f.get("time_step_limit")
-    if isinstance(limit, (list, tuple)):  # transformers writes infinity as {"__float__": "Infinity"}
-        limit = [float(v["__float__"]) if isinstance(v, dict) and set(v) == {"__float__"} and isinstance(v["__float__"], str)
-                 and v["__float__"] in ("Infinity", "inf") else v for v in limit]
-    if not isinstance(limit, (list, tuple)) or len(limit) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in limit) \
-            or not 0 <= limit[0] <= limit[1]:
-        raise f.fail("time_step_limit", f"must be [low, high] with 0 <= low <= high, got {limit!r}")
+    limit = read_time_step_limit(f)
     options = Mamba2Options(
         d_model=hidden, num_heads=heads, head_dim=head_dim, state_size=f.integer("state_size"), n_groups=groups,
         conv_kernel=f.integer("conv_kernel"), conv_bias=f.flag("use_conv_bias"), bias=f.flag("use_bias"),
-        norm_eps=f.number("layer_norm_epsilon"), dt_min=float(limit[0]), dt_max=float(limit[1]),
+        norm_eps=f.number("layer_norm_epsilon"), dt_min=limit[0], dt_max=limit[1],
     )
     f.flag("residual_in_fp32")
     tie, vocab, n_layers = f.flag("tie_word_embeddings"), f.integer("vocab_size"), f.integer("num_hidden_layers")
@@ -73,12 +84,11 @@ def load(path: str | Path) -> CausalLM:
     pairs = [
         ("backbone.embeddings.", "embed."), ("backbone.embedding.", "embed."),  # (the older name transformers renames)
         ("backbone.layers.", "blocks."), ("backbone.norm_f.", "norm."),
-        (".mixer.norm.", ".attn.gate_norm_"),  # the gated norm's weight: blocks.N.attn.gate_norm_weight
-        (".mixer.", ".attn."), (".norm.", ".attn_norm."),
+        *mixer_renames("mixer"), (".norm.", ".attn_norm."),
     ]
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))
     return load_checkpoint_weights(path, make, Renamer(pairs))
 
 
-__all__ = ["FIELDS", "load"]
+__all__ = ["FIELDS", "load", "mixer_renames", "read_time_step_limit"]

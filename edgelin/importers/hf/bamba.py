@@ -1,0 +1,117 @@
+"""transformers' ``bamba`` (BambaForCausalLM: Mamba2 layers and attention layers, each followed by a SwiGLU MLP)
+on the skeleton, as transformers 5.x computes it:
+
+- blocks: x + mixer(input_layernorm(x)), then + SwiGLU(pre_ff_layernorm(.)) (gate_proj / up_proj / down_proj);
+  final norm ``final_layernorm``; plain RMSNorms
+- Mamba layers (every layer not in ``attn_layer_indices``): edgelin.mamba2's mixer with the ``mamba_*`` sizes, its
+  gated norm's epsilon ``rms_norm_eps`` (the same code as transformers' Mamba2Mixer)
+- attention layers: grouped heads, scale head_dim^-0.5, no q/k norm, RoPE by halves on the first half of each head
+  (transformers' Bamba fixes partial_rotary_factor at 0.5, whatever the config says)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgelin.attention import Attention, AttentionOptions
+from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.importers.fields import Fields, check_fields
+from edgelin.importers.hf import read_rope
+from edgelin.importers.hf.mamba2 import mixer_renames, read_time_step_limit
+from edgelin.importers.weights import Renamer, load_checkpoint_weights
+from edgelin.mamba2 import Mamba2Mixer, Mamba2Options
+from edgelin.protocol import DEFAULT_CHUNK
+from edgelin.skeleton import CausalLM
+
+BAMBA_ROTARY_FACTOR = 0.5  # transformers' BambaConfig overwrites any partial_rotary_factor with 0.5
+FIELDS: dict[str, Any] = {  # BambaConfig's fields and defaults (transformers 5.x)
+    "vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+    "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": False, "attn_layer_indices": None,
+    "mamba_n_heads": 128, "mamba_d_head": "auto", "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4,
+    "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False, "time_step_limit": [0.0, float("inf")],
+    "rope_parameters": None, "rope_theta": None, "partial_rotary_factor": None,
+    # no effect at inference: a kernel's block size, training losses, dropout, logits kept in training
+    "mamba_chunk_size": 256, "z_loss_coefficient": 0.0, "num_logits_to_keep": 1, "attention_dropout": 0.0,
+}
+
+
+def mamba_options(f: Fields, hidden: int) -> Mamba2Options:
+    """The Mamba2 layer of a hybrid config (Bamba's and Granite-4.0-H's ``mamba_*`` fields)."""
+    heads, expand = f.integer("mamba_n_heads"), f.integer("mamba_expand")
+    head_dim = f.get("mamba_d_head")
+    if head_dim == "auto":
+        head_dim = expand * hidden // heads
+    head_dim = head_dim if isinstance(head_dim, int) and not isinstance(head_dim, bool) else None
+    if head_dim is None or head_dim * heads != expand * hidden:
+        raise f.fail("mamba_d_head", f"times mamba_n_heads ({heads}) must equal mamba_expand x hidden_size ({expand} x {hidden})")
+    groups = f.integer("mamba_n_groups")
+    if heads % groups:
+        raise f.fail("mamba_n_groups", f"must divide mamba_n_heads ({heads}), got {groups}")
+    low, high = read_time_step_limit(f)
+    return Mamba2Options(
+        d_model=hidden, num_heads=heads, head_dim=head_dim, state_size=f.integer("mamba_d_state"), n_groups=groups,
+        conv_kernel=f.integer("mamba_d_conv"), conv_bias=f.flag("mamba_conv_bias"), bias=f.flag("mamba_proj_bias"),
+        norm_eps=f.number("rms_norm_eps"), dt_min=low, dt_max=high,
+    )
+
+
+def attention_heads(f: Fields, hidden: int) -> tuple[int, int, int]:
+    """(heads, kv heads, head_dim): kv heads default to heads, head_dim to hidden / heads."""
+    heads = f.integer("num_attention_heads")
+    kv_heads = f.integer("num_key_value_heads", optional=True) or heads
+    if heads % kv_heads:
+        raise f.fail("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv_heads}")
+    head_dim = f.integer("head_dim", optional=True)
+    if head_dim is None:
+        if hidden % heads:
+            raise f.fail("num_attention_heads", f"must divide hidden_size ({hidden}) when head_dim is not set, got {heads}")
+        head_dim = hidden // heads
+    return heads, kv_heads, head_dim
+
+
+def load(path: str | Path) -> CausalLM:
+    """A ``bamba`` checkpoint folder (BambaForCausalLM)."""
+    path = Path(path)
+    source = read_config(path)
+    f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/bamba", where=path / CONFIG_FILE)
+    f.choice("hidden_act", ("silu",))
+    for name in ("attention_bias", "mlp_bias"):
+        if f.flag(name):
+            raise f.fail(name, "is true; edgelin's bamba importer supports false only")
+    hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("rms_norm_eps")
+    heads, kv_heads, head_dim = attention_heads(f, hidden)
+    theta, _ = read_rope(f, head_dim, importer="hf/bamba", default_theta=10000.0)
+    rotary = int(head_dim * BAMBA_ROTARY_FACTOR)
+    idxs = f.get("attn_layer_indices") or []
+    if not isinstance(idxs, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers for i in idxs):
+        raise f.fail("attn_layer_indices", f"must list layer indices in 0..{n_layers - 1}, got {str(idxs)[:80]}")
+    mamba = mamba_options(f, hidden)
+    attention = AttentionOptions(d_model=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                                 rope_theta=theta, rotary_dim=rotary, norm_eps=eps)
+    tie, vocab, mlp = f.flag("tie_word_embeddings"), f.integer("vocab_size"), f.integer("intermediate_size")
+
+    def make() -> CausalLM:
+        model = CausalLM(
+            lambda i: Attention(attention) if i in idxs else Mamba2Mixer(mamba), n_layers=n_layers, vocab_size=vocab,
+            d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie, chunk_size=DEFAULT_CHUNK,
+            config={"family": "hf/bamba", "chunk_size": DEFAULT_CHUNK, "source_config": source},
+        )
+        limit = source.get("max_position_embeddings")
+        if idxs and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            model.max_positions = limit
+        return model
+
+    pairs = [
+        ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.final_layernorm.", "norm."),
+        (".input_layernorm.", ".attn_norm."), (".pre_ff_layernorm.", ".mlp_norm."),
+        (".feed_forward.gate_proj.", ".mlp.gate."), (".feed_forward.up_proj.", ".mlp.up."), (".feed_forward.down_proj.", ".mlp.down."),
+        *mixer_renames("mamba"), (".self_attn.", ".attn."),
+    ]
+    if tie:
+        pairs.append(("lm_head.weight", "embed.weight"))
+    return load_checkpoint_weights(path, make, Renamer(pairs))
+
+
+__all__ = ["FIELDS", "attention_heads", "load", "mamba_options"]
