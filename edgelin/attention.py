@@ -53,6 +53,7 @@ class AttentionOptions:
     output_gate: bool = False
     norm_eps: float = 1e-6
     packed_gate: bool = False  # the output gate's rows inside q_proj, per head [q_h | gate_h] (Qwen3.5, Qwen3-Next)
+    scale: float | None = None  # the softmax scale; None: head_dim^-0.5 (Granite: attention_multiplier)
     unit_offset_norm: bool = False  # the q/k norms are UnitOffsetRMSNorm: x / rms(x) * (1 + w) (Qwen3.5)
 
 
@@ -100,8 +101,10 @@ class Attention(nn.Module):
         self.o = o
         self.groups = o.num_heads // o.num_kv_heads
         rotary = o.head_dim if o.rotary_dim is None else o.rotary_dim
-        if rotary % 2 or not 0 < rotary <= o.head_dim:
-            raise ValueError(f"the rotary width must be even and in (0, head_dim = {o.head_dim}], got {rotary}")
+        if rotary % 2 or not 0 <= rotary <= o.head_dim:
+            raise ValueError(f"the rotary width must be even and in [0, head_dim = {o.head_dim}] (0: no RoPE), got {rotary}")
+        self.rotary = rotary
+        self.scale = o.head_dim**-0.5 if o.scale is None else o.scale
         packed = o.output_gate and o.packed_gate
         self.q_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim * (2 if packed else 1), bias=o.qkv_bias)
         self.k_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
@@ -120,6 +123,9 @@ class Attention(nn.Module):
             "value": (("batch", o.num_kv_heads, PAST, o.head_dim), "float32", 0.0, o.window),
             "pos": (("batch",), "int64", 0),
         }
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return x if self.rotary == 0 else rotate(x, positions, self.inv_freq)  # rotary width 0: no position encoding
 
     def _heads(self, x: torch.Tensor, heads: int, norm: RMSNorm | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -143,8 +149,8 @@ class Attention(nn.Module):
             q, gate = q.reshape(B, T, o.num_heads * o.head_dim), gate.reshape(B, T, o.num_heads * o.head_dim)
         elif self.g_proj is not None:
             gate = self.g_proj(x)  # [B, T, H D]
-        q = rotate(self._heads(q, o.num_heads, self.q_norm), positions, self.inv_freq)  # [B, H, T, D]
-        k = rotate(self._heads(self.k_proj(x), o.num_kv_heads, self.k_norm), positions, self.inv_freq)  # [B, Hkv, T, D]
+        q = self._rope(self._heads(q, o.num_heads, self.q_norm), positions)  # [B, H, T, D]
+        k = self._rope(self._heads(self.k_proj(x), o.num_kv_heads, self.k_norm), positions)  # [B, Hkv, T, D]
         v = self._heads(self.v_proj(x), o.num_kv_heads, None)  # [B, Hkv, T, D]
         past = state["key"].shape[2]
         keys = torch.cat([state["key"], k], dim=2)  # [B, Hkv, P + T, D]
@@ -165,7 +171,7 @@ class Attention(nn.Module):
         """The queries of each key/value group in one MatMul: [B, Hkv, G T, D] x [B, Hkv, D, P + T]."""
         B, H, T, D = q.shape
         Hkv, G = self.o.num_kv_heads, self.groups
-        scores = (q.reshape(B, Hkv, G * T, D) @ keys.transpose(2, 3)) * D**-0.5  # [B, Hkv, G T, P + T]
+        scores = (q.reshape(B, Hkv, G * T, D) @ keys.transpose(2, 3)) * self.scale  # [B, Hkv, G T, P + T]
         scores = scores.view(B, Hkv, G, T, -1)
         scores = torch.where(seen[:, :, None], scores, torch.tensor(float("-inf"), dtype=scores.dtype))  # [B, Hkv, G, T, P + T]
         weights = torch.softmax(scores, dim=-1).reshape(B, Hkv, G * T, -1)
@@ -180,7 +186,7 @@ class Attention(nn.Module):
                 kv = h // self.groups
                 for t in range(T):
                     mask = seen[b, 0, t]  # [P + T]
-                    s = (keys[b, kv][mask] @ q[b, h, t]) * D**-0.5  # [n]
+                    s = (keys[b, kv][mask] @ q[b, h, t]) * self.scale  # [n]
                     out[b, h, t] = torch.softmax(s, dim=0) @ values[b, kv][mask]
         return out
 

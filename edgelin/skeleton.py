@@ -100,43 +100,71 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-class Block(nn.Module):
-    """RMSNorm -> mixer -> residual, RMSNorm -> SwiGLU -> residual (``mlp_hidden=None``: no MLP, as Mamba2's)."""
+class PackedSwiGLU(nn.Module):
+    """SwiGLU with the gate and up projections in one matrix, gate rows first (Granite's ``shared_mlp``)."""
 
-    def __init__(self, mixer: nn.Module, d_model: int, mlp_hidden: int | None, norm_eps: float, norm: type[RMSNorm] = RMSNorm) -> None:
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.input_linear = nn.Linear(cfg.d_model, 2 * cfg.mlp_hidden, bias=False)
+        self.output_linear = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.input_linear(x).chunk(2, dim=-1)
+        return self.output_linear(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    """RMSNorm -> mixer -> residual, RMSNorm -> MLP -> residual (``mlp_hidden=None``: no MLP, as Mamba2's).
+    ``residual_scale`` multiplies what each branch adds to the residual stream (Granite's residual_multiplier)."""
+
+    def __init__(
+        self, mixer: nn.Module, d_model: int, mlp_hidden: int | None, norm_eps: float, norm: type[RMSNorm] = RMSNorm,
+        mlp: type[nn.Module] = SwiGLU, residual_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self.attn_norm = norm(d_model, norm_eps)
         self.attn = mixer
+        self.residual_scale = residual_scale
         if mlp_hidden is None:
             self.mlp_norm = self.mlp = None
         else:
             self.mlp_norm = norm(d_model, norm_eps)
-            self.mlp = SwiGLU(SimpleNamespace(d_model=d_model, mlp_hidden=mlp_hidden))
+            self.mlp = mlp(SimpleNamespace(d_model=d_model, mlp_hidden=mlp_hidden))
+
+    def _add(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        return x + (h if self.residual_scale == 1.0 else h * self.residual_scale)
 
     def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
         h, state = self.attn(self.attn_norm(x), state, **run)
-        x = x + h
+        x = self._add(x, h)
         if self.mlp is None:
             return x, state
-        return x + self.mlp(self.mlp_norm(x)), state
+        return self._add(x, self.mlp(self.mlp_norm(x))), state
 
 
 class CausalLM(nn.Module):
     """embedding -> blocks -> final norm -> head, over any mixers; the model protocol for all of them.
 
     ``make_mixer(layer)``: the mixer of each layer. ``config``: the manifest's "model" field (its "chunk_size", if present, follows ``with_chunk_size``).
-    ``norm``: the class of the blocks' and the final norm (``RMSNorm``, or ``UnitOffsetRMSNorm``)."""
+    ``norm``: the class of the blocks' and the final norm (``RMSNorm``, or ``UnitOffsetRMSNorm``); ``mlp`` the
+    blocks' MLP class (``SwiGLU`` or ``PackedSwiGLU``); ``embed_scale`` multiplies the embeddings,
+    ``residual_scale`` each branch's output, and the logits are divided by ``logits_scale`` (Granite's multipliers;
+    at 1 they add nothing to the graphs)."""
 
     def __init__(
         self, make_mixer: Callable[[int], nn.Module], *, n_layers: int, vocab_size: int, d_model: int, mlp_hidden: int | None,
         norm_eps: float, tie_embeddings: bool, chunk_size: int, config: dict[str, Any], norm: type[RMSNorm] = RMSNorm,
+        mlp: type[nn.Module] = SwiGLU, embed_scale: float = 1.0, residual_scale: float = 1.0, logits_scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.vocab_size, self.chunk_size, self.config = vocab_size, chunk_size, dict(config)
         self.max_positions: int | None = None  # a context limit the family declares (edgelin.protocol)
         self.embed = nn.Embedding(vocab_size, d_model)
         # the mixers are built in layer order after the embedding, so a seeded build draws the same numbers always
-        self.blocks = nn.ModuleList(Block(make_mixer(i), d_model, mlp_hidden, norm_eps, norm) for i in range(n_layers))
+        self.embed_scale, self.logits_scale = embed_scale, logits_scale
+        self.blocks = nn.ModuleList(
+            Block(make_mixer(i), d_model, mlp_hidden, norm_eps, norm, mlp, residual_scale) for i in range(n_layers)
+        )
         self.norm = norm(d_model, norm_eps)
         self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
 
@@ -184,9 +212,8 @@ class CausalLM(nn.Module):
     # ---- running ----------------------------------------------------------------------------------------
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x)
-        if self.lm_head is None:
-            return x @ self.embed.weight.T  # [B, T, vocab]
-        return self.lm_head(x)  # [B, T, vocab]
+        logits = x @ self.embed.weight.T if self.lm_head is None else self.lm_head(x)  # [B, T, vocab]
+        return logits if self.logits_scale == 1.0 else logits / self.logits_scale
 
     def forward(
         self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk", lengths: torch.Tensor | None = None
@@ -213,6 +240,8 @@ class CausalLM(nn.Module):
         if state is None:
             state = self.init_state(input_ids.shape[0])
         x = self.embed(input_ids)  # [B, T, d_model]
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
         new_state: State = {}
         run = {"form": form, "chunk_size": self.chunk_size, "lengths": lengths}
         for block, keys in zip(self.blocks, self.layer_keys()):
@@ -250,4 +279,4 @@ def init_weights(model: nn.Module) -> None:
             nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
 
 
-__all__ = ["Block", "CausalLM", "MIXERS", "RMSNorm", "SwiGLU", "UnitOffsetRMSNorm", "check_form", "fixed_norm", "init_weights", "register_mixer"]
+__all__ = ["Block", "CausalLM", "MIXERS", "PackedSwiGLU", "RMSNorm", "SwiGLU", "UnitOffsetRMSNorm", "check_form", "fixed_norm", "init_weights", "register_mixer"]

@@ -47,6 +47,7 @@ register_importer("qwen3_5", _lazy("edgelin.importers.hf.qwen3_5", "load"))
 register_importer("lfm2", _lazy("edgelin.importers.hf.lfm2", "load"))
 register_importer("mamba2", _lazy("edgelin.importers.hf.mamba2", "load"))
 register_importer("bamba", _lazy("edgelin.importers.hf.bamba", "load"))
+register_importer("granitemoehybrid", _lazy("edgelin.importers.hf.granitemoehybrid", "load"))
 
 
 def supported() -> tuple[str, ...]:

@@ -1,10 +1,11 @@
-"""edgelin's import of Hugging Face transformers Mamba2 and Bamba checkpoints against transformers' own model.
+"""edgelin's import of Hugging Face transformers Mamba2, Bamba and Granite-4.0-H (dense) checkpoints against
+transformers' own model.
 
 Same oracle as test_hf_qwen3_5.py (testkit/hf_oracle.py: transformers 5.x's Mamba2ForCausalLM on its PyTorch path,
 in a subprocess): a tiny random model, a 150-token prefill then 20 cached decode steps, batch 2. Budget, fp32:
 max abs logits error <= 1e-4; the cache (SSM states, conv windows) is compared too. The SSD recurrence runs on the
 linear-attention chunk form with a per-head decay (edgelin.mamba2); Bamba puts it among attention layers (partial
-RoPE) with an MLP in every block.
+RoPE) with an MLP in every block; Granite-4.0-H adds its multipliers and attention without position encoding.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ MAX_ABS = 1e-4
 STATE_REL = 1e-5
 BATCH, PROMPT, STEPS = 2, 150, 20
 TINY = {"vocab_size": 97, "hidden_size": 32, "state_size": 8, "num_hidden_layers": 2, "expand": 2}
+GRANITE = {
+    "vocab_size": 97, "hidden_size": 32, "shared_intermediate_size": 40, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "num_local_experts": 0, "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
+    "mamba_d_conv": 4, "mamba_expand": 2,
+}
 CASES = {  # id -> (model_type, config)
     "mamba2-groups2": ("mamba2", {**TINY, "num_heads": 8, "head_dim": 8, "n_groups": 2, "conv_kernel": 4}),
     # one group, biases on the projections but not the conv, a conv of 3 taps, tied embeddings, wider heads
@@ -40,6 +46,11 @@ CASES = {  # id -> (model_type, config)
         "num_key_value_heads": 2, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
         "mamba_d_conv": 4, "mamba_expand": 2,
     }),
+    # Granite-4.0-H (dense): every multiplier away from 1, RoPE on; then no position encoding, tied, attention first
+    "granite-rope-multipliers": ("granitemoehybrid", {**GRANITE, "layer_types": ["mamba", "attention", "mamba"],
+                                                      "position_embedding_type": "rope", "embedding_multiplier": 3.0,
+                                                      "residual_multiplier": 0.5, "logits_scaling": 1.25, "attention_multiplier": 0.2}),
+    "granite-nope-tied": ("granitemoehybrid", {**GRANITE, "layer_types": ["attention", "mamba", "mamba"], "tie_word_embeddings": True}),
 }
 _RESULTS: dict[str, tuple] = {}
 
@@ -59,15 +70,15 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def test_registry_lists_mamba2_and_bamba():
-    assert {"mamba2", "bamba"} <= set(IMPORTERS)
+def test_registry_lists_mamba2_and_its_hybrids():
+    assert {"mamba2", "bamba", "granitemoehybrid"} <= set(IMPORTERS)
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_import_matches_transformers(case_id, tmp_path_factory):
     folder, prompt, steps, ref = oracle(case_id, tmp_path_factory)
     model, state = import_vs_reference(folder, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
-    hybrid = CASES[case_id][0] == "bamba"
+    hybrid = CASES[case_id][0] != "mamba2"
     for i, block in enumerate(model.blocks):
         assert (block.mlp is None) is (not hybrid)  # Mamba2 blocks have no MLP; Bamba's all do
         if block.attn.kind == "attention":
@@ -78,7 +89,8 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
         assert state[f"{i}.S"].shape == S.shape and rel(state[f"{i}.S"], S) <= STATE_REL
         assert state[f"{i}.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
     # no attention: no context limit (Bamba's: its max_position_embeddings); the states decay or are caches
-    assert model.max_positions == (262144 if hybrid else None) and model.state_decays
+    limits = {"mamba2": None, "bamba": 262144, "granitemoehybrid": 2048}  # transformers' default max_position_embeddings
+    assert model.max_positions == limits[CASES[case_id][0]] and model.state_decays
 
 
 def test_protocol_forms_and_pieces(tmp_path_factory):
@@ -145,6 +157,17 @@ def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_p
 ])
 def test_unsupported_bamba_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("bamba-attn1-groups2", tmp_path_factory)
+    refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
+
+
+@pytest.mark.parametrize("changes, field, fragment", [
+    ({"num_local_experts": 8}, "num_local_experts", "mixture-of-experts"),
+    ({"position_embedding_type": "alibi"}, "position_embedding_type", "'rope'"),
+    ({"layer_types": ["mamba", "mlp", "mamba"]}, "layer_types", "'mamba' or 'attention'"),
+    ({"attention_multiplier": 0}, "attention_multiplier", "positive"),
+])
+def test_unsupported_granite_options_are_refused_by_name(changes, field, fragment, tmp_path_factory, tmp_path, refused):
+    folder, *_ = oracle("granite-nope-tied", tmp_path_factory)
     refused(edited_copy(folder, tmp_path / "ckpt", **changes), repr(field), fragment)
 
 

@@ -1,0 +1,99 @@
+"""transformers' ``granitemoehybrid`` (GraniteMoeHybridForCausalLM: Granite-4.0-H) with dense MLPs, on the skeleton,
+as transformers 5.x computes it:
+
+- embeddings times ``embedding_multiplier``; blocks: x + r * mixer(input_layernorm(x)), then
+  + r * shared_mlp(post_attention_layernorm(.)) with r = ``residual_multiplier``; the MLP is ``shared_mlp``
+  (input_linear: gate rows then up rows; output_linear); final norm ``norm``; logits / ``logits_scaling``
+- ``mamba`` layers (``layer_types`` "mamba" / "linear_attention"): edgelin.mamba2's mixer, as Bamba's
+- ``attention`` layers: grouped heads, softmax scale ``attention_multiplier`` (not head_dim^-0.5), RoPE by halves
+  over the whole head only with ``position_embedding_type: "rope"`` (none otherwise: Granite-4.0-H's attention
+  layers carry no position encoding), no q/k norm
+Mixture-of-experts layers (``num_local_experts`` > 0) are refused by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgelin.attention import Attention, AttentionOptions
+from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.importers.fields import check_fields
+from edgelin.importers.hf import read_rope
+from edgelin.importers.hf.bamba import attention_heads, mamba_options
+from edgelin.importers.hf.mamba2 import mixer_renames
+from edgelin.importers.weights import Renamer, load_checkpoint_weights
+from edgelin.mamba2 import Mamba2Mixer
+from edgelin.protocol import DEFAULT_CHUNK
+from edgelin.skeleton import CausalLM, PackedSwiGLU
+
+FIELDS: dict[str, Any] = {  # GraniteMoeHybridConfig's fields and defaults (transformers 5.x)
+    "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": None, "head_dim": None, "hidden_act": "silu", "rms_norm_eps": 1e-6, "attention_bias": False,
+    "tie_word_embeddings": False, "embedding_multiplier": 1.0, "logits_scaling": 1.0, "residual_multiplier": 1.0,
+    "attention_multiplier": 1.0, "num_local_experts": 8, "shared_intermediate_size": 1024, "position_embedding_type": None,
+    "layer_types": None, "rope_parameters": None, "rope_theta": None,
+    "mamba_n_heads": 128, "mamba_d_head": "auto", "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4,
+    "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False, "time_step_limit": [0.0, float("inf")],
+    # the experts' width and routing: read only by mixture-of-experts layers, refused below when there are any
+    "intermediate_size": 11008, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "output_router_logits": False,
+    # no effect at inference
+    "mamba_chunk_size": 256, "attention_dropout": 0.0, "num_logits_to_keep": 1, "z_loss_coefficient": 0.0,
+}
+LAYER_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention"}
+
+
+def load(path: str | Path) -> CausalLM:
+    """A ``granitemoehybrid`` checkpoint folder with dense MLPs (num_local_experts 0)."""
+    path = Path(path)
+    source = read_config(path)
+    f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/granitemoehybrid", where=path / CONFIG_FILE)
+    experts = f.get("num_local_experts")
+    if experts != 0:
+        raise f.fail("num_local_experts", f"is {experts!r} (mixture-of-experts layers); edgelin exports dense MLPs only (num_local_experts 0)")
+    f.choice("hidden_act", ("silu",))
+    if f.flag("attention_bias"):
+        raise f.fail("attention_bias", "is true; edgelin's granitemoehybrid importer supports false only")
+    hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("rms_norm_eps")
+    heads, kv_heads, head_dim = attention_heads(f, hidden)
+    kinds = f.get("layer_types")
+    kinds = ["mamba"] * n_layers if kinds is None else kinds
+    if not isinstance(kinds, list) or len(kinds) != n_layers or any(k not in LAYER_KINDS for k in kinds):
+        raise f.fail("layer_types", f"must list {n_layers} entries, each 'mamba' or 'attention'; got {str(kinds)[:80]}")
+    kinds = [LAYER_KINDS[k] for k in kinds]
+    position = f.get("position_embedding_type")
+    if position not in (None, "rope", "nope"):
+        raise f.fail("position_embedding_type", f"is {position!r}; edgelin supports 'rope', 'nope' and null (no position encoding)")
+    theta, rotary = read_rope(f, head_dim, importer="hf/granitemoehybrid", default_theta=10000.0)
+    attention = AttentionOptions(
+        d_model=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rope_theta=theta,
+        rotary_dim=rotary if position == "rope" else 0, scale=f.number("attention_multiplier"), norm_eps=eps,
+    )
+    mamba = mamba_options(f, hidden)
+    tie, vocab, mlp = f.flag("tie_word_embeddings"), f.integer("vocab_size"), f.integer("shared_intermediate_size")
+    scales = dict(embed_scale=f.number("embedding_multiplier"), residual_scale=f.number("residual_multiplier"),
+                  logits_scale=f.number("logits_scaling"))
+
+    def make() -> CausalLM:
+        model = CausalLM(
+            lambda i: Attention(attention) if kinds[i] == "attention" else Mamba2Mixer(mamba), n_layers=n_layers,
+            vocab_size=vocab, d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie, chunk_size=DEFAULT_CHUNK,
+            mlp=PackedSwiGLU, **scales,
+            config={"family": "hf/granitemoehybrid", "chunk_size": DEFAULT_CHUNK, "source_config": source},
+        )
+        limit = source.get("max_position_embeddings")
+        if "attention" in kinds and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            model.max_positions = limit
+        return model
+
+    pairs = [
+        ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.norm.", "norm."),
+        (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".mlp_norm."), (".shared_mlp.", ".mlp."),
+        *mixer_renames("mamba"), (".self_attn.", ".attn."),
+    ]
+    if tie:
+        pairs.append(("lm_head.weight", "embed.weight"))
+    return load_checkpoint_weights(path, make, Renamer(pairs))
+
+
+__all__ = ["FIELDS", "load"]
