@@ -15,6 +15,7 @@ from edgelin.runtime.files import atomic_write, check_replace
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint (transformers' save_pretrained above its shard size)
 SAFETENSORS_METADATA = {"format": "pt"}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
@@ -27,7 +28,7 @@ def _checkpoint_dir(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint {path} does not exist; pass a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} is not a folder; pass a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    if not (path / WEIGHTS_FILE).is_file():
+    if not (path / WEIGHTS_FILE).is_file() and not (path / WEIGHTS_INDEX).is_file():
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
             raise CheckpointError(
@@ -39,12 +40,40 @@ def _checkpoint_dir(path: str | Path) -> Path:
     return path
 
 
+def weight_files(path: str | Path) -> list[Path]:
+    """The checkpoint's safetensors files: ``model.safetensors``, or the shards its ``model.safetensors.index.json``
+    names (each a file of the folder itself, named once)."""
+    path = _checkpoint_dir(path)
+    if (path / WEIGHTS_FILE).is_file():
+        return [path / WEIGHTS_FILE]
+    index = path / WEIGHTS_INDEX
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise CheckpointError(f"{index} is not a readable index of shards ({exc})") from None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index} has no weight_map of tensor name -> shard file")
+    shards = []
+    for name in sorted(set(weight_map.values())):
+        if Path(name).name != name or not name.endswith(".safetensors") or name.startswith("."):
+            raise CheckpointError(f"{index} names the shard {name!r}; shards must be .safetensors files in the checkpoint folder itself")
+        if not (path / name).is_file():
+            raise CheckpointError(f"{index} names the shard {name}, which is not in {path}")
+        shards.append(path / name)
+    return shards
+
+
 def weights_sha256(path: str | Path) -> str:
-    """sha256 of the checkpoint's weights file (the manifest's ``source``)."""
+    """sha256 of the checkpoint's weights (the manifest's ``source``): of ``model.safetensors``, or of a sharded
+    checkpoint's index followed by its shards in name order."""
+    files = weight_files(path)
+    if files[0].name != WEIGHTS_FILE:
+        files = [Path(path) / WEIGHTS_INDEX, *files]
     digest = hashlib.sha256()
-    with open(_checkpoint_dir(path) / WEIGHTS_FILE, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for file in files:
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 
@@ -138,4 +167,4 @@ def save_checkpoint(model: LinearLM, path: str | Path, *, overwrite: bool = Fals
     return path
 
 
-__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "load_checkpoint", "load_config", "model_sha256", "save_checkpoint", "weights_sha256"]
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "WEIGHTS_INDEX", "load_checkpoint", "load_config", "model_sha256", "save_checkpoint", "weight_files", "weights_sha256"]

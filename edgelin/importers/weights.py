@@ -48,12 +48,13 @@ class Renamer:
         return name
 
 
-def read_safetensors(path: Path, only: set[str] | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor of ``path/model.safetensors`` (CPU), or those named in ``only``. Never unpickles."""
+def read_safetensors(path: Path, only: set[str] | None = None, file: str = WEIGHTS_FILE) -> dict[str, torch.Tensor]:
+    """Every tensor of ``path/file`` (CPU; default ``model.safetensors``), or those named in ``only``. Never
+    unpickles."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    file = path / WEIGHTS_FILE
+    file = path / file
     if not file.is_file():
         raise CheckpointError(f"{path} has no {WEIGHTS_FILE}; save the model with safetensors (save_pretrained does by default)")
     try:
@@ -106,21 +107,32 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], groups: dic
 
 
 def load_checkpoint_weights(path: Path, build, rename: Renamer, *, left_out: tuple[str, ...] = ()) -> nn.Module:
-    """``build()``'s model with ``path/model.safetensors`` loaded into it along ``rename`` (eval mode, float32).
+    """``build()``'s model with the checkpoint's weights loaded into it along ``rename`` (eval mode, float32):
+    ``model.safetensors``, or the shards a ``model.safetensors.index.json`` names.
 
-    Names and shapes first, from ``build`` on the meta device and the file's header: a config that disagrees with
+    Names and shapes first, from ``build`` on the meta device and the files' headers: a config that disagrees with
     the weights is refused, naming the tensor, before memory is spent on either. Checkpoint tensors whose names
     start with a ``left_out`` prefix (a vision tower, a multi-token-prediction head) are not part of the model:
     they are neither matched nor read."""
+    from edgelin.checkpoint import weight_files
     from edgelin.safety import expected_shapes, header_shapes
 
-    weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
-    found = {n: s for n, s in header_shapes(weights).items() if not n.startswith(left_out)} if left_out else header_shapes(weights)
-    groups = match(expected_shapes(build), found, rename, weights)
+    files = weight_files(path)
+    found: dict[str, tuple[int, ...]] = {}
+    home: dict[str, Path] = {}
+    for file in files:
+        for name, shape in header_shapes(file).items():
+            if name in home:
+                raise CheckpointError(f"{path}: tensor {name} is in both {home[name].name} and {file.name}")
+            if not name.startswith(left_out) or not left_out:
+                found[name], home[name] = shape, file
+    where = files[0] if len(files) == 1 else path
+    groups = match(expected_shapes(build), found, rename, where)
     model = build()
-    load_weights(model, read_safetensors(path, only=set(found) if left_out else None), groups, weights)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(read_safetensors(file.parent, only={n for n, f in home.items() if f == file}, file=file.name))
+    load_weights(model, tensors, groups, where)
     return model.eval()
 
 

@@ -1,0 +1,68 @@
+"""Sharded checkpoints: a ``model.safetensors.index.json`` and its shards (transformers' save_pretrained writes
+them above its shard size) import exactly as the one-file checkpoint, with every malformed index refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from edgelin.checkpoint import WEIGHTS_FILE, WEIGHTS_INDEX, load_checkpoint, weights_sha256
+
+
+@pytest.fixture(scope="module")
+def single(fla_oracle, tmp_path_factory):
+    return fla_oracle.build(tmp_path_factory.mktemp("single") / "ckpt", model_type="gla", use_short_conv=True)
+
+
+def shard(single, out, *, names=None, twice: str | None = None):
+    """``single`` split into two shards with an index (``names``: the shard file names; ``twice``: a tensor also
+    put in the second shard)."""
+    out.mkdir()
+    (out / "config.json").write_text((single / "config.json").read_text())
+    tensors = load_file(single / WEIGHTS_FILE)
+    names = names or ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+    parts: tuple[dict, dict] = ({}, {})
+    weight_map = {}
+    for i, (name, t) in enumerate(sorted(tensors.items())):
+        parts[i % 2][name] = t
+        weight_map[name] = names[i % 2]
+    if twice is not None:
+        parts[1][twice] = tensors[twice]
+    for part, name in zip(parts, names):
+        if "/" not in name:
+            save_file(part, out / name, metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (out / WEIGHTS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return out
+
+
+def test_a_sharded_checkpoint_imports_as_the_one_file_checkpoint(single, tmp_path):
+    sharded = shard(single, tmp_path / "sharded")
+    ids = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref, ref_state = load_checkpoint(single)(ids)
+        got, state = load_checkpoint(sharded)(ids)
+    assert torch.equal(got, ref) and all(torch.equal(state[k], v) for k, v in ref_state.items())
+    digest = weights_sha256(sharded)
+    assert digest == weights_sha256(sharded) and digest != weights_sha256(single)  # the index and the shards
+
+
+@pytest.mark.parametrize("how, fragments", [
+    ("missing", ("model-00002-of-00002.safetensors", "is not in")),
+    ("outside", ("'../outside.safetensors'", "in the checkpoint folder itself")),
+    ("twice", ("is in both",)),
+    ("not-json", ("not a readable index",)),
+])
+def test_a_malformed_index_is_refused_by_name(single, tmp_path, refused, how, fragments):
+    if how == "outside":
+        sharded = shard(single, tmp_path / "ckpt", names=("model-00001-of-00002.safetensors", "../outside.safetensors"))
+    else:
+        sharded = shard(single, tmp_path / "ckpt", twice="model.norm.weight" if how == "twice" else None)
+    if how == "missing":
+        (sharded / "model-00002-of-00002.safetensors").unlink()
+    if how == "not-json":
+        (sharded / WEIGHTS_INDEX).write_text("{not json")
+    refused(sharded, *fragments)
