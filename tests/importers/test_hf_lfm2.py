@@ -16,11 +16,10 @@ import torch
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
-from edgelin.protocol import ExportableModel, check_model
 from testkit import max_abs
 
 from testkit import hf_oracle
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree
+from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -41,13 +40,9 @@ _RESULTS: dict[str, tuple] = {}
 
 
 def oracle(case_id: str, tmp_path_factory):
-    if case_id not in _RESULTS:
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
-        steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        folder, ref = hf_oracle.run("lfm2", CASES[case_id], tmp_path_factory.mktemp(case_id), prompt, steps)
-        _RESULTS[case_id] = folder, prompt, steps, ref
-    return _RESULTS[case_id]
+    """(checkpoint folder, prompt, steps, transformers' outputs) for one case, once per session."""
+    return hf_oracle.cached(_RESULTS, case_id, "lfm2", CASES[case_id], tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS,
+                            vocab=TINY["vocab_size"])
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -78,17 +73,10 @@ def test_protocol_forms_and_pieces(tmp_path_factory):
     prefill in pieces of 1 (shorter than the conv window), 2 and 40 from a carried state against one prefill."""
     folder, *_ = oracle("lfm2-idxs-bias-conv4-untied", tmp_path_factory)
     model = load_checkpoint(folder)
-    assert isinstance(model, ExportableModel)
-    check_model(model)
-    assert model.model_config()["family"] == "hf/lfm2" and model.state_decays
-    json.dumps(model.model_config())
     ids = torch.randint(0, 97, (2, 43), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        m64 = model.double()
-        ref, ref_state = m64(ids, form="naive")
-        logits, state = m64(ids)
-        assert max_abs(logits, ref) <= 1e-10 and all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
-    pieces_and_steps_agree(model.float(), ids, (1, 2, 40))
+    protocol_and_naive_agree(model, "hf/lfm2", ids)
+    assert model.state_decays
+    pieces_and_steps_agree(model, ids, (1, 2, 40))
 
 
 @pytest.mark.slow  # one export of a 4-layer hybrid: ~1 min on a loaded 2-core machine

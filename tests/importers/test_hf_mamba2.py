@@ -10,17 +10,15 @@ RoPE) with an MLP in every block; Granite-4.0-H adds its multipliers and attenti
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
-from edgelin.protocol import ExportableModel, check_model
 from testkit import max_abs
 from testkit import hf_oracle
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree
+from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -56,14 +54,9 @@ _RESULTS: dict[str, tuple] = {}
 
 
 def oracle(case_id: str, tmp_path_factory):
-    if case_id not in _RESULTS:
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
-        steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        model_type, config = CASES[case_id]
-        folder, ref = hf_oracle.run(model_type, config, tmp_path_factory.mktemp(case_id), prompt, steps)
-        _RESULTS[case_id] = folder, prompt, steps, ref
-    return _RESULTS[case_id]
+    model_type, config = CASES[case_id]
+    return hf_oracle.cached(_RESULTS, case_id, model_type, config, tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS,
+                            vocab=TINY["vocab_size"])
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -98,17 +91,9 @@ def test_protocol_forms_and_pieces(tmp_path_factory):
     than the conv window; C - 1; C + 1) and token by token against one prefill."""
     folder, *_ = oracle("mamba2-groups2", tmp_path_factory)
     model = load_checkpoint(folder)
-    assert isinstance(model, ExportableModel)
-    check_model(model)
-    assert model.model_config()["family"] == "hf/mamba2"
-    json.dumps(model.model_config())
     ids = torch.randint(0, 97, (2, 129), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        m64 = model.double()
-        ref, ref_state = m64(ids, form="naive")
-        logits, state = m64(ids)
-        assert max_abs(logits, ref) <= 1e-10 and all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
-    pieces_and_steps_agree(model.float(), ids, (1, 63, 65))
+    protocol_and_naive_agree(model, "hf/mamba2", ids)
+    pieces_and_steps_agree(model, ids, (1, 63, 65))
 
 
 def test_a_time_step_limit_is_applied_in_every_form(tmp_path_factory, tmp_path):

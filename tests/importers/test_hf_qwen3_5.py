@@ -20,11 +20,10 @@ from safetensors.torch import load_file, save_file
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from edgelin.ops import delta
-from edgelin.protocol import ExportableModel, check_model
 from testkit import max_abs
 
 from testkit import hf_oracle
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree
+from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -53,14 +52,8 @@ _RESULTS: dict[str, tuple] = {}
 
 def oracle(case_id: str, tmp_path_factory):
     """(checkpoint folder, prompt, steps, transformers' outputs) for one case, once per session."""
-    if case_id not in _RESULTS:
-        root = tmp_path_factory.mktemp(case_id)
-        gen = torch.Generator().manual_seed(0)
-        prompt = torch.randint(0, TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
-        steps = torch.randint(0, TINY["vocab_size"], (BATCH, STEPS), generator=gen)
-        folder, ref = hf_oracle.run("qwen3_5_text", CASES[case_id], root, prompt, steps)
-        _RESULTS[case_id] = folder, prompt, steps, ref
-    return _RESULTS[case_id]
+    return hf_oracle.cached(_RESULTS, case_id, "qwen3_5_text", CASES[case_id], tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS,
+                            vocab=TINY["vocab_size"])
 
 
 def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -94,18 +87,9 @@ def test_protocol_and_forms_agree_in_float64(tmp_path_factory):
     float64; prefill in pieces and token by token against one prefill."""
     folder, *_ = oracle("qwen3_5-hybrid4", tmp_path_factory)
     model = load_checkpoint(folder)
-    assert isinstance(model, ExportableModel)
-    check_model(model)
-    assert model.model_config()["family"] == "hf/qwen3_5_text"
-    json.dumps(model.model_config())
-    m64 = model.double()
     ids = torch.randint(0, 97, (2, 2 * model.chunk_size + 1), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref, ref_state = m64(ids, form="naive")
-        logits, state = m64(ids)
-        assert max_abs(logits, ref) <= 1e-10
-        assert all(max_abs(state[k], v) <= 1e-10 for k, v in ref_state.items())
-    pieces_and_steps_agree(model.float(), ids, (1, 63, 65))
+    protocol_and_naive_agree(model, "hf/qwen3_5_text", ids)
+    pieces_and_steps_agree(model, ids, (1, 63, 65))
 
 
 def multimodal(text_folder: Path, out: Path) -> Path:

@@ -82,5 +82,20 @@ def run(model_type: str, config: dict, root, prompt, steps, seed: int = 0):
     return root / "ckpt", load_file(root / "ref.safetensors")
 
 
+def cached(store: dict, case_id: str, model_type: str, config: dict, tmp_path_factory, *, batch: int, prompt: int,
+           steps: int, vocab: int):
+    """(checkpoint folder, prompt ids [batch, prompt], step ids [batch, steps], transformers' outputs) for one case,
+    built and run once per session into ``store``."""
+    if case_id not in store:
+        import torch
+
+        gen = torch.Generator().manual_seed(0)
+        prompt_ids = torch.randint(0, vocab, (batch, prompt), generator=gen)
+        step_ids = torch.randint(0, vocab, (batch, steps), generator=gen)
+        folder, ref = run(model_type, config, tmp_path_factory.mktemp(case_id), prompt_ids, step_ids)
+        store[case_id] = folder, prompt_ids, step_ids, ref
+    return store[case_id]
+
+
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -72,6 +72,26 @@ def pieces_and_steps_agree(model, ids: torch.Tensor, pieces: tuple[int, ...], *,
             assert torch.allclose(got_state[key], value, rtol=state_tol, atol=state_tol), key
 
 
+def protocol_and_naive_agree(model, family: str, ids: torch.Tensor, tol: float = 1e-10) -> None:
+    """``model`` follows the model protocol, names ``family`` in a JSON-able config, and its naive forms (every
+    mixer's slow reference) give the chunk form's logits and state in float64 within ``tol``. Leaves the model in
+    float32."""
+    from edgelin.protocol import ExportableModel, check_model
+
+    assert isinstance(model, ExportableModel)
+    check_model(model)
+    assert model.model_config()["family"] == family
+    json.dumps(model.model_config())
+    with torch.no_grad():
+        m64 = model.double()
+        ref, ref_state = m64(ids, form="naive")
+        logits, state = m64(ids)
+        assert max_abs(logits, ref) <= tol
+        for key, value in ref_state.items():
+            assert max_abs(state[key], value) <= tol, key
+    model.float()
+
+
 def edited_copy(folder: Path, out: Path, **changes) -> Path:
     """A copy of checkpoint ``folder`` at ``out`` with ``changes`` made to its config.json."""
     cfg = json.loads((folder / "config.json").read_text())
@@ -82,4 +102,4 @@ def edited_copy(folder: Path, out: Path, **changes) -> Path:
     return out
 
 
-__all__ = ["edited_copy", "export_vs_reference", "import_vs_reference", "pieces_and_steps_agree"]
+__all__ = ["edited_copy", "export_vs_reference", "import_vs_reference", "pieces_and_steps_agree", "protocol_and_naive_agree"]

@@ -42,4 +42,28 @@ def read_rope(
     return float(theta), rotary
 
 
-__all__ = ["ROPE_KEYS", "read_rope"]
+def attention_heads(f: Fields, hidden: int) -> tuple[int, int, int]:
+    """(num_attention_heads, num_key_value_heads, head_dim): KV heads default to the heads, head_dim to hidden /
+    heads (transformers' getattr(config, "head_dim", hidden // heads))."""
+    heads = f.integer("num_attention_heads")
+    kv_heads = f.integer("num_key_value_heads", optional=True) or heads
+    if heads % kv_heads:
+        raise f.fail("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv_heads}")
+    head_dim = f.integer("head_dim", optional=True)
+    if head_dim is None:
+        if hidden % heads:
+            raise f.fail("num_attention_heads", f"must divide hidden_size ({hidden}) when head_dim is not set, got {heads}")
+        head_dim = hidden // heads
+    return heads, kv_heads, head_dim
+
+
+def declare_context(model, source: dict, has_attention: bool):
+    """A hybrid's attention was trained to ``max_position_embeddings``: the model declares it as its context limit
+    (the runtimes enforce it); a stack without attention declares none. Returns the model."""
+    limit = source.get("max_position_embeddings")
+    if has_attention and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        model.max_positions = limit
+    return model
+
+
+__all__ = ["ROPE_KEYS", "attention_heads", "declare_context", "read_rope"]

@@ -17,7 +17,7 @@ from typing import Any
 from edgelin.attention import Attention, AttentionOptions
 from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf import read_rope
+from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.hf.mamba2 import mixer_renames, read_time_step_limit
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.mamba2 import Mamba2Mixer, Mamba2Options
@@ -57,20 +57,6 @@ def mamba_options(f: Fields, hidden: int) -> Mamba2Options:
     )
 
 
-def attention_heads(f: Fields, hidden: int) -> tuple[int, int, int]:
-    """(heads, kv heads, head_dim): kv heads default to heads, head_dim to hidden / heads."""
-    heads = f.integer("num_attention_heads")
-    kv_heads = f.integer("num_key_value_heads", optional=True) or heads
-    if heads % kv_heads:
-        raise f.fail("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv_heads}")
-    head_dim = f.integer("head_dim", optional=True)
-    if head_dim is None:
-        if hidden % heads:
-            raise f.fail("num_attention_heads", f"must divide hidden_size ({hidden}) when head_dim is not set, got {heads}")
-        head_dim = hidden // heads
-    return heads, kv_heads, head_dim
-
-
 def load(path: str | Path) -> CausalLM:
     """A ``bamba`` checkpoint folder (BambaForCausalLM)."""
     path = Path(path)
@@ -98,10 +84,7 @@ def load(path: str | Path) -> CausalLM:
             d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie, chunk_size=DEFAULT_CHUNK,
             config={"family": "hf/bamba", "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )
-        limit = source.get("max_position_embeddings")
-        if idxs and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            model.max_positions = limit
-        return model
+        return declare_context(model, source, bool(idxs))
 
     pairs = [
         ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.final_layernorm.", "norm."),
@@ -114,4 +97,4 @@ def load(path: str | Path) -> CausalLM:
     return load_checkpoint_weights(path, make, Renamer(pairs))
 
 
-__all__ = ["FIELDS", "attention_heads", "load", "mamba_options"]
+__all__ = ["FIELDS", "load", "mamba_options"]

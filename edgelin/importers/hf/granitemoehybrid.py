@@ -19,8 +19,8 @@ from typing import Any
 from edgelin.attention import Attention, AttentionOptions
 from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.fields import check_fields
-from edgelin.importers.hf import read_rope
-from edgelin.importers.hf.bamba import attention_heads, mamba_options
+from edgelin.importers.hf import attention_heads, declare_context, read_rope
+from edgelin.importers.hf.bamba import mamba_options
 from edgelin.importers.hf.mamba2 import mixer_renames
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.mamba2 import Mamba2Mixer
@@ -81,10 +81,7 @@ def load(path: str | Path) -> CausalLM:
             mlp=PackedSwiGLU, **scales,
             config={"family": "hf/granitemoehybrid", "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )
-        limit = source.get("max_position_embeddings")
-        if "attention" in kinds and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            model.max_positions = limit
-        return model
+        return declare_context(model, source, "attention" in kinds)
 
     pairs = [
         ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.norm.", "norm."),

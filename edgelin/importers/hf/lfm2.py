@@ -19,7 +19,7 @@ from typing import Any
 from edgelin.attention import Attention, AttentionOptions
 from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf import read_rope
+from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.short_conv import GatedShortConv
@@ -79,14 +79,7 @@ def load(path: str | Path) -> CausalLM:
     defaults = {**FIELDS, **{name: None for name in UNREAD_FIELDS}}
     f = check_fields(source, defaults=defaults, refused=REFUSED_FIELDS, importer="hf/lfm2", where=path / CONFIG_FILE)
     hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("norm_eps")
-    heads, kv_heads = f.integer("num_attention_heads"), f.integer("num_key_value_heads")
-    if heads % kv_heads:
-        raise f.fail("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv_heads}")
-    head_dim = f.integer("head_dim", optional=True)
-    if head_dim is None:
-        if hidden % heads:
-            raise f.fail("num_attention_heads", f"must divide hidden_size ({hidden}) when head_dim is not set, got {heads}")
-        head_dim = hidden // heads
+    heads, kv_heads, head_dim = attention_heads(f, hidden)
     theta, rotary = read_rope(f, head_dim, importer="hf/lfm2", default_theta=1e6)
     kinds = read_layer_types(f, n_layers)
     legacy_tie = f.get("tie_embedding")
@@ -103,10 +96,7 @@ def load(path: str | Path) -> CausalLM:
             n_layers=n_layers, vocab_size=vocab, d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie,
             chunk_size=DEFAULT_CHUNK, config={"family": "hf/lfm2", "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )
-        limit = source.get("max_position_embeddings")
-        if "full_attention" in kinds and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            model.max_positions = limit
-        return model
+        return declare_context(model, source, "full_attention" in kinds)
 
     pairs = [
         ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.embedding_norm.", "norm."),

@@ -24,7 +24,7 @@ from edgelin.importers import CONFIG_FILE, read_config
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.fla import Common
 from edgelin.importers.fla.delta import DeltaOptions, FlaDeltaAttention
-from edgelin.importers.hf import read_rope
+from edgelin.importers.hf import declare_context, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM, UnitOffsetRMSNorm
@@ -105,10 +105,7 @@ def build(text: dict[str, Any], where: Path, *, tie: bool | None = None, source:
             tie_embeddings=tie, chunk_size=DEFAULT_CHUNK, norm=UnitOffsetRMSNorm,
             config={"family": family, "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )
-        limit = text.get("max_position_embeddings")
-        if "full_attention" in kinds and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            model.max_positions = limit
-        return model
+        return declare_context(model, text, "full_attention" in kinds)
 
     pairs = [
         ("model.language_model.", "model."),  # the multimodal checkpoint's text model
