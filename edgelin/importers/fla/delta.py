@@ -40,6 +40,7 @@ from edgelin.skeleton import RMSNorm, check_form, register_mixer
 QK_ACTIVATIONS = ("silu", "relu", "elu", "identity")  # DeltaNet's qk_activation (fla's elu is elu + 1)
 QK_NORMS = ("l2", "sum")
 GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")  # GatedDeltaNet's output_gate_activation (swish = silu)
+ATTN_MODES = ("chunk", "fused_recurrent")  # which of fla's kernels computes the same math: no effect here
 SUM_NORM_EPS = 1e-6  # fla's sum_norm: F.normalize(x, p=1, eps=1e-6)
 SOFTPLUS_THRESHOLD = 20.0  # fla's softplus: x itself above 20
 
@@ -67,7 +68,8 @@ class DeltaOptions:
 
 
 def read_delta_net(f: Fields, common: Common) -> DeltaOptions:
-    _accepted(f, "use_output_norm", "attn_mode")
+    f.flag("use_output_norm")  # accepted, no effect: fla's DeltaNet layer ignores it (its output norm always runs)
+    f.choice("attn_mode", ATTN_MODES)
     heads = f.integer("num_heads")
     return DeltaOptions(
         gated=False, num_heads=heads, num_v_heads=heads,
@@ -80,7 +82,7 @@ def read_delta_net(f: Fields, common: Common) -> DeltaOptions:
 
 
 def read_gated_deltanet(f: Fields, common: Common) -> DeltaOptions:
-    _accepted(f, "attn_mode")
+    f.choice("attn_mode", ATTN_MODES)
     heads, head_dim = f.integer("num_heads"), f.integer("head_dim")
     v_heads = f.integer("num_v_heads", optional=True) or heads
     if v_heads % heads:
@@ -94,16 +96,6 @@ def read_gated_deltanet(f: Fields, common: Common) -> DeltaOptions:
         use_beta=True, allow_neg_eigval=f.flag("allow_neg_eigval"), output_gate=f.flag("use_gate"),
         gate_activation="sigmoid" if f.choice("output_gate_activation", GATE_ACTIVATIONS) == "sigmoid" else "swish",
     )
-
-
-def _accepted(f: Fields, *names: str) -> None:
-    """Fields read for their type only: fla's layer ignores ``use_output_norm`` (the norm is always applied), and
-    ``attn_mode`` picks which of fla's kernels computes the same math."""
-    for name in names:
-        if name == "attn_mode":
-            f.choice(name, ("chunk", "fused_recurrent"))
-        else:
-            f.flag(name)
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
