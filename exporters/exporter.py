@@ -33,6 +33,7 @@ from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
+from edgelin.exporters.weights import load_graph, save_graph, store_once
 from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest, file_sha256
 from edgelin.safety import check_finite_weights
@@ -154,10 +155,13 @@ def _quiet():
         logger.setLevel(level)
 
 
-def export_graph(module: torch.nn.Module, example: tuple, names: tuple[list[str], list[str]], dynamic, opset: int, path: Path) -> None:
+def export_graph(
+    module: torch.nn.Module, example: tuple, names: tuple[list[str], list[str]], dynamic, opset: int, path: Path, *, external: bool = False,
+) -> None:
     """One torch module -> one ONNX file with edgelin's exporter settings (dynamo, optimised, quiet).
 
-    names: (input names, output names); dynamic: torch.export dynamic_shapes for ``example``.
+    names: (input names, output names); dynamic: torch.export dynamic_shapes for ``example``. ``external``: the
+    weights go to ``<file>.data`` beside it (always so for a graph over protobuf's 2 GB).
     """
     inputs, outputs = names
     with _quiet(), torch.no_grad():
@@ -165,12 +169,13 @@ def export_graph(module: torch.nn.Module, example: tuple, names: tuple[list[str]
             module.eval(), example, input_names=inputs, output_names=outputs,
             dynamic_shapes=dynamic, dynamo=True, opset_version=opset, optimize=True, verbose=False,
         )
-        program.save(str(path))
+        program.save(str(path), external_data=external or None)
 
 
 def _finalize(path: Path, manifest_json: str, graph: str) -> onnx.ModelProto:
-    """Embed the manifest in the graph's metadata, name the graph, save, full-check."""
-    proto = onnx.load(str(path))
+    """Embed the manifest in the graph's metadata, name the graph, save, full-check. The weights stay where
+    they are (external data beside the graph)."""
+    proto = onnx.load(str(path), load_external_data=False)
     _strip_debug_info(proto.graph)
     for fn in proto.functions:
         for node in fn.node:
@@ -281,7 +286,7 @@ def export(
             say(f"exporting the {graph} graph (opset {opset}) ...")
             t0 = time.perf_counter()
             spec = graph_spec(model, graph, lengths=ragged)
-            export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname)
+            export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname, external=True)
             seconds[graph] = time.perf_counter() - t0
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
@@ -294,15 +299,17 @@ def export(
         )
         manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype))
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
+        if precision != "fp32":  # torch's graphs are checked before they are converted
+            say("checking the fp32 graphs (onnx.checker, full check) ...")
+            for graph in GRAPH_FILES:
+                _finalize(tmp / GRAPH_FILES[graph], manifest.to_json(embedded=True), graph)
+            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say)
+        manifest = dataclasses.replace(manifest, weights=store_once(tmp, GRAPH_FILES))
+        say(f"weights stored once: {manifest.weights['file']}, {manifest.weights['bytes'] / 1e6:,.1f} MB, shared by both graphs")
         embedded_json = manifest.to_json(embedded=True)  # the graphs' copy: no hashes (a file cannot hold its own)
         say("checking the graphs (onnx.checker, full check) ...")
         for graph in GRAPH_FILES:
             _finalize(tmp / GRAPH_FILES[graph], embedded_json, graph)
-        if precision != "fp32":
-            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say)
-            embedded_json = manifest.to_json(embedded=True)
-            for graph in GRAPH_FILES:
-                _finalize(tmp / GRAPH_FILES[graph], embedded_json, graph)
         manifest = manifest.with_hashes(tmp)
         for name, path in ({} if tok is None else tok.files).items():
             shutil.copyfile(path, tmp / name)
@@ -342,8 +349,8 @@ def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manif
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
     nodes, op_types, kept = {}, {}, {}
     for graph, fname in GRAPH_FILES.items():
-        proto, note = convert_precision(onnx.load(str(tmp / fname)), precision, state_dtype=state_dtype)
-        onnx.save(proto, str(tmp / fname))
+        proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype)
+        save_graph(proto, tmp / fname)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
     return nodes, op_types

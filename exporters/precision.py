@@ -263,8 +263,9 @@ def _int8(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Co
 
     with tempfile.TemporaryDirectory() as tmp, _quiet():
         src, dst = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
-        onnx.save(proto, str(src))
-        quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
+        onnx.save(proto, str(src), save_as_external_data=True, location="in.onnx.data")  # no 2 GB limit
+        quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
+                         use_external_data_format=True)
         out = onnx.load(str(dst))
     note = Conversion("int8", kept=_kept_matmuls(out, "not quantised by quantize_dynamic"))
     note.kept.append("embedding Gather (fp32: shared with the tied head; see exporters/precision.py)")

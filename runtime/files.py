@@ -117,6 +117,8 @@ def export_holding(path: Path) -> Path | None:
         names |= {v for v in graphs.values() if isinstance(v, str)}
     if isinstance(tok, dict) and isinstance(tok.get("files"), dict):
         names |= {k for k in tok["files"] if isinstance(k, str)}
+    if isinstance(d.get("weights"), dict) and isinstance(d["weights"].get("file"), str):
+        names.add(d["weights"]["file"])
     if path.name in names or path.name.endswith((".onnx", ".data")):
         return folder
     return None

@@ -69,7 +69,8 @@ REQUIRED_V1 = (
     "model", "opset", "precision", "edgelin_version", "source",
 )
 DROPPED_V1 = ("weights_file",)  # named a file that is not in the export
-FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "lengths", "max_positions")
+FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "lengths", "max_positions", "weights")
+WEIGHTS = "weights"  # the key of the weights file's hash in ``sha256``
 SEQUENCE = "sequence"
 SYMBOLS = {
     BATCH: "sequences run together (>= 1); the same for every input and output of one call",
@@ -235,6 +236,7 @@ class Manifest:
     prefill_piece: int = PREFILL_PIECE
     lengths: str | None = None  # the ragged prefill graph's per-row lengths input, int64 [batch]; None: no such input
     max_positions: int | None = None  # the context limit the model declares (positions per sequence); None: none
+    weights: dict[str, Any] | None = None  # {"file", "bytes"}: the graphs' one external-data file; None: weights inside each graph
     read_from: str = field(default=FORMAT, compare=False)  # the format the manifest was read in (edgelin/1 is upgraded)
 
     def __post_init__(self) -> None:
@@ -258,14 +260,35 @@ class Manifest:
                         [s.to_dict() for s in self.states], self.lengths)
 
     def with_hashes(self, export_dir: str | Path) -> "Manifest":
-        """This manifest with the sha256 of the graph files in ``export_dir``."""
-        return replace(self, sha256={g: file_sha256(Path(export_dir) / self.graphs[g]) for g in GRAPHS})
+        """This manifest with the sha256 of the graph files (and the weights file) in ``export_dir``."""
+        hashes = {g: file_sha256(Path(export_dir) / self.graphs[g]) for g in GRAPHS}
+        if self.weights is not None:
+            hashes[WEIGHTS] = file_sha256(Path(export_dir) / self.weights["file"])
+        return replace(self, sha256=hashes)
+
+    def weights_problems(self, export_dir: str | Path, *, hashes: bool = True) -> list[str]:
+        """What is wrong with the weights file: missing, of another size than the manifest says (truncated, or
+        another export's), or (``hashes``) of another sha256. None when the weights are inside the graphs."""
+        if self.weights is None:
+            return []
+        path = self.weights_path(export_dir)
+        name = self.weights["file"]
+        if not path.is_file():
+            return [f"it lacks {name}, the weights file named in edgelin.json (copy the whole export folder, or re-export the model)"]
+        size = path.stat().st_size
+        if size != self.weights["bytes"]:
+            return [f"{name} is {size:,} bytes but edgelin.json says {self.weights['bytes']:,} (truncated, or the weights of "
+                    "another export); copy the whole export folder again, or re-export the model"]
+        if hashes and self.sha256 is not None and file_sha256(path) != self.sha256[WEIGHTS]:
+            return [f"{name} is not the weights file edgelin.json describes (its sha256 differs: the weights of another export, "
+                    "or changed since); re-export the model"]
+        return []
 
     def file_problems(self, export_dir: str | Path) -> list[str]:
-        """Graph files whose sha256 differs from the manifest's (none when the manifest has no hashes)."""
+        """Graph and weights files whose sha256 differs from the manifest's (none when the manifest has no hashes)."""
         if self.sha256 is None:
             return []
-        problems = []
+        problems = self.weights_problems(export_dir)
         for g in GRAPHS:
             path = self.graph_path(export_dir, g)
             if not path.is_file():
@@ -297,6 +320,7 @@ class Manifest:
             "prefill_piece": self.prefill_piece,
             **({} if self.lengths is None else {"lengths": self.lengths}),  # absent: written exactly as before
             **({} if self.max_positions is None else {"max_positions": self.max_positions}),
+            **({} if self.weights is None else {"weights": dict(self.weights)}),
             "states": [s.to_dict() for s in self.states],
             "vocab_size": self.vocab_size,
             "tokenizer": dict(self.tokenizer),
@@ -345,6 +369,14 @@ class Manifest:
                 raise ManifestError(f"{where}: graphs.{g} is {_short(d['graphs'][g])}; a graph must be a plain file name inside the export folder")
         if d["graphs"]["prefill"] == d["graphs"]["decode"]:
             raise ManifestError(f"{where}: 'graphs' names one file, {d['graphs']['prefill']!r}, for both graphs; re-export the model")
+        weights = d.get("weights")
+        if weights is not None:
+            if not plain_file_name(weights["file"]) or weights["file"] in d["graphs"].values() or weights["file"] == MANIFEST_FILE:
+                raise ManifestError(f"{where}: weights.file is {_short(weights['file'])}; it must be a plain file name inside the export "
+                                    "folder, other than the graphs and edgelin.json -- re-export the model")
+            weights = {"file": weights["file"], "bytes": _int(weights["bytes"])}
+        if hashes_given and (WEIGHTS in d["sha256"]) != (weights is not None):
+            raise ManifestError(f"{where}: sha256.weights must be given exactly when 'weights' is; re-export the model")
         states = []
         for i, s in enumerate(d["states"]):
             s = dict(s, shape=[_int(x) for x in s["shape"]])
@@ -371,7 +403,7 @@ class Manifest:
             precision=d["precision"], edgelin_version=d["edgelin_version"], source=d["source"], extra=extra,
             sha256=dict(d["sha256"]) if hashes_given else None, logits_dtype=logits_dtype,
             min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]), lengths=lengths,
-            max_positions=None if d.get("max_positions") is None else _int(d["max_positions"]),
+            max_positions=None if d.get("max_positions") is None else _int(d["max_positions"]), weights=weights,
         )
         for g in GRAPHS:
             if not json_equal(d["io"][g], m.io(g)):
@@ -418,14 +450,20 @@ class Manifest:
 
     def graph_path(self, export_dir: str | Path, graph: str) -> Path:
         """The file of ``graph`` in ``export_dir``; ManifestError if it (through a symbolic link) lies outside."""
-        export_dir = Path(export_dir)
-        path = export_dir / self.graphs[graph]
-        real = Path(os.path.realpath(path))
-        if real.parent != Path(os.path.realpath(export_dir)):
-            raise ManifestError(
-                f"{path} leads outside the export folder (to {real}); a graph must be a file inside {export_dir}"
-            )
-        return path
+        return _inside(export_dir, self.graphs[graph], "a graph")
+
+    def weights_path(self, export_dir: str | Path) -> Path:
+        """The weights file in ``export_dir`` (only when the manifest has one); ManifestError if it leads outside."""
+        return _inside(export_dir, self.weights["file"], "the weights")
+
+
+def _inside(export_dir: str | Path, name: str, what: str) -> Path:
+    export_dir = Path(export_dir)
+    path = export_dir / name
+    real = Path(os.path.realpath(path))
+    if real.parent != Path(os.path.realpath(export_dir)):
+        raise ManifestError(f"{path} leads outside the export folder (to {real}); {what} must be a file inside {export_dir}")
+    return path
 
 
 def implied_io(graph: str, input_ids: str, logits: str, logits_dtype: str, vocab: int, states: list[dict], lengths: str | None) -> dict[str, list]:

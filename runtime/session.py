@@ -67,11 +67,13 @@ class Session:
         False runs ``InferenceSession.run`` with numpy feeds. Can be changed between runs.
     cuda_device: the CUDA device id.
     log_severity: ONNX Runtime's log level for the sessions (0 verbose ... 4 fatal).
-    check_hashes: True (default) reads both graph files once at load and refuses any whose sha256 differs
-        from the manifest's (a graph from another export copied in runs otherwise, and gives other text);
+    check_hashes: True (default) reads both graph files and the weights file once at load and refuses any
+        whose sha256 differs from the manifest's (a graph from another export copied in runs otherwise, and
+        gives other text);
         that costs one read of the files: about 1 s per GiB on a loaded 2-core AMD EPYC (sha256 itself
         0.6-0.9 s per GiB there), so about 3 s for a 3 GB export.
-        False skips it (the structure and embedded-manifest checks still run).
+        False skips it (the structure and embedded-manifest checks still run, and the weights file must
+        have the size the manifest gives).
     """
 
     def __init__(
@@ -100,10 +102,11 @@ class Session:
         for graph, path in paths.items():
             if not path.is_file():
                 raise ManifestError(f"{self.export_dir} lacks {path.name}, the {graph} graph named in edgelin.json; re-export the model")
-        if check_hashes:  # the graphs are the files the manifest names, not others of the same name
-            problems = self.manifest.file_problems(self.export_dir)
-            if problems:
-                raise ManifestError(f"{self.export_dir}: {'; '.join(problems)}")
+        # the graphs (and their weights) are the files the manifest names, not others of the same name; without
+        # the hashes, at least the weights file's size (a truncated copy would load and compute garbage)
+        problems = self.manifest.file_problems(self.export_dir) if check_hashes else self.manifest.weights_problems(self.export_dir, hashes=False)
+        if problems:
+            raise ManifestError(f"{self.export_dir}: {'; '.join(problems)}")
         if save_optimized is not None:  # ONNX Runtime writes these files itself: check them as edgelin's own writes
             folder = check_output_folder(save_optimized, "folder for the optimised graphs")
             for g in GRAPHS:
