@@ -33,7 +33,7 @@ ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-th
 ORT_PACKAGE = "onnxruntime-web"
 ORT_ENV = "EDGELIN_ORT_WEB"
 MIME = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm", ".json": "application/json",
-        ".onnx": "application/octet-stream", ".html": "text/html; charset=utf-8"}
+        ".onnx": "application/octet-stream", ".data": "application/octet-stream", ".html": "text/html; charset=utf-8"}
 
 
 def web_dir() -> Path:
@@ -158,6 +158,8 @@ def write_site(
         (tmp / "export").mkdir()
         for g in GRAPHS:
             shutil.copyfile(manifest.graph_path(export_dir, g), tmp / "export" / manifest.graphs[g])
+        if manifest.weights is not None:  # fetched once by the page, handed to both sessions
+            shutil.copyfile(manifest.weights_path(export_dir), tmp / "export" / manifest.weights["file"])
         site_manifest = manifest if manifest.sha256 is not None else manifest.with_hashes(tmp / "export")
         (tmp / "export" / MANIFEST_FILE).write_text(site_manifest.to_json(), encoding="utf-8")
         (tmp / "ort").mkdir()

@@ -305,7 +305,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 def export_files(folder: Path) -> list[str] | str:
     """The entries of ``folder`` if it is an export edgelin wrote and nothing changed since -- recognised by
     content, not names: an ``edgelin.json`` of edgelin's format with graph hashes (``sha256``), and every
-    other entry a file it names (a graph or a tokenizer file) whose sha256 is the one it records. Otherwise
+    other entry a file it names (a graph, the weights or a tokenizer file) whose sha256 is the one it records. Otherwise
     the reason, naming the first entry that is not edgelin's."""
     try:
         entries = sorted(os.listdir(folder))
@@ -327,6 +327,9 @@ def export_files(folder: Path) -> list[str] | str:
             known[name] = hashes.get(role)
     if isinstance(tok, dict) and isinstance(tok.get("files"), dict):
         known.update({k: v for k, v in tok["files"].items() if isinstance(k, str)})
+    weights = manifest.get("weights")
+    if isinstance(weights, dict) and isinstance(weights.get("file"), str):
+        known[weights["file"]] = hashes.get("weights")
     for name in entries:
         if name == MANIFEST_FILE:
             continue

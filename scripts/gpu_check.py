@@ -70,7 +70,7 @@ def main() -> int:
         if run.returncode:
             print(run.stdout + run.stderr)
             return 2
-        size = sum(p.stat().st_size for p in export_dir.glob("*.onnx"))
+        size = sum(p.stat().st_size for p in export_dir.iterdir() if p.suffix in (".onnx", ".data"))
         report = out / f"validate-{precision}.json"
         run = edgelin("validate", str(export_dir), "--providers", "cpu,cuda", "--json", str(report))
         print(run.stdout[-3000:] + run.stderr[-2000:])

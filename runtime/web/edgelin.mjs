@@ -1,4 +1,4 @@
-// edgelin.mjs: run an edgelin export (edgelin.json + prefill.onnx + decode.onnx) in JavaScript.
+// edgelin.mjs: run an edgelin export (edgelin.json + prefill.onnx + decode.onnx + weights.data) in JavaScript.
 //
 // One ES module, no dependencies: the caller passes in the ONNX Runtime object -- onnxruntime-web in a
 // browser, onnxruntime-node in node. Everything (names, dtypes, shapes, state layout, tokenizer, the
@@ -38,6 +38,8 @@ export class EdgelinError extends Error {
 }
 
 // ---- the manifest ---------------------------------------------------------------------------------
+const plainName = (f) => typeof f === "string" && f !== "" && f !== "." && f !== ".." && !/[\/\\\0]/.test(f);
+
 /** Check what this runtime relies on in an edgelin/2 manifest; throws EdgelinError with one line. */
 export function checkManifest(m) {
   const fail = (what) => { throw new EdgelinError(`edgelin.json: ${what}; re-export the model with edgelin`); };
@@ -50,8 +52,13 @@ export function checkManifest(m) {
   }
   for (const g of GRAPHS) {
     const f = m.graphs[g];
-    if (typeof f !== "string" || !f || f === "." || f === ".." || /[\/\\\0]/.test(f)) fail(`graphs.${g} must be a plain file name`);
+    if (!plainName(f)) fail(`graphs.${g} must be a plain file name`);
     if (!m.io[g] || !Array.isArray(m.io[g].inputs) || !Array.isArray(m.io[g].outputs)) fail(`io.${g} must list inputs and outputs`);
+  }
+  if (m.weights !== undefined) {
+    const w = m.weights;
+    if (w === null || typeof w !== "object" || !plainName(w.file)) fail("weights.file must be a plain file name");
+    if (!Number.isInteger(w.bytes) || w.bytes < 0) fail("weights.bytes must be a non-negative integer");
   }
   if (!Number.isInteger(m.vocab_size) || m.vocab_size < 1) fail("'vocab_size' must be a positive integer");
   if (!Number.isInteger(m.prefill_piece) || m.prefill_piece < 1) fail("'prefill_piece' must be a positive integer");
@@ -379,6 +386,8 @@ function reader(source) {
  * options: `sessionOptions` (passed to ort.InferenceSession.create, e.g. {executionProviders: ["wasm"],
  * intraOpNumThreads: 1}), `verify` (default true: check each graph file's sha256 against the manifest
  * where crypto.subtle exists).
+ * An export whose manifest names a `weights` file (ONNX external data shared by both graphs) has it read
+ * once and handed to both sessions (ONNX Runtime's `externalData` option); its size is always checked.
  */
 export async function loadExport(ort, source, { sessionOptions = {}, verify = true } = {}) {
   const read = reader(source);
@@ -390,16 +399,29 @@ export async function loadExport(ort, source, { sessionOptions = {}, verify = tr
     throw new EdgelinError(`cannot read edgelin.json: ${err.message}`);
   }
   checkManifest(manifest);
+  const checkHash = async (name, bytes, want) => {
+    if (!verify || !want) return;
+    const got = await sha256Hex(bytes);
+    if (got !== null && got !== want) {
+      throw new EdgelinError(`${name} is not the file edgelin.json describes (its sha256 differs); re-export the model`);
+    }
+  };
+  let externalData = [];
+  if (manifest.weights) {
+    const { file, bytes: size } = manifest.weights;
+    const weights = await read(file);
+    if (weights.byteLength !== size) {
+      throw new EdgelinError(`${file} is ${weights.byteLength} bytes but edgelin.json says ${size} (truncated, or the weights of another export); copy the whole export folder again`);
+    }
+    await checkHash(file, weights, manifest.sha256 && manifest.sha256.weights);
+    externalData = [{ path: file, data: weights }];
+  }
   const sessions = {};
   for (const g of GRAPHS) {
     const bytes = await read(manifest.graphs[g]);
-    if (verify && manifest.sha256) {
-      const got = await sha256Hex(bytes);
-      if (got !== null && got !== manifest.sha256[g]) {
-        throw new EdgelinError(`${manifest.graphs[g]} is not the file edgelin.json describes (its sha256 differs); re-export the model`);
-      }
-    }
-    sessions[g] = await ort.InferenceSession.create(bytes, { graphOptimizationLevel: "all", ...sessionOptions });
+    await checkHash(manifest.graphs[g], bytes, manifest.sha256 && manifest.sha256[g]);
+    const files = externalData.length ? { externalData } : {};
+    sessions[g] = await ort.InferenceSession.create(bytes, { graphOptimizationLevel: "all", ...sessionOptions, ...files });
     const missing = [
       ...manifest.io[g].inputs.filter((t) => !sessions[g].inputNames.includes(t.name)),
       ...manifest.io[g].outputs.filter((t) => !sessions[g].outputNames.includes(t.name)),

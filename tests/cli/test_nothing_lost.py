@@ -456,7 +456,7 @@ EXP_FORCE = ["export", "models/ckpt", "-o", "export", "--force"]
 FORCE_CASES = {
     "export/user-json-in-export": Case(EXP_FORCE, "notes.json is not a file its edgelin.json names", user_file("export/notes.json", b'{"mine": 1}\n')),
     "export/user-onnx-in-export": Case(EXP_FORCE, "mine.onnx is not a file its edgelin.json names", user_file("export/mine.onnx", b"\x08\x07")),
-    "export/user-data-in-export": Case(EXP_FORCE, "weights.data is not a file", user_file("export/weights.data", b"\x00" * 16)),
+    "export/user-data-in-export": Case(EXP_FORCE, "embeddings.data is not a file", user_file("export/embeddings.data", b"\x00" * 16)),
     "export/graph-edited-since": Case(EXP_FORCE, "decode.onnx is not the file its edgelin.json records", append_to("export/decode.onnx", b"\x00")),
     "export/manifest-only-starts-with-edgelin": Case(["export", "models/ckpt", "-o", "fake", "--force"], "records no graph hashes",
                                                     export_folder_like("fake", b'{"format": "edgelin/9"}', {"thesis.onnx": b"years of work"})),

@@ -79,7 +79,7 @@ def test_reexport_is_byte_identical(exported, tmp_path):
     ckpt = save_checkpoint(model, tmp_path / "ckpt")
     a = export(ckpt, tmp_path / "a", chunk_size=8, check=False)
     b = export(ckpt, tmp_path / "b", chunk_size=8, check=False)
-    for name in ("prefill.onnx", "decode.onnx", "edgelin.json"):
+    for name in ("prefill.onnx", "decode.onnx", "weights.data", "edgelin.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert a.manifest.source == b.manifest.source == weights_sha256(ckpt)
     assert a.manifest.extra["chunk_size"] == 8 and a.manifest.model["chunk_size"] == 8
