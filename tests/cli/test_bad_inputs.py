@@ -114,6 +114,22 @@ def swap_graphs(w: Path) -> None:
     os.replace(e / "tmp.onnx", e / "decode.onnx")
 
 
+def remove_weights(w: Path) -> None:
+    (w / "export" / "weights.data").unlink()
+
+
+def truncate_weights(w: Path) -> None:
+    path = w / "export" / "weights.data"
+    os.truncate(path, path.stat().st_size - 4096)
+
+
+def change_weights(w: Path) -> None:
+    with open(w / "export" / "weights.data", "r+b") as f:  # one byte of the embedding, the first tensor stored
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
 def state_npy(w: Path) -> None:
     np.save(w / "state.npy", np.zeros(3, np.float32))
 
@@ -237,6 +253,9 @@ CASES = {
     "generate/state-header-format": Case(["generate", EX, "-p", "Hi", "--state-in", "state.npz", "--provider", "cpu"], "state format", state_header({"format": 3})),
     "generate/state-nan": Case(["generate", EX, "-p", "Hi", "--state-in", "state.npz", "--provider", "cpu"], "NaN", state_nan),
     "generate/graphs-swapped": Case(["generate", EX, "-p", "Hi", "--provider", "cpu"], "is the decode graph", swap_graphs),
+    "generate/weights-missing": Case(["generate", EX, "-p", "Hi", "--provider", "cpu"], "lacks weights.data", remove_weights),
+    "generate/weights-truncated": Case(["generate", EX, "-p", "Hi", "--provider", "cpu"], "bytes but edgelin.json says", truncate_weights),
+    "generate/weights-changed": Case(["generate", EX, "-p", "Hi", "--provider", "cpu"], "is not the weights file edgelin.json describes", change_weights),
     "generate/graph-symlink-outside": Case(["generate", EX, "-p", "Hi", "--provider", "cpu"], "leads outside the export folder", outside_graph),
     "generate/graph-dotdot": Case(["generate", EX, "-p", "Hi"], "plain file name", edit_manifest(lambda d: d["graphs"].update(decode="../x.onnx"))),
     "generate/init-nan": Case(["generate", EX, "-p", "Hi"], "not valid JSON", None),  # replaced below

@@ -121,6 +121,15 @@ test("bad input is refused with an EdgelinError", { skip: why ?? false }, async 
     return bytes;
   });
   await assert.rejects(edgelin.loadExport(ort, tampered), /sha256 differs/);
+  // the weights file: truncated (refused by its size, hash check or not), or changed (refused by its hash)
+  const weights = (change) => (name) => readFile(join(c.dir, name)).then((b) => {
+    const bytes = new Uint8Array(b);
+    return name === "weights.data" ? change(bytes) : bytes;
+  });
+  const truncated = weights((b) => b.subarray(0, b.length - 1));
+  await assert.rejects(edgelin.loadExport(ort, truncated), /weights\.data is \d+ bytes but edgelin\.json says/);
+  await assert.rejects(edgelin.loadExport(ort, truncated, { verify: false }), /weights\.data is \d+ bytes but edgelin\.json says/);
+  await assert.rejects(edgelin.loadExport(ort, weights((b) => { b[0] ^= 1; return b; })), /weights\.data is not the file edgelin\.json describes/);
 });
 
 test("float16 bits round-trip", { skip: false }, () => {

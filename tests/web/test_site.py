@@ -22,7 +22,7 @@ def tiny_export(exported):
 def test_the_site_holds_page_module_export_and_ort(tiny_export, ort_web, tmp_path):
     r = write_site(tiny_export, tmp_path / "site", ort_web=ort_web)
     names = set(r.files)
-    assert {"index.html", "edgelin.mjs", "export/edgelin.json", "export/prefill.onnx", "export/decode.onnx",
+    assert {"index.html", "edgelin.mjs", "export/edgelin.json", "export/prefill.onnx", "export/decode.onnx", "export/weights.data",
             "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", "ort/ort-wasm-simd-threaded.mjs"} == names
     assert site_files(r.out_dir) is not None
     m = json.loads((r.out_dir / "export" / "edgelin.json").read_text())
