@@ -114,3 +114,12 @@ def test_a_copy_of_the_folder_runs_like_the_original(exported, tmp_path):
     ids = np.arange(20, dtype=np.int64)[None] % 256
     a, b = load(src, provider="cpu"), load(out, provider="cpu")
     np.testing.assert_array_equal(a.prefill(ids, a.new_state()), b.prefill(ids, b.new_state()))
+
+
+def test_without_prepacking_the_sessions_compute_the_same(exported):
+    _, out = exported("elu+1")
+    ids = np.arange(40, dtype=np.int64)[None] % 256
+    a, b = load(out, provider="cpu"), load(out, provider="cpu", prepack=False)
+    sa, sb = a.new_state(), b.new_state()
+    np.testing.assert_allclose(a.prefill(ids, sa), b.prefill(ids, sb), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(a.decode(np.array([[7]]), sa), b.decode(np.array([[7]]), sb), rtol=0, atol=1e-5)
