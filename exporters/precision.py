@@ -209,10 +209,31 @@ def _weights_by_matmul(proto: onnx.ModelProto) -> tuple[list[str], list[str]]:
     return const, other
 
 
+def _tied_tables(proto: onnx.ModelProto) -> dict[str, str]:
+    """Transpose outputs that are a Gather's constant table transposed (a tied head's weight) -> the table."""
+    inits = {i.name for i in proto.graph.initializer}
+    tables = {n.input[0] for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in inits}
+    return {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Transpose" and n.input[0] in tables}
+
+
 def _kept_matmuls(proto: onnx.ModelProto, why: str) -> list[str]:
-    """MatMuls a quantiser left in fp32, each with the reason."""
+    """MatMuls a quantiser left in fp32, each with the reason, and the embedding tables (Gathers are not
+    quantised), each said to be shared with a tied head only where the graph does read it as one."""
     const, other = _weights_by_matmul(proto)
-    return [f"MatMul {n} (fp32: {why})" for n in const] + [f"MatMul {n} (fp32: no constant weight: the tied head, or a product with the state)" for n in other]
+    tied = _tied_tables(proto)
+    inputs = {n.name: n.input[1] for n in proto.graph.node if n.op_type == "MatMul"}
+    kept = [f"MatMul {n} (fp32: {why})" for n in const]
+    kept += [f"MatMul {n} (fp32: " + ("the tied head: its weight is the embedding, transposed in the graph)" if inputs[n] in tied
+                                     else "no constant weight: a product of two computed tensors, e.g. with the state)") for n in other]
+    inits = {i.name for i in proto.graph.initializer}
+    for table in sorted({n.input[0] for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in inits and _is_float(proto, n.input[0])}):
+        shared = table in tied.values()
+        kept.append(f"embedding Gather {table} (fp32: " + ("shared with the tied head; " if shared else "") + "Gathers are not quantised)")
+    return kept
+
+
+def _is_float(proto: onnx.ModelProto, name: str) -> bool:
+    return any(i.name == name and i.data_type == onnx.TensorProto.FLOAT for i in proto.graph.initializer)
 
 
 @contextlib.contextmanager
@@ -268,7 +289,6 @@ def _int8(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Co
                          use_external_data_format=True)
         out = onnx.load(str(dst))
     note = Conversion("int8", kept=_kept_matmuls(out, "not quantised by quantize_dynamic"))
-    note.kept.append("embedding Gather (fp32: shared with the tied head; see exporters/precision.py)")
     return out, note
 
 
@@ -280,7 +300,6 @@ def _int4(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Co
         quant.process()
         out = quant.model.model
     note = Conversion("int4", kept=_kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}"))
-    note.kept.append("embedding Gather (fp32: shared with the tied head; see exporters/precision.py)")
     return out, note
 
 
