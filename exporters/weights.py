@@ -54,12 +54,18 @@ def external_files(proto: onnx.ModelProto) -> set[str]:
 def load_graph(path: Path) -> onnx.ModelProto:
     """A graph file of the export being written, with the external data it names (files beside it, never
     elsewhere: the exporter wrote them)."""
+    return _load(path)[0]
+
+
+def _load(path: Path) -> tuple[onnx.ModelProto, set[str]]:
+    """(the graph with its external data, the names of the files that data came from)."""
     proto = onnx.load(str(path), load_external_data=False)
-    for name in external_files(proto):
+    files = external_files(proto)
+    for name in files:
         if Path(name).name != name or not (path.parent / name).is_file():
             raise ExportError(f"{path.name} names external data {name!r}, which is not a file beside it")
     onnx.load_external_data_for_model(proto, str(path.parent))
-    return proto
+    return proto, files
 
 
 def save_graph(proto: onnx.ModelProto, path: Path) -> None:
@@ -79,8 +85,7 @@ def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str
     with open(path, "xb") as out:
         for fname in graph_files.values():
             gpath = folder / fname
-            proto = load_graph(gpath)
-            leftover = external_files(onnx.load(str(gpath), load_external_data=False))
+            proto, leftover = _load(gpath)
             for t in initializers(proto.graph):
                 if not t.HasField("raw_data") or len(t.raw_data) < MIN_BYTES:
                     continue
