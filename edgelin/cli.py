@@ -41,6 +41,11 @@ def _default_checkpoint(checkpoint: str | None) -> str:
     return str(path)
 
 
+BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. logits.max_rel=3e-5: kinds logits, state, "
+               "provider, long, top1, greedy, heldout; bounds max_abs, max_rel (max abs / max |reference|), rel_l2, "
+               "min_agreement, max_bpb_delta. See the README's 'Parity budgets'.")
+
+
 @main.command("export")
 @click.argument("checkpoint", required=False, type=click.Path(file_okay=True, dir_okay=True))
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write (must not exist unless --force).")
@@ -57,8 +62,10 @@ def _default_checkpoint(checkpoint: str | None) -> str:
 @click.option("--tokenizer", "tokenizer", type=click.Path(), default=None,
               help="A Hugging Face tokenizer (a folder with tokenizer.json, or the file) to export with the model "
                    "[default: CHECKPOINT's own tokenizer.json, if it has one].")
+@click.option("--budget", "budgets", multiple=True, metavar="KIND.BOUND=VALUE",
+              help=BUDGET_HELP + " The smoke check is held to it, and it is recorded in edgelin.json for validate.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -74,13 +81,15 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
       edgelin export -o out-int8/ --precision int8
       edgelin export -o out-ragged/ --ragged
       edgelin export fla-ckpt/ -o out/ --tokenizer path/to/tokenizer/
+      edgelin export my-ckpt/ -o out/ --budget logits.max_rel=3e-5
     """
+    from edgelin import parity
     from edgelin.exporters import export
 
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
         force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
-        tokenizer=tokenizer,
+        tokenizer=tokenizer, budget=parity.overrides_of(budgets),
     )
     click.echo(result.summary())
 
@@ -94,8 +103,10 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report (every number, the drift curve) here.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random token ids.")
 @click.option("--force", is_flag=True, help="Let --json replace a file that is not an earlier validate report, or one that is part of an export.")
+@click.option("--budget", "budgets", multiple=True, metavar="KIND.BOUND=VALUE",
+              help=BUDGET_HELP + " Applies over the export's own (edgelin export --budget); the report lists every bound set.")
 @user_errors
-def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force):
+def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force, budgets):
     """Check that EXPORT_DIR computes what its PyTorch checkpoint computes.
 
     \b
@@ -111,13 +122,17 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
     Examples:
       edgelin validate out/ --checkpoint ckpt/
       edgelin validate out/ --checkpoint ckpt/ --providers cpu,cuda --long 10000 --json report.json
+      edgelin validate out/ --checkpoint ckpt/ --budget logits.max_rel=3e-5 --budget top1.min_agreement=0.9
     """
+    from edgelin import parity
     from edgelin.runtime.files import check_output_file
     from edgelin.validate import REPORT_FILE, validate
 
+    overrides = parity.overrides_of(budgets)  # a bad --budget is refused before anything runs
     if json_path is not None:  # before the checks run: a bad path must not cost the report
         check_output_file(json_path, "report file", overwrite=force, ours=REPORT_FILE)
-    report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress)
+    report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress,
+                      budget=overrides)
     click.echo(report.table())
     if json_path:
         report.write_json(json_path, overwrite=force)

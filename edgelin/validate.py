@@ -53,6 +53,12 @@ class Check:
     rel_l2: float | None = None
     budget: dict[str, float] = field(default_factory=dict)
     where: str = ""  # on failure: first diverging step / layer / state, or what is wrong
+    max_rel: float | None = None  # max abs / max |reference|: the bound that scales with the logits
+
+    @classmethod
+    def of(cls, group: str, name: str, ok: bool, errors: parity.Errors, budget: dict[str, float], where: str = "") -> "Check":
+        """A numeric check from its (worst) errors."""
+        return cls(group, name, PASS if ok else FAIL, errors.max_abs, errors.rel_l2, dict(budget), where, errors.max_rel)
 
     @property
     def failed(self) -> bool:
@@ -70,6 +76,8 @@ class Report:
     heldout: dict[str, float] = field(default_factory=dict)  # bits/byte of the export and fp32 PyTorch, delta, top-1
     seconds: float = 0.0
     strict_providers: bool = True  # an unavailable provider that was asked for by name fails the run
+    budgets: dict[str, dict[str, float]] = field(default_factory=dict)  # the budgets held to (overrides included)
+    overrides: dict[str, dict[str, float]] = field(default_factory=dict)  # bounds set by the export or --budget
 
     @property
     def passed(self) -> bool:
@@ -82,14 +90,14 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         d = {"format": REPORT_FORMAT, **asdict(self)}
         d["passed"] = self.passed
-        d["budgets"] = BUDGETS[self.precision]
+        d["budgets"] = self.budgets or BUDGETS[self.precision]
         return d
 
     def table(self) -> str:
-        rows = [("group", "check", "max abs", "rel L2", "budget", "result")]
+        rows = [("group", "check", "max abs", "max rel", "rel L2", "budget", "result")]
         for c in self.checks:
             budget = " ".join(f"{k[4:]}>={v:g}" if k.startswith("min_") else f"{k}<={v:g}" for k, v in c.budget.items())
-            rows.append((c.group, c.name, _num(c.max_abs), _num(c.rel_l2), budget, c.status.upper() if c.failed else c.status))
+            rows.append((c.group, c.name, _num(c.max_abs), _num(c.max_rel), _num(c.rel_l2), budget, c.status.upper() if c.failed else c.status))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -102,6 +110,9 @@ class Report:
                 f"long stream: {int(last['step'])} steps, max abs logits error {last['max_abs']:.2e}, "
                 f"rel L2 {last['rel_l2']:.2e} at the end (drift curve in --json)"
             )
+        if self.overrides:
+            lines.append("budgets set for this export or by --budget: "
+                         + ", ".join(f"{k}.{b}={v:g}" for k, bounds in self.overrides.items() for b, v in bounds.items()))
         counts = {s: sum(c.status == s for c in self.checks) for s in (PASS, FAIL, NA)}
         verdict = "PASS" if self.passed else "FAIL"
         tail = ""
@@ -121,9 +132,9 @@ def _num(x: float | None) -> str:
     return "" if x is None else f"{x:.1e}"
 
 
-def _errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+def _errors(got: np.ndarray, ref: np.ndarray) -> parity.Errors:
     e = parity.errors(got, ref)
-    return (math.inf, math.inf) if e.nonfinite else (e.max_abs, e.rel_l2)
+    return parity.INF if e.nonfinite else e
 
 
 def _nonfinite(x: np.ndarray, what: str) -> str:
@@ -132,8 +143,12 @@ def _nonfinite(x: np.ndarray, what: str) -> str:
     return f"{what} hold {int(bad.sum())} NaN/infinite value(s)" if bad.any() else ""
 
 
-def _within(max_abs: float, rel: float, budget: dict[str, float]) -> bool:
-    return parity.within(parity.Errors(max_abs, rel), budget)
+def _within(e: parity.Errors, budget: dict[str, float]) -> bool:
+    return parity.within(e, budget)
+
+
+def _said(e: parity.Errors) -> str:
+    return f"max abs {e.max_abs:.2e} (max rel {e.max_rel:.2e}), rel L2 {e.rel_l2:.2e}"
 
 
 class _Validator:
@@ -175,15 +190,15 @@ class _Validator:
             logits = session.prefill(ids, state)
             with torch.no_grad():
                 ref, ref_state = self.model(torch.from_numpy(ids))
-            max_abs, rel = _errors(logits, ref.numpy())
+            e = _errors(logits, ref.numpy())
             state_rel, bad_state = self.compare_states(state.numpy(), ref_state, sb)
-            ok = _within(max_abs, rel, lb) and not bad_state
+            ok = _within(e, lb) and not bad_state
             where = ""
             if not ok:
-                where = _nonfinite(logits, "ORT logits") or bad_state or "logits out of budget"
-                if bad_state and _within(max_abs, rel, lb):
+                where = _nonfinite(logits, "ORT logits") or bad_state or f"logits out of budget: {_said(e)}"
+                if bad_state and _within(e, lb):
                     where += " (logits within budget)"
-            self.add(Check("prefill", f"T={T} batch={batch}", PASS if ok else FAIL, max_abs, rel, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
+            self.add(Check.of("prefill", f"T={T} batch={batch}", ok, e, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
 
     # ---- 3. decode vs PyTorch, state fed back --------------------------------------------------
     def decode_vs_torch(self, session: Session, steps: int) -> None:
@@ -192,19 +207,18 @@ class _Validator:
         ids = self.ids(batch, steps)
         state = session.new_state(batch)
         ref_state = fresh_state(self.specs, batch)
-        worst_abs = worst_rel = 0.0
-        where = ""
+        worst, where = parity.NONE, ""
         for t in range(steps):
             logits = session.decode(ids[:, t : t + 1], state)
             with torch.no_grad():
                 ref, ref_state = self.model.step(torch.from_numpy(ids[:, t : t + 1]), ref_state)
-            max_abs, rel = _errors(logits, ref.numpy())
-            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+            e = _errors(logits, ref.numpy())
+            worst = worst.worst(e)
             if not where:
                 _, bad_state = self.compare_states(state.numpy(), ref_state, sb)
-                if bad_state or not _within(max_abs, rel, lb):
-                    where = f"first diverging step {t}: " + (bad_state or f"logits max abs {max_abs:.2e}, rel L2 {rel:.2e}")
-        self.add(Check("decode", f"{steps} steps, state fed back", FAIL if where else PASS, worst_abs, worst_rel, lb, where))
+                if bad_state or not _within(e, lb):
+                    where = f"first diverging step {t}: " + (bad_state or f"logits {_said(e)}")
+        self.add(Check.of("decode", f"{steps} steps, state fed back", not where, worst, lb, where))
 
     # ---- 4. the two graphs agree ---------------------------------------------------------------
     def graphs_agree(self, session: Session) -> None:
@@ -215,27 +229,27 @@ class _Validator:
         p_state = session.new_state(2)
         p_logits = session.prefill(ids, p_state)
         d_state = session.new_state(2)
-        worst_abs = worst_rel = 0.0
-        where = ""
+        worst, where = parity.NONE, ""
         for t in range(T):
             d_logits = session.decode(ids[:, t : t + 1], d_state)
-            max_abs, rel = _errors(d_logits[:, 0], p_logits[:, t])
-            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
-            if not where and not _within(max_abs, rel, lb):
-                where = f"first diverging position {t}: logits max abs {max_abs:.2e}"
+            e = _errors(d_logits[:, 0], p_logits[:, t])
+            worst = worst.worst(e)
+            if not where and not _within(e, lb):
+                where = f"first diverging position {t}: logits {_said(e)}"
         state_rel, bad = self.compare_states(d_state.numpy(), from_numpy(self.specs, p_state.numpy()), sb)
         where = where or bad
-        self.add(Check("graphs", f"prefill({T}) == {T} decode steps", FAIL if where else PASS, worst_abs, worst_rel, lb, where))
+        self.add(Check.of("graphs", f"prefill({T}) == {T} decode steps", not where, worst, lb, where))
 
         whole_state = session.new_state(2)
         whole = session.prefill(ids, whole_state)
         split_state = session.new_state(2)
         a = session.prefill(ids[:, : C + 2], split_state)
         b = session.prefill(ids[:, C + 2 :], split_state)
-        max_abs, rel = _errors(np.concatenate([a, b], axis=1), whole)
+        e = _errors(np.concatenate([a, b], axis=1), whole)
         _, bad = self.compare_states(split_state.numpy(), from_numpy(self.specs, whole_state.numpy()), sb)
-        ok = _within(max_abs, rel, lb) and not bad
-        self.add(Check("graphs", "prefill(a); prefill(b, state) == prefill(a+b)", PASS if ok else FAIL, max_abs, rel, lb, "" if ok else (bad or "logits out of budget")))
+        ok = _within(e, lb) and not bad
+        self.add(Check.of("graphs", "prefill(a); prefill(b, state) == prefill(a+b)", ok, e, lb,
+                          "" if ok else (bad or f"logits out of budget: {_said(e)}")))
 
     def ragged_agrees(self, session: Session) -> None:
         """A ragged export (the manifest's ``lengths``): prompts of 1, C - 1, C + 1 and 3 C + 5 tokens prefilled
@@ -249,35 +263,32 @@ class _Validator:
         for ids in prompts:
             state = session.new_state(1)
             alone.append((session.prefill(ids[None], state, last_only=True), from_numpy(self.specs, state.numpy())))
-        worst_abs = worst_rel = 0.0
-        where = ""
+        worst, where = parity.NONE, ""
         for how, options in (("one call", {}), (f"grouped, in pieces of {C + 1}", {"chunk": C + 1, "max_padding": 1.25})):
             last, state = session.prefill_batch(prompts, **options)
             batched = state.numpy()
             for b, ids in enumerate(prompts):
-                max_abs, rel = _errors(last[b : b + 1], alone[b][0])
-                worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
+                e = _errors(last[b : b + 1], alone[b][0])
+                worst = worst.worst(e)
                 _, bad = self.compare_states({name: a[b : b + 1] for name, a in batched.items()}, alone[b][1], sb)
-                if not where and (bad or not _within(max_abs, rel, lb)):
-                    where = f"{how}, prompt {b} ({len(ids)} tokens): " + (bad or f"last logits max abs {max_abs:.2e}, rel L2 {rel:.2e}")
-        self.add(Check("graphs", "ragged prefill == each prompt alone (one call; grouped in pieces)", FAIL if where else PASS,
-                       worst_abs, worst_rel, lb, where))
+                if not where and (bad or not _within(e, lb)):
+                    where = f"{how}, prompt {b} ({len(ids)} tokens): " + (bad or f"last logits {_said(e)}")
+        self.add(Check.of("graphs", "ragged prefill == each prompt alone (one call; grouped in pieces)", not where, worst, lb, where))
 
     # ---- 5. providers --------------------------------------------------------------------------
     def provider_vs_cpu(self, cpu: Session, other: Session, name: str, steps: int) -> None:
         pb = self.budgets["provider"]
         ids = self.ids(2, 2 * self.chunk + 7)
         s_cpu, s_other = cpu.new_state(2), other.new_state(2)
-        max_abs, rel = _errors(other.prefill(ids, s_other), cpu.prefill(ids, s_cpu))
-        where = "" if _within(max_abs, rel, pb) else f"prefill logits max abs {max_abs:.2e}"
-        worst_abs, worst_rel = max_abs, rel
+        worst = _errors(other.prefill(ids, s_other), cpu.prefill(ids, s_cpu))
+        where = "" if _within(worst, pb) else f"prefill logits {_said(worst)}"
         nxt = self.ids(2, steps)
         for t in range(steps):
-            max_abs, rel = _errors(other.decode(nxt[:, t : t + 1], s_other), cpu.decode(nxt[:, t : t + 1], s_cpu))
-            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
-            if not where and not _within(max_abs, rel, pb):
-                where = f"first diverging decode step {t}: logits max abs {max_abs:.2e}"
-        self.add(Check("providers", f"{name} vs cpu ({steps} steps)", FAIL if where else PASS, worst_abs, worst_rel, pb, where))
+            e = _errors(other.decode(nxt[:, t : t + 1], s_other), cpu.decode(nxt[:, t : t + 1], s_cpu))
+            worst = worst.worst(e)
+            if not where and not _within(e, pb):
+                where = f"first diverging decode step {t}: logits {_said(e)}"
+        self.add(Check.of("providers", f"{name} vs cpu ({steps} steps)", not where, worst, pb, where))
 
     # ---- 6. long stream vs float64 -------------------------------------------------------------
     def long_stream(self, session: Session, steps: int) -> list[dict[str, float]]:
@@ -287,7 +298,7 @@ class _Validator:
         state = session.new_state(1)
         ref_state = fresh_state(self.specs, 1, dtype=torch.float64)
         marks = sorted({min(steps, int(round(x))) for x in np.geomspace(1, steps, 25)} | {steps})
-        curve, worst_abs, worst_rel, nonfinite, where = [], 0.0, 0.0, "", ""
+        curve, worst, nonfinite, where = [], parity.NONE, "", ""
         t0 = time.perf_counter()
         for t in range(steps):
             logits = session.decode(ids[:, t : t + 1], state)
@@ -295,19 +306,19 @@ class _Validator:
                 ref, ref_state = model64.step(torch.from_numpy(ids[:, t : t + 1]), ref_state)
             if not nonfinite and not np.isfinite(logits).all():
                 nonfinite = f"non-finite logits at step {t}"
-            max_abs, rel = _errors(logits, ref.numpy())
-            worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, rel)
-            if not where and not _within(max_abs, rel, lb):
-                where = f"first step out of budget: {t} (max abs {max_abs:.2e}, rel L2 {rel:.2e})"
+            e = _errors(logits, ref.numpy())
+            worst = worst.worst(e)
+            if not where and not _within(e, lb):
+                where = f"first step out of budget: {t} ({_said(e)})"
             if t + 1 in marks:
                 finite_states = all(np.isfinite(v).all() for v in state.numpy().values())
                 if not finite_states and not nonfinite:
                     nonfinite = f"non-finite state by step {t}"
-                curve.append({"step": t + 1, "max_abs": worst_abs, "rel_l2": worst_rel, "step_max_abs": max_abs})
+                curve.append({"step": t + 1, "max_abs": worst.max_abs, "max_rel": worst.max_rel, "rel_l2": worst.rel_l2, "step_max_abs": e.max_abs})
             if (t + 1) % 2000 == 0:
-                self.say(f"  long stream: {t + 1}/{steps} steps ({time.perf_counter() - t0:.0f} s), max abs so far {worst_abs:.2e}")
+                self.say(f"  long stream: {t + 1}/{steps} steps ({time.perf_counter() - t0:.0f} s), max abs so far {worst.max_abs:.2e}")
         where = nonfinite or where
-        self.add(Check("long", f"{steps} steps vs float64", FAIL if where else PASS, worst_abs, worst_rel, lb, where))
+        self.add(Check.of("long", f"{steps} steps vs float64", not where, worst, lb, where))
         return curve
 
     # ---- 7. behaviour --------------------------------------------------------------------------
@@ -484,18 +495,31 @@ def validate(
     threads: int = 1,
     progress: Progress | None = None,
     heldout_bytes: int = 8192,
+    budget=None,
 ) -> Report:
     """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a model that follows
     edgelin.protocol, or None = the bundled model).
 
     The comparisons run token by token on small tensors, where one thread is fastest (and extra threads
     only contend): torch and the ONNX Runtime sessions use ``threads`` (default 1) while this runs.
+
+    ``budget``: bounds to hold the export to instead of edgelin's for its precision, as {kind: {bound:
+    value}} or ``KIND.BOUND=VALUE`` strings (``edgelin.parity.parse_override``); they apply over those the
+    export was made with (``edgelin export --budget``, the manifest's ``parity_budgets``). The report
+    records every bound it held and which were set.
     """
     with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1):
-        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes)
+        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget)
 
 
-def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192) -> Report:
+def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """(the budgets an export is held to, the bounds set over edgelin's): edgelin's for the precision, then
+    the export's own ``parity_budgets``, then ``budget`` (a mapping or ``KIND.BOUND=VALUE`` strings)."""
+    given = parity.overrides_of(budget) if budget is None or isinstance(budget, (list, tuple)) else budget
+    return parity.held(manifest.precision, manifest.extra.get("parity_budgets"), given)
+
+
+def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192, budget=None) -> Report:
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
@@ -504,9 +528,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         check_int(name, value, low=low, high=high, error=EdgelinError)
     export_dir = Path(export_dir)
     manifest = Manifest.load(export_dir)
-    if manifest.precision not in BUDGETS:
-        raise EdgelinError(f"no parity budget for precision {manifest.precision!r}; known: {', '.join(BUDGETS)}")
-    budgets = BUDGETS[manifest.precision]
+    budgets, overrides = budgets_for(manifest, budget)
     in_memory = isinstance(checkpoint, torch.nn.Module)
     if in_memory:
         protocol.check_model(checkpoint)
@@ -519,7 +541,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         model = model.with_chunk_size(chunk).eval()
 
     report = Report(str(export_dir), str(ckpt_path or "<in-memory model>"), manifest.precision, {},
-                    strict_providers=providers != "auto")
+                    strict_providers=providers != "auto", budgets=budgets, overrides=overrides)
     say("structure ...")
     for c in check_structure(export_dir, manifest, ckpt_path, model):
         report.checks.append(c)
@@ -583,4 +605,4 @@ def _parse_providers(providers: str | list[str]) -> list[str]:
     return ["cpu"] + [n for n in names if n != "cpu"]
 
 
-__all__ = ["BUDGETS", "Check", "Report", "check_structure", "validate"]
+__all__ = ["BUDGETS", "Check", "Report", "budgets_for", "check_structure", "validate"]

@@ -78,7 +78,8 @@ def main() -> int:
         cuda_state = data.get("providers", {}).get("cuda", "not run")
         provider_check = next((c for c in data.get("checks", []) if c["group"] == "providers" and c["name"].startswith("cuda")), None)
         row = {"precision": precision, "size_mb": size / 1e6, "validate": "PASS" if data.get("passed") else "FAIL",
-               "cuda": cuda_state, "cuda_vs_cpu_max_abs": provider_check and provider_check["max_abs"]}
+               "cuda": cuda_state, "cuda_vs_cpu_max_abs": provider_check and provider_check["max_abs"],
+               "cuda_vs_cpu_max_rel": provider_check and provider_check.get("max_rel")}
         if cuda_state == "active":
             row.update(time_cuda(export_dir))
         rows.append(row)

@@ -99,7 +99,7 @@ def test_refuses_to_overwrite_without_force(exported, tmp_path):
 
 def test_failed_export_leaves_nothing(exported, tmp_path, monkeypatch):
     model, _ = exported("elu+1")
-    monkeypatch.setattr(export_impl, "_smoke_check", lambda *a: {"prefill": Errors(1.0, 0.5), "decode": Errors(0.0, 0.0)})
+    monkeypatch.setattr(export_impl, "_smoke_check", lambda *a: {"prefill": Errors(1.0, 0.5, 0, 0.1), "decode": Errors(0.0, 0.0, 0, 0.0)})
     out = tmp_path / "out"
     with pytest.raises(ExportError, match="smoke check failed: prefill max abs error 1.00e\\+00"):
         export(model, out)

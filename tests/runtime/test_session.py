@@ -8,10 +8,10 @@ from edgelin.errors import RuntimeInputError
 from edgelin.parity import BUDGETS
 from edgelin.state import from_numpy
 from edgelin.runtime import load
-from testkit import rel_l2
+from testkit import assert_within, rel_l2
 
 # ORT vs PyTorch, fp32: the project's logits budget
-PARITY_ABS = BUDGETS["fp32"]["logits"]["max_abs"]
+LOGITS = BUDGETS["fp32"]["logits"]
 # chunked vs one-shot prefill of the same graph: the budget, not to be loosened
 CHUNK_ABS, CHUNK_REL_L2 = 1e-4, 1e-5
 
@@ -30,14 +30,14 @@ def test_prefill_then_decode_match_pytorch(tiny):
     with torch.no_grad():
         ref, ref_state = model(torch.from_numpy(ids))
     assert logits.shape == (2, 37, 256) and logits.dtype == np.float32
-    assert np.abs(logits - ref.numpy()).max() <= PARITY_ABS
+    assert_within(logits, ref.numpy(), LOGITS, "logits")
     for step in range(5):
         nxt = ids[:, step:step + 1]
         logits = session.decode(nxt, state)  # [2, 1, V]
         with torch.no_grad():
             ref, ref_state = model.step(torch.from_numpy(nxt), ref_state)
         assert logits.shape == (2, 1, 256)
-        assert np.abs(logits - ref.numpy()).max() <= PARITY_ABS
+        assert_within(logits, ref.numpy(), LOGITS, "logits")
     for name, t in torch_state(state, model).items():
         np.testing.assert_allclose(t.numpy(), ref_state[name].numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -117,8 +117,8 @@ def test_a_long_prefill_then_decode_matches_pytorch(tiny):
     with torch.no_grad():
         ref, ref_state = model(torch.from_numpy(ids))
         ref_next, _ = model.step(torch.tensor([[7]]), ref_state)
-    assert np.abs(last - ref[:, -1].numpy()).max() <= PARITY_ABS
-    assert np.abs(session.decode([7], state) - ref_next.numpy()).max() <= PARITY_ABS
+    assert_within(last, ref[:, -1].numpy(), LOGITS, "logits")
+    assert_within(session.decode([7], state), ref_next.numpy(), LOGITS, "logits")
 
 
 @pytest.mark.parametrize(

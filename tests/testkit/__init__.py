@@ -31,7 +31,7 @@ def assert_within(got, ref, bounds: Mapping[str, float], what: str) -> None:
     """``got`` against ``ref`` within a parity budget (``edgelin.parity.budget(precision, kind)``)."""
     err = parity.errors(*_arrays(got, ref))
     assert parity.within(err, bounds), (
-        f"{what}: max abs {err.max_abs:.2e}, rel L2 {err.rel_l2:.2e}, {err.nonfinite} non-finite; budget {dict(bounds)}"
+        f"{what}: max abs {err.max_abs:.2e} (max rel {err.max_rel:.2e}), rel L2 {err.rel_l2:.2e}, {err.nonfinite} non-finite; budget {dict(bounds)}"
     )
 
 
