@@ -32,6 +32,7 @@ from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
+from edgelin.exporters.precision import embedding_choice
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once
 from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir
@@ -243,6 +244,7 @@ def export(
     ragged: bool = False,
     tokenizer: str | Path | None = None,
     budget: dict[str, dict[str, float]] | None = None,
+    embedding: str | None = None,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -261,10 +263,14 @@ def export(
 
     ``budget``: parity bounds of the user's own, {kind: {bound: value}} (``edgelin.parity``), in place of
     edgelin's for the precision: the smoke check is held to them and the manifest records them
-    (``parity_budgets``), so that ``edgelin validate`` holds the export to the same."""
+    (``parity_budgets``), so that ``edgelin validate`` holds the export to the same.
+
+    ``embedding``: how an int8 or int4 export stores the token embedding and a tied head: "int8" (the
+    default), "int4" or "fp32" (``edgelin.exporters.precision``); None for other precisions."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
     check_precision(precision, state_dtype)
+    embedding_choice(precision, embedding)  # one that does not apply is refused before any work
     budget = {k: dict(v) for k, v in (budget or {}).items()}
     smoke_bounds = parity.held(precision, budget)[0]["logits"]  # a bad bound is refused before any work
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
@@ -312,7 +318,7 @@ def export(
             say("checking the fp32 graphs (onnx.checker, full check) ...")
             for graph in GRAPH_FILES:
                 _finalize(tmp / GRAPH_FILES[graph], manifest.to_json(embedded=True), graph)
-            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say)
+            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say, embedding=embedding)
         manifest = dataclasses.replace(manifest, weights=store_once(tmp, GRAPH_FILES))
         say(f"weights stored once: {manifest.weights['file']}, {manifest.weights['bytes'] / 1e6:,.1f} MB, shared by both graphs")
         embedded_json = manifest.to_json(embedded=True)  # the graphs' copy: no hashes (a file cannot hold its own)
@@ -353,13 +359,13 @@ def export(
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types)
 
 
-def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress) -> tuple[dict, dict]:
+def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress, embedding: str | None = None) -> tuple[dict, dict]:
     """The checked fp32 graphs in ``tmp`` rewritten in ``precision``; the manifest's extra fields record
     the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
     nodes, op_types, kept = {}, {}, {}
     for graph, fname in GRAPH_FILES.items():
-        proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype)
+        proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
         save_graph(proto, tmp / fname)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))

@@ -21,12 +21,15 @@ ONNX Runtime's own tooling and writes by hand only the choice of what stays in f
     int4   4-bit symmetric block-quantised weights, block 32 (``MatMulNBitsQuantizer``: MatMulNBits, the
            op onnxruntime-genai runs on CPU), every other op in fp32.
 
-Embedding and tied head (int8, int4): they share one [vocab, d_model] matrix, read by a Gather (rows)
-and, transposed, by the head's MatMul. ONNX Runtime's MatMul quantisers need the weight as a constant
-[K, N] initializer, so quantising the head means storing a second, transposed copy; the shared fp32
-matrix is vocab * d_model * 4 bytes (256 KB for the bundled model, 2 % of its weights), less than an
-int8 copy plus the fp32 rows the Gather still needs. So both stay fp32, exact, and are reported as
-kept. The logits output stays fp32 in every precision.
+Embedding and tied head (int8, int4): a vocabulary of 250k at d_model 1024 is a quarter of a billion weights,
+read by the token embedding's Gather (rows) and, in a tied model, transposed by the head's MatMul. Both are
+block-quantised from one table (``quantise_table``: symmetric, block 32 along d_model, stored unsigned with
+zero point 2^(bits-1), the layout ONNX Runtime's com.microsoft MatMulNBits and GatherBlockQuantized read):
+the Gather becomes GatherBlockQuantized and a tied head's Transpose + MatMul becomes MatMulNBits on the same
+bytes, which the weights file stores once. The table is 8-bit by default in both precisions (``embedding``:
+"int8"; "int4" for the smallest files, "fp32" to keep it exact; see DEFAULT_EMBEDDING for why 8). An untied
+head is a MatMul with a constant weight like any other. A d_model that is not a multiple of the block keeps
+the table in fp32, said in the notes. The logits output stays fp32 in every precision.
 
 ``convert(proto, precision, state_dtype=...)`` returns the new graph and ``Conversion`` notes (what was
 kept in higher precision and why); ``state_dtypes`` gives the manifest's state dtypes.
@@ -43,7 +46,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from edgelin.errors import ExportError
 from edgelin.runtime.manifest import STATE_PREFIX, StateSpec
@@ -52,6 +57,15 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 STATE_DTYPES = ("float32", "float16")
 ACCUMULATORS = ("S", "z")  # state names (the part after "{layer}.") that are running sums
 INT4_BLOCK = 32
+TABLE_BLOCK = 32  # the embedding table's quantisation block (along d_model), int8 and int4
+EMBEDDING_BITS = {"int8": 8, "int4": 4}
+EMBEDDINGS = ("int8", "int4", "fp32")  # how an int8/int4 export stores the token embedding and a tied head
+# int8 for both quantised precisions: on the bundled model (int4 export, validate seed 0, --long 1000) a 4-bit
+# table moved the held-out bits/byte delta +0.0053 -> +0.0061, greedy agreement 52.5 -> 37.7 % and the long
+# stream's rel L2 0.42 -> 1.2 (out of the int4 budget), while an 8-bit one matched the fp32 table (+0.0050,
+# 52.5 %, 0.42); "int4" stays a choice for the smallest files
+DEFAULT_EMBEDDING = "int8"
+MS_DOMAIN = "com.microsoft"
 _STOP = {"Div"}  # the normalising division: its output is a convex mix of values, safe in fp16
 _INTEGER_OPS = {"Shape", "Size"}  # read a tensor's shape, not its values: not part of the fp32 region
 _FLOAT = onnx.TensorProto.FLOAT
@@ -216,9 +230,10 @@ def _tied_tables(proto: onnx.ModelProto) -> dict[str, str]:
     return {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Transpose" and n.input[0] in tables}
 
 
-def _kept_matmuls(proto: onnx.ModelProto, why: str) -> list[str]:
-    """MatMuls a quantiser left in fp32, each with the reason, and the embedding tables (Gathers are not
-    quantised), each said to be shared with a tied head only where the graph does read it as one."""
+def _kept_matmuls(proto: onnx.ModelProto, why: str, tables: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """MatMuls a quantiser left in fp32, each with the reason, then ``tables`` (the embedding tables
+    ``_quantise_embedding`` kept, with why), each said to be shared with a tied head only where the graph
+    does read it as one, then any other constant float table a Gather reads."""
     const, other = _weights_by_matmul(proto)
     tied = _tied_tables(proto)
     inputs = {n.name: n.input[1] for n in proto.graph.node if n.op_type == "MatMul"}
@@ -226,9 +241,12 @@ def _kept_matmuls(proto: onnx.ModelProto, why: str) -> list[str]:
     kept += [f"MatMul {n} (fp32: " + ("the tied head: its weight is the embedding, transposed in the graph)" if inputs[n] in tied
                                      else "no constant weight: a product of two computed tensors, e.g. with the state)") for n in other]
     inits = {i.name for i in proto.graph.initializer}
-    for table in sorted({n.input[0] for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in inits and _is_float(proto, n.input[0])}):
-        shared = table in tied.values()
-        kept.append(f"embedding Gather {table} (fp32: " + ("shared with the tied head; " if shared else "") + "Gathers are not quantised)")
+    noted = set()
+    for table, reason in tables:
+        noted.add(table)
+        kept.append(f"embedding Gather {table} (fp32: {reason}" + ("; shared with the tied head)" if table in tied.values() else ")"))
+    for table in sorted({n.input[0] for n in proto.graph.node if n.op_type == "Gather" and n.input[0] in inits and _is_float(proto, n.input[0])} - noted):
+        kept.append(f"Gather {table} (fp32: a table other than the token embedding, not quantised)")
     return kept
 
 
@@ -251,11 +269,11 @@ def _quiet():
 
 
 # ---- the converters ------------------------------------------------------------------------------
-def _fp32(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+def _fp32(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp32") -> tuple[onnx.ModelProto, Conversion]:
     return proto, Conversion("fp32")
 
 
-def _fp16(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+def _fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp16") -> tuple[onnx.ModelProto, Conversion]:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     _unnamed_nodes(proto.graph)
@@ -279,7 +297,93 @@ def _fp16(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Co
     return out, note
 
 
-def _int8(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+# ---- the embedding table and the tied head ------------------------------------------------------
+def quantise_table(w: np.ndarray, bits: int, block: int = TABLE_BLOCK, rows: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+    """[V, D] float -> (uint8 [V, D * bits / 8], float32 scales [V, D / block]): each block of ``block`` values
+    along D scaled by its largest |value| / (2^(bits-1) - 1), rounded, stored + 2^(bits-1) (4 bits: two per
+    byte, the even position in the low nibble). Rows are quantised ``rows`` at a time (a 250k table never
+    has a float64 copy)."""
+    V, D = w.shape
+    if D % block:
+        raise ValueError(f"d_model {D} is not a multiple of the block {block}")
+    qmax, zero = (1 << (bits - 1)) - 1, 1 << (bits - 1)
+    packed = np.empty((V, D * bits // 8), np.uint8)
+    scales = np.empty((V, D // block), np.float32)
+    for r in range(0, V, rows):
+        b = np.asarray(w[r : r + rows], np.float32).reshape(-1, D // block, block)
+        s = np.abs(b).max(-1) / qmax
+        s = np.where(s > 0, s, 1.0).astype(np.float32)
+        q = (np.clip(np.rint(b / s[..., None]), -qmax - 1, qmax).astype(np.int16) + zero).astype(np.uint8).reshape(-1, D)
+        packed[r : r + rows] = q if bits == 8 else q[:, 0::2] | (q[:, 1::2] << 4)
+        scales[r : r + rows] = s
+    return packed, scales
+
+
+def dequantise_table(packed: np.ndarray, scales: np.ndarray, bits: int, block: int = TABLE_BLOCK) -> np.ndarray:
+    """``quantise_table``'s output back to float32 [V, D]: what the graph's Gather and head compute with."""
+    V = packed.shape[0]
+    if bits == 4:
+        q = np.empty((V, packed.shape[1] * 2), np.uint8)
+        q[:, 0::2], q[:, 1::2] = packed & 0xF, packed >> 4
+    else:
+        q = packed
+    zero = 1 << (bits - 1)
+    return ((q.astype(np.float32) - zero).reshape(V, -1, block) * scales[..., None]).reshape(V, -1)
+
+
+def _quantise_embedding(proto: onnx.ModelProto, embedding: str) -> list[tuple[str, str]]:
+    """The token embedding's Gather (a constant float [V, D] table read at the graph's token ids) ->
+    GatherBlockQuantized, and each tied head reading that table transposed (Transpose [1, 0] -> MatMul) ->
+    MatMulNBits on the same bytes. Returns (table, why) for each table left in fp32, for ``_kept_matmuls``."""
+    graph = proto.graph
+    ids = graph.input[0].name
+    inits = {i.name: i for i in graph.initializer}
+    notes = []
+    for node in [n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits and n.input[1] == ids]:
+        table = inits[node.input[0]]
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if table.data_type != _FLOAT or len(table.dims) != 2 or axis != 0:
+            continue
+        V, D = table.dims
+        if embedding == "fp32" or D % TABLE_BLOCK:
+            why = "--embedding fp32" if embedding == "fp32" else f"d_model {D} is not a multiple of the block {TABLE_BLOCK}"
+            notes.append((table.name, why))
+            continue
+        bits = EMBEDDING_BITS[embedding]
+        packed, scales = quantise_table(numpy_helper.to_array(table), bits)
+        base = f"{table.name}_q{bits}"
+        graph.initializer.extend([numpy_helper.from_array(packed, base), numpy_helper.from_array(scales, f"{base}_scales")])
+        gather = helper.make_node("GatherBlockQuantized", [base, node.input[1], f"{base}_scales"], list(node.output), name=f"{node.name}_q{bits}",
+                                  domain=MS_DOMAIN, gather_axis=0, quantize_axis=1, block_size=TABLE_BLOCK, bits=bits)
+        _replace(graph, node, [gather])
+        for t in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] == table.name]:
+            perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), [1, 0])
+            heads = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] == t.output[0]] if perm == [1, 0] else []
+            if not heads:
+                continue
+            graph.initializer.extend([numpy_helper.from_array(packed.reshape(V, D // TABLE_BLOCK, -1), f"{base}_head"),
+                                      numpy_helper.from_array(scales.reshape(-1), f"{base}_head_scales")])  # the same bytes: stored once
+            for m in heads:
+                _replace(graph, m, [helper.make_node("MatMulNBits", [m.input[0], f"{base}_head", f"{base}_head_scales"], list(m.output),
+                                                     name=f"{m.name}_q{bits}", domain=MS_DOMAIN, K=D, N=V, bits=bits, block_size=TABLE_BLOCK)])
+            if not any(t.output[0] in n.input for n in graph.node):
+                graph.node.remove(t)
+        if not any(table.name in n.input for n in graph.node):
+            graph.initializer.remove(table)
+    if not any(o.domain == MS_DOMAIN for o in proto.opset_import) and any(n.domain == MS_DOMAIN for n in graph.node):
+        proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return notes
+
+
+def _replace(graph: onnx.GraphProto, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
+    """``node`` replaced in place (same position: the graph stays topologically sorted) by ``new``."""
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for k, n in enumerate(new):
+        graph.node.insert(at + k, n)
+
+
+def _int8(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with tempfile.TemporaryDirectory() as tmp, _quiet():
@@ -288,31 +392,48 @@ def _int8(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Co
         quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
                          use_external_data_format=True)
         out = onnx.load(str(dst))
-    note = Conversion("int8", kept=_kept_matmuls(out, "not quantised by quantize_dynamic"))
+    tables = _quantise_embedding(out, embedding)
+    note = Conversion("int8", kept=_kept_matmuls(out, "not quantised by quantize_dynamic", tables))
     return out, note
 
 
-def _int4(proto: onnx.ModelProto, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+def _int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     with _quiet():
         quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",))
         quant.process()
         out = quant.model.model
-    note = Conversion("int4", kept=_kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}"))
+    tables = _quantise_embedding(out, embedding)
+    note = Conversion("int4", kept=_kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables))
     return out, note
 
 
-CONVERTERS: dict[str, Callable[[onnx.ModelProto, str], tuple[onnx.ModelProto, Conversion]]] = {
+CONVERTERS: dict[str, Callable[..., tuple[onnx.ModelProto, Conversion]]] = {
     "fp32": _fp32, "fp16": _fp16, "int8": _int8, "int4": _int4,
 }
 
 
-def convert(proto: onnx.ModelProto, precision: str, *, state_dtype: str = "float32") -> tuple[onnx.ModelProto, Conversion]:
-    """One fp32 graph (prefill or decode, as the exporter writes it) in ``precision``."""
+def convert(proto: onnx.ModelProto, precision: str, *, state_dtype: str = "float32", embedding: str | None = None) -> tuple[onnx.ModelProto, Conversion]:
+    """One fp32 graph (prefill or decode, as the exporter writes it) in ``precision``. ``embedding``: how an
+    int8 or int4 export stores the token embedding and a tied head ("int8" by default, "int4", "fp32";
+    ``embedding_choice``)."""
     check_precision(precision, state_dtype)
-    return CONVERTERS[precision](proto, state_dtype)
+    return CONVERTERS[precision](proto, state_dtype, embedding_choice(precision, embedding))
 
 
-__all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "INT4_BLOCK", "PRECISIONS", "STATE_DTYPES", "accumulator_region",
-           "check_precision", "convert", "state_dtypes"]
+def embedding_choice(precision: str, embedding: str | None) -> str:
+    """The embedding storage for ``precision`` (None: the default); ExportError for one that does not apply."""
+    if precision not in ("int8", "int4"):
+        if embedding is not None:
+            raise ExportError(f"--embedding applies to int8 and int4 exports; a {precision} export stores the embedding in {precision}")
+        return precision
+    if embedding is None:
+        return DEFAULT_EMBEDDING
+    if embedding not in EMBEDDING_BITS and embedding != "fp32":
+        raise ExportError(f"embedding storage {embedding!r} is not known; choose one of {', '.join(EMBEDDINGS)}")
+    return embedding
+
+
+__all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "INT4_BLOCK", "PRECISIONS", "STATE_DTYPES", "DEFAULT_EMBEDDING", "EMBEDDINGS", "TABLE_BLOCK", "accumulator_region",
+           "check_precision", "convert", "dequantise_table", "embedding_choice", "quantise_table", "state_dtypes"]

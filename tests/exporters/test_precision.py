@@ -115,22 +115,20 @@ def test_quantised_ops_and_kept_tensors(exports, precision, op):
             if n.op_type == "MatMulNBits":
                 assert {a.name: a.i for a in n.attribute}["block_size"] == INT4_BLOCK
     kept = json.loads((out / "edgelin.json").read_text())["precision_kept"]["decode"]
-    # the notes say what the graph does: the tied head is kept in fp32 only where the graph still reads it as
-    # the embedding transposed (torch.onnx folds that Transpose into a constant for a small embedding such as
-    # this one, and the quantiser then takes the head like any other MatMul)
-    tied = any(n.op_type == "Transpose" and n.input[0] == "model.embed.weight" for n in proto.graph.node)
-    assert any(k.startswith("MatMul") and "the tied head" in k for k in kept) == tied, kept
-    assert any(k.startswith("embedding Gather") and "shared with the tied head" in k for k in kept) == tied, kept
-    assert any(k.startswith("embedding Gather model.embed.weight") for k in kept), kept
+    # the embedding is block-quantised (8-bit by default), so nothing of it is kept: no fp32 table, no fp32 head
+    assert not any("embedding" in k or "tied head" in k for k in kept), kept
+    gathers = [n for n in proto.graph.node if n.op_type == "GatherBlockQuantized"]
+    assert len(gathers) == 1 and {a.name: a.i for a in gathers[0].attribute}["bits"] == 8
+    assert "model.embed.weight" not in {i.name for i in proto.graph.initializer}
 
 
 def test_an_untied_model_is_not_said_to_have_a_tied_head(exported):
     """precision_kept tells what the graph does: an untied model's head is a quantised MatMul, and its embedding
-    Gather is kept in fp32 for being a Gather, not for a head it does not share."""
-    _, out = exported("elu+1", tie_embeddings=False, options={"precision": "int4"})
+    kept in fp32 (--embedding fp32) is said to be kept for that, not for a head it does not share."""
+    _, out = exported("elu+1", tie_embeddings=False, options={"precision": "int4", "embedding": "fp32"})
     kept = json.loads((out / "edgelin.json").read_text())["precision_kept"]["decode"]
     assert not any("tied" in k for k in kept), kept
-    assert any(k.startswith("embedding Gather") and "Gathers are not quantised" in k for k in kept), kept
+    assert "embedding Gather model.embed.weight (fp32: --embedding fp32)" in kept, kept
     proto = onnx.load(str(out / "decode.onnx"), load_external_data=False)
     heads = [n for n in proto.graph.node if n.op_type == "MatMulNBits" and {a.name: a.i for a in n.attribute}["N"] == 256]
     assert len(heads) == 1, "the untied head (N = the vocabulary) is not one block-quantised MatMul"
