@@ -1,0 +1,196 @@
+"""Real-size models on this machine: export time and peak memory per precision, files, resident memory, speed, parity.
+
+    python scripts/real_size.py lfm2-350m [--precisions fp32,int8,int4] [--threads 2] [--out docs/bench/real_size-lfm2-350m.json]
+
+Builds a random-init checkpoint with the exact published configuration of the named model (transformers' or
+fla's own classes, ``save_pretrained`` as safetensors), then for each precision, each step in a child process:
+
+- ``edgelin export CKPT -o OUT --precision P``: wall time and peak resident memory (the child's ru_maxrss);
+- the export's files on disk;
+- a fresh process loads it with ``edgelin.runtime.load`` (ONNX Runtime, CPU, ``--threads``): resident memory
+  (Pss from /proc/self/smaps_rollup) after loading, then decode ms/token at batch 1 (median of 20 steps after
+  5 warm-up steps) and prefill tokens/s at 1,024 and 4,096 tokens (one ``prefill`` call, best of 2);
+- ``edgelin validate OUT --checkpoint CKPT --steps 8``: the verdict and the worst logits errors.
+
+Random weights are not a trained model: quality measures (held-out bits/byte) do not apply, and the bundled
+model's precision budgets were set on a trained model; the parity verdict is what the budgets say of these
+weights. Linux only (it reads /proc). Needs transformers (and fla for the fla models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+# Published configurations (config.json of the released checkpoints), text model only.
+MODELS = {
+    "lfm2-350m": ("lfm2", {
+        "vocab_size": 65536, "hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "intermediate_size": 6656, "block_ff_dim": 6656, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "conv_L_cache": 3, "conv_bias": False,
+        "norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "max_position_embeddings": 128000,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
+    }),
+    "qwen3.5-0.8b": ("qwen3_5_text", {
+        "vocab_size": 248320, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 256, "intermediate_size": 3584, "linear_num_key_heads": 16, "linear_num_value_heads": 16,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 262144,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    }),
+}
+
+BUILD = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.modules["fla"] = None  # transformers' own PyTorch paths
+    import torch, transformers
+    model_type, config, folder = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(model_type, **config)
+    t = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    print(json.dumps({"params": sum(p.numel() for p in model.parameters()), "build_s": time.perf_counter() - t}))
+    """
+)
+
+MEASURE = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from edgelin.runtime import load
+    folder, threads = sys.argv[1], int(sys.argv[2])
+
+    def pss():
+        for line in open("/proc/self/smaps_rollup"):
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+
+    t = time.perf_counter()
+    session = load(folder, provider="cpu", threads=threads)
+    load_s, loaded = time.perf_counter() - t, pss()
+    rng = np.random.default_rng(0)
+    V = session.manifest.vocab_size
+    state = session.new_state(1)
+    session.prefill(rng.integers(0, V, (1, 16)), state)
+    steps = []
+    for i in range(25):
+        tok = rng.integers(0, V, (1, 1))
+        t = time.perf_counter()
+        session.decode(tok, state)
+        steps.append(time.perf_counter() - t)
+    prefill = {}
+    for T in (1024, 4096):
+        best = float("inf")
+        for _ in range(2):
+            ids = rng.integers(0, V, (1, T))
+            st = session.new_state(1)
+            t = time.perf_counter()
+            session.prefill(ids, st, last_only=True)
+            best = min(best, time.perf_counter() - t)
+        prefill[str(T)] = T / best
+    print(json.dumps({"load_s": load_s, "pss_loaded": loaded, "pss_after": pss(), "decode_ms": 1e3 * float(np.median(steps[5:])),
+                      "prefill_tok_s": prefill}))
+    """
+)
+
+
+def run_child(args: list[str], log: Path) -> tuple[int, float, int]:
+    """(exit status, wall seconds, peak resident bytes) of one child process, its output to ``log``."""
+    with open(log, "w") as out:
+        t = time.perf_counter()
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.perf_counter() - t, usage.ru_maxrss * 1024
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", choices=sorted(MODELS))
+    ap.add_argument("--precisions", default="fp32,int8,int4")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=None, help="keep the checkpoint and exports here [default: a temporary folder]")
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON record here")
+    args = ap.parse_args()
+    if not Path("/proc/self/smaps_rollup").exists():
+        print("this script reads /proc/self/smaps_rollup (Linux)", file=sys.stderr)
+        return 2
+    model_type, config = MODELS[args.model]
+    with tempfile.TemporaryDirectory() as scratch:
+        work = args.work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        ckpt = work / "ckpt"
+        record = {"model": args.model, "model_type": model_type, "config": config, "threads": args.threads, "machine": os.uname().machine,
+                  "cpus": os.cpu_count(), "rows": []}
+        if not (ckpt / "config.json").exists():
+            print(f"building a random-init {args.model} ({model_type}) ...", flush=True)
+            code, seconds, peak = run_child([sys.executable, "-c", BUILD, model_type, json.dumps(config), str(ckpt)], work / "build.log")
+            if code:
+                print((work / "build.log").read_text()[-3000:], file=sys.stderr)
+                return 1
+            built = json.loads((work / "build.log").read_text().strip().splitlines()[-1])
+            record.update(params=built["params"], build_s=seconds, build_peak_rss=peak)
+            print(f"  {built['params'] / 1e6:,.1f} M parameters in {seconds:.0f} s (peak {peak / 1e9:.2f} GB)", flush=True)
+        record["checkpoint_bytes"] = sum(p.stat().st_size for p in ckpt.iterdir())
+        for precision in args.precisions.split(","):
+            out = work / f"export-{precision}"
+            row = {"precision": precision}
+            print(f"{precision}: exporting ...", flush=True)
+            code, seconds, peak = run_child(["edgelin", "export", str(ckpt), "-o", str(out), "--precision", precision, "--force"],
+                                            work / f"export-{precision}.log")
+            row.update(export_s=seconds, export_peak_rss=peak, export_ok=code == 0)
+            if code:
+                row["error"] = (work / f"export-{precision}.log").read_text().strip().splitlines()[-1][:500]
+                print(f"  export failed: {row['error']}", flush=True)
+                record["rows"].append(row)
+                continue
+            row["files"] = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
+            print(f"  {seconds:.0f} s, peak {peak / 1e9:.2f} GB, on disk {sum(row['files'].values()) / 1e6:,.0f} MB; measuring ...", flush=True)
+            code, _, _ = run_child([sys.executable, "-c", MEASURE, str(out), str(args.threads)], work / f"measure-{precision}.log")
+            if code:
+                row["measure_error"] = (work / f"measure-{precision}.log").read_text()[-1000:]
+            else:
+                row.update(json.loads((work / f"measure-{precision}.log").read_text().strip().splitlines()[-1]))
+                print(f"  resident {row['pss_after'] / 1e9:.2f} GB, decode {row['decode_ms']:.1f} ms/token, prefill "
+                      + ", ".join(f"{k}: {v:,.0f} tok/s" for k, v in row["prefill_tok_s"].items()), flush=True)
+            report = work / f"validate-{precision}.json"
+            code, seconds, _ = run_child(["edgelin", "validate", str(out), "--checkpoint", str(ckpt), "--steps", "8", "--json", str(report),
+                                          "--force"], work / f"validate-{precision}.log")
+            row["validate_s"] = seconds
+            if report.exists():
+                data = json.loads(report.read_text())
+                numeric = [c for c in data["checks"] if c.get("max_rel") is not None]
+                row.update(parity="PASS" if data["passed"] else "FAIL", worst_max_rel=max((c["max_rel"] for c in numeric), default=None),
+                           worst_rel_l2=max((c["rel_l2"] for c in numeric), default=None),
+                           failed=[f"{c['group']}/{c['name']}" for c in data["checks"] if c["status"] == "fail"])
+            else:
+                row["parity"] = "error: " + (work / f"validate-{precision}.log").read_text().strip().splitlines()[-1][:300]
+            print(f"  validate: {row['parity']} ({seconds:.0f} s)", flush=True)
+            record["rows"].append(row)
+        if args.out:
+            args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"\n{'precision':9s} {'export s':>8s} {'peak GB':>8s} {'disk MB':>8s} {'resident GB':>11s} {'decode ms':>9s} "
+          f"{'prefill 1k':>10s} {'prefill 4k':>10s}  parity")
+    for r in record["rows"]:
+        if not r.get("export_ok"):
+            print(f"{r['precision']:9s} export failed: {r.get('error')}")
+            continue
+        p = r.get("prefill_tok_s", {})
+        print(f"{r['precision']:9s} {r['export_s']:8.0f} {r['export_peak_rss'] / 1e9:8.2f} {sum(r['files'].values()) / 1e6:8,.0f} "
+              f"{r.get('pss_after', 0) / 1e9:11.2f} {r.get('decode_ms', float('nan')):9.1f} {p.get('1024', 0):10,.0f} {p.get('4096', 0):10,.0f}  "
+              f"{r.get('parity')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
