@@ -42,7 +42,7 @@ def _default_checkpoint(checkpoint: str | None) -> str:
 
 
 BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. logits.max_rel=3e-5: kinds logits, state, "
-               "provider, long, top1, greedy, heldout; bounds max_abs, max_rel (max abs / max |reference|), rel_l2, "
+               "provider, long, top1, greedy, heldout; bounds max_abs, max_rel (max abs / max(1, max |reference|)), rel_l2, "
                "min_agreement, max_bpb_delta. See the README's 'Parity budgets'.")
 
 

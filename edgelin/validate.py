@@ -116,7 +116,7 @@ class Report:
         counts = {s: sum(c.status == s for c in self.checks) for s in (PASS, FAIL, NA)}
         verdict = "PASS" if self.passed else "FAIL"
         tail = ""
-        if self.strict_providers and counts[NA]:
+        if self.strict_providers and any(v != "active" for v in self.providers.values()):
             tail = " -- a provider named in --providers is not available"
         lines.append(f"{verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[NA]} not available ({self.seconds:.1f} s){tail}")
         return "\n".join(lines)

@@ -169,3 +169,15 @@ def test_cli_exit_codes_and_json(base, tmp_path):
         bad = runner.invoke(main, ["validate", *args])
         assert bad.exit_code == 2, (args, bad.output)
         assert bad.stderr.strip().splitlines()[-1].startswith("edgelin: error:") and message in bad.stderr
+
+
+def test_a_check_not_available_is_not_blamed_on_a_provider():
+    """A model without a byte tokenizer has no held-out text check ("n/a"): the verdict line must not say a
+    provider is missing when every provider asked for is active; it must when one is not."""
+    from edgelin.validate import NA, PASS, Check, Report
+
+    checks = [Check("prefill", "T=1 batch=1", PASS), Check("precision", "held-out text: bits/byte delta", NA, where="needs bytes")]
+    ok = Report("out", "ckpt", "fp32", {"cpu": "active"}, checks=list(checks))
+    assert ok.passed and ok.table().splitlines()[-1].startswith("PASS") and "provider" not in ok.table().splitlines()[-1]
+    missing = Report("out", "ckpt", "fp32", {"cpu": "active", "cuda": "not available: no CUDA"}, checks=list(checks))
+    assert not missing.passed and "a provider named in --providers is not available" in missing.table().splitlines()[-1]
