@@ -128,10 +128,10 @@ def exported(export_of):
 
 
 @pytest.fixture(scope="session")
-def bundled_export(export_cache):
+def bundled_exports(export_cache):
     """precision -> export dir of the bundled model (models/stdlib-linear) in that precision, smoke-checked;
     each exported once per run (about 30 s each on a quiet 2-core machine). Skips where the install has no
-    bundled model."""
+    bundled model. (``bundled_export`` is the same; a folder may override that name, as tests/web does.)"""
     from edgelin.exporters import export
     from edgelin.models import bundled_checkpoint
 
@@ -143,3 +143,8 @@ def bundled_export(export_cache):
                                 lambda folder: export(checkpoint, folder, precision=precision))
 
     return get
+
+
+@pytest.fixture(scope="session")
+def bundled_export(bundled_exports):
+    return bundled_exports

@@ -38,9 +38,9 @@ def executable(name: str, *alternatives: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def bundled_export(bundled_export):
+def bundled_export(bundled_exports):
     """The bundled model's fp32 export, the one the whole run shares (tests/conftest.py)."""
-    return bundled_export("fp32")
+    return bundled_exports("fp32")
 
 
 @pytest.fixture(scope="session")

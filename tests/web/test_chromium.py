@@ -56,6 +56,20 @@ def test_the_site_generates_the_python_runtimes_greedy_text(chromium, ort_web, b
     assert float(report["decodeTokensPerS"]) > 0
 
 
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_the_quantised_exports_run_in_the_browser(chromium, ort_web, bundled_exports, precision, tmp_path):
+    """onnxruntime-web's WASM build runs the quantised table's operators (GatherBlockQuantized, MatMulNBits with 8-bit
+    weights) and the int8 / int4 graphs: the page's greedy text is the Python runtime's."""
+    from edgelin.runtime import generate_text
+
+    export = bundled_exports(precision)
+    want = generate_text(export, PROMPT, max_new_tokens=N, provider="cpu", threads=1)["text"]
+    site = write_site(export, tmp_path / "site", ort_web=ort_web).out_dir
+    report = open_page(chromium, site, {"prompt": PROMPT, "n": N}, tmp_path / "profile")
+    assert report["state"] == "done", report["output"]
+    assert report["output"] == want
+
+
 def test_a_broken_export_shows_the_error(chromium, ort_web, bundled_export, tmp_path):
     site = write_site(bundled_export, tmp_path / "site", ort_web=ort_web).out_dir
     graph = site / "export" / "decode.onnx"
