@@ -53,7 +53,7 @@ class Check:
     rel_l2: float | None = None
     budget: dict[str, float] = field(default_factory=dict)
     where: str = ""  # on failure: first diverging step / layer / state, or what is wrong
-    max_rel: float | None = None  # max abs / max |reference|: the bound that scales with the logits
+    max_rel: float | None = None  # max abs / max(1, max |reference|): the bound that scales with the logits
 
     @classmethod
     def of(cls, group: str, name: str, ok: bool, errors: parity.Errors, budget: dict[str, float], where: str = "") -> "Check":
@@ -143,10 +143,6 @@ def _nonfinite(x: np.ndarray, what: str) -> str:
     return f"{what} hold {int(bad.sum())} NaN/infinite value(s)" if bad.any() else ""
 
 
-def _within(e: parity.Errors, budget: dict[str, float]) -> bool:
-    return parity.within(e, budget)
-
-
 def _said(e: parity.Errors) -> str:
     return f"max abs {e.max_abs:.2e} (max rel {e.max_rel:.2e}), rel L2 {e.rel_l2:.2e}"
 
@@ -192,11 +188,11 @@ class _Validator:
                 ref, ref_state = self.model(torch.from_numpy(ids))
             e = _errors(logits, ref.numpy())
             state_rel, bad_state = self.compare_states(state.numpy(), ref_state, sb)
-            ok = _within(e, lb) and not bad_state
+            ok = parity.within(e, lb) and not bad_state
             where = ""
             if not ok:
                 where = _nonfinite(logits, "ORT logits") or bad_state or f"logits out of budget: {_said(e)}"
-                if bad_state and _within(e, lb):
+                if bad_state and parity.within(e, lb):
                     where += " (logits within budget)"
             self.add(Check.of("prefill", f"T={T} batch={batch}", ok, e, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
 
@@ -216,7 +212,7 @@ class _Validator:
             worst = worst.worst(e)
             if not where:
                 _, bad_state = self.compare_states(state.numpy(), ref_state, sb)
-                if bad_state or not _within(e, lb):
+                if bad_state or not parity.within(e, lb):
                     where = f"first diverging step {t}: " + (bad_state or f"logits {_said(e)}")
         self.add(Check.of("decode", f"{steps} steps, state fed back", not where, worst, lb, where))
 
@@ -234,7 +230,7 @@ class _Validator:
             d_logits = session.decode(ids[:, t : t + 1], d_state)
             e = _errors(d_logits[:, 0], p_logits[:, t])
             worst = worst.worst(e)
-            if not where and not _within(e, lb):
+            if not where and not parity.within(e, lb):
                 where = f"first diverging position {t}: logits {_said(e)}"
         state_rel, bad = self.compare_states(d_state.numpy(), from_numpy(self.specs, p_state.numpy()), sb)
         where = where or bad
@@ -247,7 +243,7 @@ class _Validator:
         b = session.prefill(ids[:, C + 2 :], split_state)
         e = _errors(np.concatenate([a, b], axis=1), whole)
         _, bad = self.compare_states(split_state.numpy(), from_numpy(self.specs, whole_state.numpy()), sb)
-        ok = _within(e, lb) and not bad
+        ok = parity.within(e, lb) and not bad
         self.add(Check.of("graphs", "prefill(a); prefill(b, state) == prefill(a+b)", ok, e, lb,
                           "" if ok else (bad or f"logits out of budget: {_said(e)}")))
 
@@ -271,7 +267,7 @@ class _Validator:
                 e = _errors(last[b : b + 1], alone[b][0])
                 worst = worst.worst(e)
                 _, bad = self.compare_states({name: a[b : b + 1] for name, a in batched.items()}, alone[b][1], sb)
-                if not where and (bad or not _within(e, lb)):
+                if not where and (bad or not parity.within(e, lb)):
                     where = f"{how}, prompt {b} ({len(ids)} tokens): " + (bad or f"last logits {_said(e)}")
         self.add(Check.of("graphs", "ragged prefill == each prompt alone (one call; grouped in pieces)", not where, worst, lb, where))
 
@@ -281,12 +277,12 @@ class _Validator:
         ids = self.ids(2, 2 * self.chunk + 7)
         s_cpu, s_other = cpu.new_state(2), other.new_state(2)
         worst = _errors(other.prefill(ids, s_other), cpu.prefill(ids, s_cpu))
-        where = "" if _within(worst, pb) else f"prefill logits {_said(worst)}"
+        where = "" if parity.within(worst, pb) else f"prefill logits {_said(worst)}"
         nxt = self.ids(2, steps)
         for t in range(steps):
             e = _errors(other.decode(nxt[:, t : t + 1], s_other), cpu.decode(nxt[:, t : t + 1], s_cpu))
             worst = worst.worst(e)
-            if not where and not _within(e, pb):
+            if not where and not parity.within(e, pb):
                 where = f"first diverging decode step {t}: logits {_said(e)}"
         self.add(Check.of("providers", f"{name} vs cpu ({steps} steps)", not where, worst, pb, where))
 
@@ -308,7 +304,7 @@ class _Validator:
                 nonfinite = f"non-finite logits at step {t}"
             e = _errors(logits, ref.numpy())
             worst = worst.worst(e)
-            if not where and not _within(e, lb):
+            if not where and not parity.within(e, lb):
                 where = f"first step out of budget: {t} ({_said(e)})"
             if t + 1 in marks:
                 finite_states = all(np.isfinite(v).all() for v in state.numpy().values())

@@ -20,7 +20,7 @@ ONNX Runtime's own tooling and writes by hand only the choice of what stays in f
            export is made once and run on many CPUs, so it takes the range that is right on all of them.
     int4   4-bit symmetric block-quantised weights, block 32 (``MatMulNBitsQuantizer``: MatMulNBits, the
            op onnxruntime-genai runs on CPU), computing with int8 activations per block (accuracy_level 4,
-           INT4_ACCURACY); every other op in fp32.
+           ACCURACY_LEVEL); every other op in fp32.
 
 Embedding and tied head (int8, int4): a vocabulary of 250k at d_model 1024 is a quarter of a billion weights,
 read by the token embedding's Gather (rows) and, in a tied model, transposed by the head's MatMul. Both are
@@ -66,17 +66,14 @@ EMBEDDINGS = ("int8", "int4", "fp32")  # how an int8/int4 export stores the toke
 # stream's rel L2 0.42 -> 1.2 (out of the int4 budget), while an 8-bit one matched the fp32 table (+0.0050,
 # 52.5 %, 0.42); "int4" stays a choice for the smallest files
 DEFAULT_EMBEDDING = "int8"
-# MatMulNBits' accuracy_level for an 8-bit head: 4 (activations quantised to int8 per block, integer products).
-# ONNX Runtime 1.31's CPU kernel for 8-bit weights with fp32 activations (levels 0, 1) is a slow path: a 65,536 x
-# 1,024 head took 551 ms per decode step against 5.0 ms at level 4 (2 threads, AVX2; 4-bit: 14.0 ms at level 0).
-# A 4-bit head takes the int4 MatMuls' level (INT4_ACCURACY).
-HEAD_ACCURACY = {8: {"accuracy_level": 4}, 4: {"accuracy_level": 4}}
-# int4: every MatMulNBits computes with int8 activations (accuracy_level 4, quantised per block of 32). On the bundled
-# model's int4 export (1 thread, median of 200 decode steps, 3 interleaved rounds): 0.64-0.76 ms per token against
-# 1.20-1.91 ms at the default (fp32 activations); validate seed 0 --long 1000: held-out delta +0.0052 (+0.0050),
-# greedy 53.3 % (52.5 %), the long stream's rel L2 0.42 (0.42); prefill and decode then differ by rel L2 1.4e-2 (the
-# activations are quantised per call), within the int4 budget.
-INT4_ACCURACY = 4
+# MatMulNBits' accuracy_level for the quantised table's head and every int4 MatMul: 4, activations quantised to
+# int8 per block, integer products. ONNX Runtime 1.31's CPU kernel for 8-bit weights with fp32 activations (levels
+# 0, 1) is a slow path: a 65,536 x 1,024 head took 551 ms per decode step against 5.0 ms at level 4 (2 threads, AVX2;
+# 4-bit: 14.0 ms at level 0, 2.8 ms at level 4). On the bundled model's int4 export (1 thread, median of 200 decode
+# steps, 3 interleaved rounds): 0.64-0.76 ms per token against 1.20-1.91 ms at level 0; validate seed 0 --long 1000:
+# held-out delta +0.0052 (+0.0050), greedy 53.3 % (52.5 %), the long stream's rel L2 0.42 (0.42); prefill and
+# decode then differ by rel L2 1.4e-2 (the activations are quantised per call), within the int4 budget.
+ACCURACY_LEVEL = 4
 MS_DOMAIN = "com.microsoft"
 _STOP = {"Div"}  # the normalising division: its output is a convex mix of values, safe in fp16
 _INTEGER_OPS = {"Shape", "Size"}  # read a tensor's shape, not its values: not part of the fp32 region
@@ -378,7 +375,7 @@ def _quantise_embedding(proto: onnx.ModelProto, embedding: str) -> list[tuple[st
             for m in heads:
                 _replace(graph, m, [helper.make_node("MatMulNBits", [m.input[0], f"{base}_head", f"{base}_head_scales"], list(m.output),
                                                      name=f"{m.name}_q{bits}", domain=MS_DOMAIN, K=D, N=V, bits=bits, block_size=TABLE_BLOCK,
-                                                     **HEAD_ACCURACY.get(bits, {}))])
+                                                     accuracy_level=ACCURACY_LEVEL)])
             if not any(t.output[0] in n.input for n in graph.node):
                 graph.node.remove(t)
         if not any(table.name in n.input for n in graph.node):
@@ -415,7 +412,7 @@ def _int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> 
 
     with _quiet():
         quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
-                                     accuracy_level=INT4_ACCURACY)
+                                     accuracy_level=ACCURACY_LEVEL)
         quant.process()
         out = quant.model.model
     tables = _quantise_embedding(out, embedding)

@@ -107,7 +107,7 @@ def test_tied_embedding_and_head_read_one_quantised_table(precision, embedding):
     bits = {"int8": 8, "int4": 4}[embedding]
     assert {a.name: a.i for a in gather.attribute} == {"gather_axis": 0, "quantize_axis": 1, "block_size": TABLE_BLOCK, "bits": bits}
     # the head computes with int8 activations (accuracy_level 4): ONNX Runtime's fp32-activation kernel for 8-bit
-    # weights is ~100x slower, for 4-bit ~5x (precision.HEAD_ACCURACY)
+    # weights is ~100x slower, for 4-bit ~5x (precision.ACCURACY_LEVEL)
     assert {a.name: a.i for a in head.attribute} == {"K": D, "N": V, "bits": bits, "block_size": TABLE_BLOCK, "accuracy_level": 4}
     # the head's weight and scales are the Gather's bytes (the weights file stores them once)
     assert inits[head.input[1]].tobytes() == inits[gather.input[0]].tobytes()
