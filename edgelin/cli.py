@@ -143,6 +143,57 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
     sys.exit(0 if report.passed else 1)
 
 
+@main.command("check")
+@click.argument("export_dir", type=click.Path(file_okay=False))
+@click.option("--providers", default="cpu", show_default=True, metavar="LIST",
+              help="Comma list of execution providers: cpu, cuda, openvino, dml, coreml. Each is compared with the golden "
+                   "outputs, and each after the first with the first.")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads [default: one per core].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report here.")
+@click.option("--force", is_flag=True, help="Let --json replace a file that is not an earlier check report, or one that is part of an export.")
+@user_errors
+def check_cmd(export_dir, providers, threads, json_path, force):
+    """Check EXPORT_DIR on this device's execution providers, without PyTorch.
+
+    \b
+    Runs the inputs stored at export time (golden.json: two prompts prefilled in two pieces, then 8 decode
+    steps with the state fed back) on each provider and compares the logits with the PyTorch model's,
+    stored beside them, within the budgets of the export's precision; each provider after the first is
+    also compared with the first, in full. An export without golden outputs (made by an earlier edgelin)
+    gets only the comparison across providers. Needs only numpy and onnxruntime (the build that has the
+    provider: onnxruntime-gpu for cuda, onnxruntime-openvino for openvino).
+
+    \b
+    Exit status: 0 every comparison within budget, 1 one is not (or a provider is not available), 2 bad input.
+
+    \b
+    Examples:
+      edgelin check out/
+      edgelin check out/ --providers cpu,openvino --json check.json
+    """
+    from edgelin.runtime.files import check_output_file, json_format, write_json
+    from edgelin.runtime.golden import check
+    from edgelin.runtime.options import check_int
+    from edgelin.runtime.session import EXECUTION_PROVIDERS
+
+    names = [n.strip().lower() for n in providers.split(",") if n.strip()]
+    bad = [n for n in names if n not in EXECUTION_PROVIDERS]
+    if bad or not names:
+        fail(f"--providers must be a comma list of {', '.join(EXECUTION_PROVIDERS)}, got {providers!r}")
+    if len(set(names)) != len(names):
+        fail(f"--providers names a provider twice: {providers!r}")
+    if threads is not None:
+        check_int("--threads", threads, low=1, high=1024)
+    ours = json_format("edgelin-check/", "an edgelin check report (JSON with format edgelin-check/1)")
+    if json_path is not None:
+        check_output_file(json_path, "report file", overwrite=force, ours=ours)
+    report = check(export_dir, names, threads=threads, progress=progress)
+    click.echo(report.table())
+    if json_path:
+        write_json(json_path, report.to_dict(), overwrite=force, ours=ours, what="report file")
+    sys.exit(0 if report.passed else 1)
+
+
 @main.command("demo")
 @click.option("--prompt", "prompts", multiple=True, metavar="TEXT",
               help="Text for the model to continue; repeat for several [default: 'def fibonacci(n):' and 'The for statement is used to'].")

@@ -35,6 +35,7 @@ from edgelin.exporters.precision import convert as convert_precision
 from edgelin.exporters.precision import embedding_choice
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once
+from edgelin.runtime import golden
 from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest, file_sha256
 from edgelin.safety import check_finite_weights
@@ -195,6 +196,26 @@ def _finalize(path: Path, manifest_json: str, graph: str) -> onnx.ModelProto:
     return proto
 
 
+def _write_golden(model, manifest: Manifest, budget: dict, tmp: Path) -> dict:
+    """``golden.json`` (``edgelin.runtime.golden``): the fp32 PyTorch model's logits on the export's fixed inputs,
+    and the budgets of the export's precision; returns the manifest's entry for it."""
+    plan = golden.plan_for(manifest.vocab_size, protocol.chunk_size(model), manifest.min_sequence)
+    with torch.no_grad():
+        logits, state = model(torch.from_numpy(plan.prompt), fresh_state(tuple(model.state_specs()), golden.BATCH))
+        steps = []
+        for t in range(plan.decode.shape[1]):
+            step, state = model.step(torch.from_numpy(plan.decode[:, t:t + 1]), state)
+            steps.append(step[:, 0])
+    try:
+        content = golden.make_golden(plan, logits.float().numpy(), torch.stack(steps, 1).float().numpy(), manifest.precision,
+                                     parity.held(manifest.precision, budget)[0])
+    except ValueError as exc:
+        raise ExportError(f"golden outputs: {exc}; the model computes non-finite logits on random ids (check its weights)") from None
+    path = tmp / golden.GOLDEN_FILE
+    path.write_text(golden.golden_text(content), encoding="utf-8")
+    return {"file": golden.GOLDEN_FILE, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+
+
 def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Errors]:
     """ORT CPU vs PyTorch on a short prompt (batch 2, T = chunk + 3; a ragged graph: the second row 5 tokens
     shorter) and 4 decode steps: logits errors."""
@@ -314,6 +335,8 @@ def export(
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
         if budget:
             manifest.extra["parity_budgets"] = budget
+        say("golden outputs: the PyTorch model on fixed inputs ...")
+        manifest.extra["golden"] = _write_golden(model, manifest, budget, tmp)
         if precision != "fp32":  # torch's graphs are checked before they are converted
             say("checking the fp32 graphs (onnx.checker, full check) ...")
             for graph in GRAPH_FILES:

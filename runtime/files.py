@@ -119,6 +119,8 @@ def export_holding(path: Path) -> Path | None:
         names |= {k for k in tok["files"] if isinstance(k, str)}
     if isinstance(d.get("weights"), dict) and isinstance(d["weights"].get("file"), str):
         names.add(d["weights"]["file"])
+    if isinstance(d.get("golden"), dict) and isinstance(d["golden"].get("file"), str):
+        names.add(d["golden"]["file"])
     if path.name in names or path.name.endswith((".onnx", ".data")):
         return folder
     return None
@@ -305,7 +307,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 def export_files(folder: Path) -> list[str] | str:
     """The entries of ``folder`` if it is an export edgelin wrote and nothing changed since -- recognised by
     content, not names: an ``edgelin.json`` of edgelin's format with graph hashes (``sha256``), and every
-    other entry a file it names (a graph, the weights or a tokenizer file) whose sha256 is the one it records. Otherwise
+    other entry a file it names (a graph, the weights, the golden outputs or a tokenizer file) whose sha256 is the one it records. Otherwise
     the reason, naming the first entry that is not edgelin's."""
     try:
         entries = sorted(os.listdir(folder))
@@ -330,6 +332,9 @@ def export_files(folder: Path) -> list[str] | str:
     weights = manifest.get("weights")
     if isinstance(weights, dict) and isinstance(weights.get("file"), str):
         known[weights["file"]] = hashes.get("weights")
+    golden = manifest.get("golden")
+    if isinstance(golden, dict) and isinstance(golden.get("file"), str):
+        known[golden["file"]] = golden.get("sha256")
     for name in entries:
         if name == MANIFEST_FILE:
             continue

@@ -30,8 +30,17 @@ from edgelin.runtime.state import CPU, Device, State, check_state_for, require_s
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 from edgelin.runtime.options import check_int, check_number
 
-PROVIDERS = ("auto", "cpu", "cuda")
 CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
+# short name -> (ONNX Runtime's execution provider, the package whose build has it). One onnxruntime package per
+# environment: onnxruntime, onnxruntime-gpu and onnxruntime-openvino all write the same onnxruntime/ folder
+EXECUTION_PROVIDERS = {
+    "cpu": (CPU_EP, "onnxruntime"),
+    "cuda": (CUDA_EP, "onnxruntime-gpu"),
+    "openvino": ("OpenVINOExecutionProvider", "onnxruntime-openvino (in its own environment)"),
+    "dml": ("DmlExecutionProvider", "onnxruntime-directml (Windows)"),
+    "coreml": ("CoreMLExecutionProvider", "onnxruntime (its macOS build)"),
+}
+PROVIDERS = ("auto", *EXECUTION_PROVIDERS)
 OPTIMIZATION = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -57,8 +66,10 @@ def load(export_dir: str | os.PathLike, provider: str = "auto", threads: int | N
 class Session:
     """The two graphs of one export, on one provider.
 
-    provider: "auto" (CUDA if really active, else CPU with a ProviderWarning), "cpu", or "cuda"
-        (ProviderError unless CUDA is really active).
+    provider: "auto" (CUDA if really active, else CPU with a ProviderWarning), "cpu", "cuda"
+        (ProviderError unless CUDA is really active), or another of ``EXECUTION_PROVIDERS`` ("openvino",
+        "dml", "coreml": ProviderError unless this onnxruntime build has it and it activates; nodes it does
+        not take run on the CPU provider).
     threads: ONNX Runtime intra-op threads (None: its default, one per core).
     optimization: graph optimisation level, one of "disable", "basic", "extended", "all".
     save_optimized: a folder to write the optimised graphs to (``prefill.optimized.onnx``, ...).
@@ -395,6 +406,8 @@ def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dic
 
     if provider == "cpu":
         return "cpu", on_cpu()
+    if provider not in ("auto", "cuda"):
+        return provider, _open_other(paths, provider, options)
     if CUDA_EP in ort.get_available_providers():
         cuda = [(CUDA_EP, {"device_id": cuda_device}), CPU_EP]
         sessions = {}
@@ -419,6 +432,22 @@ def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dic
     if CUDA_EP in ort.get_available_providers():  # a GPU build that cannot use the GPU: say so
         warnings.warn(f"CUDA is not active: {why}; running on CPU", ProviderWarning, stacklevel=4)
     return "cpu", on_cpu()
+
+
+def _open_other(paths, provider: str, options) -> dict[str, ort.InferenceSession]:
+    """Both sessions on another execution provider (CPU taking the nodes it does not); ProviderError unless
+    this build has it and ONNX Runtime activates it."""
+    ep, package = EXECUTION_PROVIDERS[provider]
+    available = ort.get_available_providers()
+    if ep not in available:
+        raise ProviderError(f"{provider} was requested but this onnxruntime build has no {ep} (it has {', '.join(available)}); "
+                            f"install {package}")
+    sessions = {g: _session(p, options(g), [ep, CPU_EP]) for g, p in paths.items()}
+    for graph, sess in sessions.items():
+        if sess.get_providers()[0] != ep:
+            raise ProviderError(f"{provider} was requested but ONNX Runtime could not activate {ep} for the {graph} graph "
+                                f"(it runs on {', '.join(sess.get_providers())}); use --provider cpu")
+    return sessions
 
 
 def make_session_options(
@@ -476,4 +505,4 @@ def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.Inferen
         raise ManifestError(f"ONNX Runtime cannot load {path}: {first[:300]}; re-export the model") from None
 
 
-__all__ = ["OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "length_groups", "load", "make_session_options", "open_session"]
+__all__ = ["EXECUTION_PROVIDERS", "OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "length_groups", "load", "make_session_options", "open_session"]

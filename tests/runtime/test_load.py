@@ -127,7 +127,7 @@ def test_graphs_from_two_exports(export_copy, exported):
 
 
 def test_an_unknown_provider(tiny):
-    with pytest.raises(RuntimeInputError, match="provider must be one of auto, cpu, cuda"):
+    with pytest.raises(RuntimeInputError, match="provider must be one of auto, cpu, cuda, openvino"):
         load(tiny[1], provider="gpu")
 
 
