@@ -9,7 +9,9 @@ Checks, in order:
  2. prefill     prefill graph vs PyTorch forward: logits and every final state, several T, batch > 1
  3. decode      decode graph vs PyTorch step, N steps, each side feeding back its own state
  4. graphs      prefill over T tokens == T decode steps; prefill continued from a state == one prefill
- 5. providers   every requested provider vs CPU, prefill + multi-step decode; an inactive one is "n/a"
+ 5. golden      the export's golden outputs (golden.json, computed at export) on CPU, as `edgelin check` compares them
+    providers   every requested provider vs CPU, prefill in pieces + multi-step decode (the runtime check's
+                comparison, edgelin.runtime.golden, on this run's inputs); an inactive one is "n/a"
  6. long        N decode steps vs a float64 PyTorch run: drift curve, non-finite values
  7. behaviour   greedy continuation ORT vs PyTorch; top-1 agreement under teacher forcing
 """
@@ -30,11 +32,12 @@ from edgelin import parity, protocol
 from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.parity import BUDGETS
+from edgelin.runtime import golden
 from edgelin.runtime.check import check_graph
 from edgelin.runtime.files import json_format, write_json
 from edgelin.runtime.manifest import Manifest
 from edgelin.runtime.options import check_int
-from edgelin.runtime.session import Session, open_session
+from edgelin.runtime.session import EXECUTION_PROVIDERS, Session, open_session
 from edgelin.state import from_numpy, fresh_state
 from edgelin.threads import torch_threads
 
@@ -46,7 +49,7 @@ Progress = Callable[[str], None]
 
 @dataclass
 class Check:
-    group: str  # structure | prefill | decode | graphs | providers | long | behaviour
+    group: str  # structure | prefill | decode | graphs | golden | providers | long | behaviour
     name: str
     status: str  # pass | fail | n/a
     max_abs: float | None = None
@@ -272,19 +275,15 @@ class _Validator:
         self.add(Check.of("graphs", "ragged prefill == each prompt alone (one call; grouped in pieces)", not where, worst, lb, where))
 
     # ---- 5. providers --------------------------------------------------------------------------
-    def provider_vs_cpu(self, cpu: Session, other: Session, name: str, steps: int) -> None:
-        pb = self.budgets["provider"]
-        ids = self.ids(2, 2 * self.chunk + 7)
-        s_cpu, s_other = cpu.new_state(2), other.new_state(2)
-        worst = _errors(other.prefill(ids, s_other), cpu.prefill(ids, s_cpu))
-        where = "" if parity.within(worst, pb) else f"prefill logits {_said(worst)}"
-        nxt = self.ids(2, steps)
-        for t in range(steps):
-            e = _errors(other.decode(nxt[:, t : t + 1], s_other), cpu.decode(nxt[:, t : t + 1], s_cpu))
-            worst = worst.worst(e)
-            if not where and not parity.within(e, pb):
-                where = f"first diverging decode step {t}: logits {_said(e)}"
-        self.add(Check.of("providers", f"{name} vs cpu ({steps} steps)", not where, worst, pb, where))
+    def provider_vs_cpu(self, cpu_rows: np.ndarray, other: Session, name: str, plan: golden.Plan) -> None:
+        """The runtime check's comparison across providers (``edgelin.runtime.golden``) on this run's inputs."""
+        for r in golden.against_provider(golden.run_plan(other, plan), cpu_rows, plan, self.budgets["provider"], "cpu"):
+            self.add(Check.of("providers", f"{name}: {r.name}", r.passed, r.errors, r.budget, r.where))
+
+    def golden_outputs(self, session: Session, gold: golden.Golden) -> None:
+        """The export's golden outputs (computed at export) as the runtime check compares them."""
+        for r in golden.against_golden(golden.run_plan(session, gold.plan), gold):
+            self.add(Check.of("golden", r.name, r.passed, r.errors, r.budget, r.where))
 
     # ---- 6. long stream vs float64 -------------------------------------------------------------
     def long_stream(self, session: Session, steps: int) -> list[dict[str, float]]:
@@ -564,6 +563,18 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     v.graphs_agree(cpu)
     if manifest.lengths is not None:
         v.ragged_agrees(cpu)
+    say("golden outputs ...")
+    try:
+        gold = golden.Golden.load(export_dir, manifest)
+    except ManifestError as exc:
+        gold = None
+        v.add(Check("golden", "golden outputs (golden.json)", FAIL, where=str(exc)))
+    if gold is not None:
+        v.golden_outputs(cpu, gold)
+    elif "golden" not in manifest.extra:
+        v.add(Check("golden", "golden outputs (golden.json)", NA, where="this export has none (made by an earlier edgelin)"))
+    plan = golden.plan_for(manifest.vocab_size, v.chunk, manifest.min_sequence, seed=seed, steps=steps)
+    cpu_rows = golden.run_plan(cpu, plan) if len(requested) > 1 else None
     for name in requested:
         if name == "cpu":
             continue
@@ -575,7 +586,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
             v.add(Check("providers", f"{name} vs cpu", NA, where=f"not available: {exc}"))
             continue
         report.providers[name] = "active"
-        v.provider_vs_cpu(cpu, other, name, steps)
+        v.provider_vs_cpu(cpu_rows, other, name, plan)
     if long:
         say(f"long stream: {long} decode steps vs float64 PyTorch ...")
         report.drift = v.long_stream(cpu, long)
@@ -595,9 +606,9 @@ def _parse_providers(providers: str | list[str]) -> list[str]:
     names = [n.strip().lower() for n in names if n.strip()]
     if names == ["auto"]:
         return ["cpu", "cuda"]
-    bad = [n for n in names if n not in ("cpu", "cuda")]
+    bad = [n for n in names if n not in EXECUTION_PROVIDERS]
     if bad or not names:
-        raise EdgelinError(f"providers must be a comma list of cpu, cuda (or 'auto'), got {providers!r}")
+        raise EdgelinError(f"providers must be a comma list of {', '.join(EXECUTION_PROVIDERS)} (or 'auto'), got {providers!r}")
     return ["cpu"] + [n for n in names if n != "cpu"]
 
 

@@ -62,14 +62,14 @@ class Plan:
         return out + [("decode", b, t) for b in range(BATCH) for t in range(self.decode.shape[1])]
 
 
-def plan_for(vocab: int, chunk: int, min_sequence: int = 1, *, seed: int = SEED) -> Plan:
-    """The prompts, pieces, compared positions and decode ids of an export: random ids from ``seed``."""
+def plan_for(vocab: int, chunk: int, min_sequence: int = 1, *, seed: int = SEED, steps: int = DECODE_STEPS) -> Plan:
+    """The prompts, pieces, compared positions and ``steps`` decode ids of an export: random ids from ``seed``."""
     second = max(4, min_sequence)
     first = max(chunk + 1, min_sequence)
     length = first + second
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab, (BATCH, length), dtype=np.int64)
-    decode = rng.integers(0, vocab, (BATCH, DECODE_STEPS), dtype=np.int64)
+    decode = rng.integers(0, vocab, (BATCH, steps), dtype=np.int64)
     positions = tuple(sorted({0, max(chunk - 1, 0), min(chunk, length - 1), length - 1}))
     return Plan(prompt, (first, second), positions, decode)
 

@@ -1,7 +1,8 @@
 """`make gpu-check`: the bundled model on CUDA, fp32 and fp16, in one table.
 
 For each precision: export the bundled model, run `edgelin validate --providers cpu,cuda` (CUDA vs CPU
-and everything else validate checks), and time decode (batch 1 and 8) and prefill on the CUDA provider
+and everything else validate checks) and the device-side `edgelin check --providers cpu,cuda` (both providers
+against the export's golden outputs, CUDA against CPU), and time decode (batch 1 and 8) and prefill on the CUDA provider
 through the runtime. Then run `edgelin bench --provider cuda` and `edgelin bench --provider cuda --section
 precision` once each (their own exports) and point at their results. Nothing is reported for CUDA unless ONNX Runtime really activated the CUDA provider: on a
 machine without a usable GPU the script says so and exits 1.
@@ -76,10 +77,16 @@ def main() -> int:
         print(run.stdout[-3000:] + run.stderr[-2000:])
         data = json.loads(report.read_text()) if report.is_file() else {}
         cuda_state = data.get("providers", {}).get("cuda", "not run")
-        provider_check = next((c for c in data.get("checks", []) if c["group"] == "providers" and c["name"].startswith("cuda")), None)
+        cuda_checks = [c for c in data.get("checks", []) if c["group"] == "providers" and c["name"].startswith("cuda:") and c["max_abs"] is not None]
+        # the torch-free check a device runs: both providers against the golden outputs, CUDA against CPU
+        golden_report = out / f"check-{precision}.json"
+        run = edgelin("check", str(export_dir), "--providers", "cpu,cuda", "--json", str(golden_report))
+        print(run.stdout[-3000:] + run.stderr[-1000:])
+        golden_data = json.loads(golden_report.read_text()) if golden_report.is_file() else {}
         row = {"precision": precision, "size_mb": size / 1e6, "validate": "PASS" if data.get("passed") else "FAIL",
-               "cuda": cuda_state, "cuda_vs_cpu_max_abs": provider_check and provider_check["max_abs"],
-               "cuda_vs_cpu_max_rel": provider_check and provider_check.get("max_rel")}
+               "check": "PASS" if golden_data.get("passed") else "FAIL", "cuda": cuda_state,
+               "cuda_vs_cpu_max_abs": max((c["max_abs"] for c in cuda_checks), default=None),
+               "cuda_vs_cpu_max_rel": max((c["max_rel"] for c in cuda_checks if c.get("max_rel") is not None), default=None)}
         if cuda_state == "active":
             row.update(time_cuda(export_dir))
         rows.append(row)
@@ -97,16 +104,16 @@ def main() -> int:
     def cell(row, key, fmt):
         return fmt.format(row[key]) if row.get(key) is not None else "not measured"
 
-    print("\nprecision  size MB  validate  CUDA vs CPU max abs  decode ms b=1  decode ms b=8  prefill tok/s")
+    print("\nprecision  size MB  validate  check  CUDA vs CPU max abs  decode ms b=1  decode ms b=8  prefill tok/s")
     for r in rows:
-        print(f"{r['precision']:9s}  {r['size_mb']:7.2f}  {r['validate']:8s}  {cell(r, 'cuda_vs_cpu_max_abs', '{:.1e}'):19s}  "
+        print(f"{r['precision']:9s}  {r['size_mb']:7.2f}  {r['validate']:8s}  {r['check']:5s}  {cell(r, 'cuda_vs_cpu_max_abs', '{:.1e}'):19s}  "
               f"{cell(r, 'decode_ms_b1', '{:.3f}'):13s}  {cell(r, 'decode_ms_b8', '{:.3f}'):13s}  {cell(r, 'prefill_tok_s', '{:,.0f}')}")
     print(bench_note)
     (out / "gpu_check.json").write_text(json.dumps({"rows": rows, "bench": bench_note}, indent=2))
     if any(r["cuda"] != "active" for r in rows):
         print(f"CUDA was not active ({rows[0]['cuda']}): no CUDA figure was measured.")
         return 1
-    return 0 if all(r["validate"] == "PASS" for r in rows) else 1
+    return 0 if all(r["validate"] == "PASS" and r["check"] == "PASS" for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_correct_export_passes_every_check(feature_map, export_cache, export_of)
     report = validate(out, ckpt, steps=24, long=300)
     assert report.passed, report.table()
     groups = {c.group for c in report.checks}
-    assert groups == {"structure", "prefill", "decode", "graphs", "long", "behaviour", "precision"}
+    assert groups == {"structure", "prefill", "decode", "graphs", "golden", "long", "behaviour", "precision"}
     assert all(c.status == "pass" for c in report.checks)
     assert report.drift and report.drift[-1]["step"] == 300
 
@@ -84,6 +84,7 @@ def test_decode_weight_changed_by_1e_3(base, broken):
     assert "decode/8 steps, state fed back" in fails
     assert "first diverging step 0: layer 1, state S (present.1.S)" in fails["decode/8 steps, state fed back"]
     assert not any(k.startswith("prefill/") for k in fails)  # the prefill graph is intact
+    assert [k for k in fails if k.startswith("golden/")] == ["golden/decode vs golden (8 steps)"]  # so does the runtime check
     assert any(k.startswith("graphs/") for k in fails)  # prefill and decode now disagree
     assert "decode.onnx is not the file edgelin.json describes" in fails["structure/graph files <-> edgelin.json sha256"]
 
