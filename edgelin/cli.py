@@ -101,7 +101,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
 @main.command("validate")
 @click.argument("export_dir", type=click.Path(file_okay=False))
 @click.option("--checkpoint", type=click.Path(), default=None, help="The checkpoint the export came from [default: the bundled model, if the export is of it].")
-@click.option("--providers", default="cpu", show_default=True, help="Comma list of cpu, cuda, openvino, dml, coreml; or 'auto' (CUDA only if really active, never a failure).")
+@click.option("--providers", default="cpu", show_default=True, help="Comma list of cpu, cuda, openvino, dml, coreml, webgpu; or 'auto' (CUDA only if really active, never a failure).")
 @click.option("--steps", default=64, show_default=True, type=int, help="Decode steps compared one by one, state fed back.")
 @click.option("--long", "long_steps", default=0, show_default=True, type=int, help="Also decode this many steps against a float64 PyTorch run (drift curve); e.g. 10000.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report (every number, the drift curve) here.")
@@ -146,7 +146,7 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
 @main.command("check")
 @click.argument("export_dir", type=click.Path(file_okay=False))
 @click.option("--providers", default="cpu", show_default=True, metavar="LIST",
-              help="Comma list of execution providers: cpu, cuda, openvino, dml, coreml. Each is compared with the golden "
+              help="Comma list of execution providers: cpu, cuda, openvino, dml, coreml, webgpu. Each is compared with the golden "
                    "outputs, and each after the first with the first.")
 @click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads [default: one per core].")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report here.")

@@ -65,7 +65,7 @@ def _summary(r: dict) -> str:
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling: smallest set of tokens with probability >= P (1 = off).")
 @click.option("--seed", type=int, default=None, help="Seed for sampling: the same seed gives the same text.")
 @click.option("--stop", multiple=True, help="Stop when this text appears (not printed). Repeatable.")
-@click.option("--provider", default="auto", show_default=True, help="auto (CUDA if really active, else CPU), cpu, cuda, or openvino, dml, coreml (with the onnxruntime build that has it).")
+@click.option("--provider", default="auto", show_default=True, help="auto (CUDA if really active, else CPU), cpu, cuda, or openvino, dml, coreml, webgpu (with the onnxruntime build or plugin that has it).")
 @click.option("--threads", type=int, default=None, help="ONNX Runtime threads (default: one per core).")
 @click.option("--state-in", type=click.Path(path_type=str), default=None, help="Continue from a state saved with --state-out.")
 @click.option("--state-out", type=click.Path(path_type=str), default=None, help="Save the state after the generated text (.npz, written atomically).")

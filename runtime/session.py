@@ -13,6 +13,7 @@ asked for: onnxruntime-gpu accepts a CUDA request on a machine without CUDA and 
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import warnings
@@ -40,7 +41,15 @@ EXECUTION_PROVIDERS = {
     "dml": ("DmlExecutionProvider", "onnxruntime-directml (Windows)"),
     "coreml": ("CoreMLExecutionProvider", "onnxruntime (its macOS build)"),
 }
+# plugin execution providers: a package beside onnxruntime (>= 1.23's plugin EP interface) holds the library;
+# short name -> (its module, the package to install)
+PLUGIN_PROVIDERS = {
+    "webgpu": ("onnxruntime_ep_webgpu", "onnxruntime-ep-webgpu (beside onnxruntime >= 1.24.4)"),
+}
+EXECUTION_PROVIDERS["webgpu"] = ("WebGpuExecutionProvider", PLUGIN_PROVIDERS["webgpu"][1])
 PROVIDERS = ("auto", *EXECUTION_PROVIDERS)
+HOST_MEMORY = ("cpu", "openvino")  # providers whose kernels read and write the host buffers bound to them
+_REGISTERED: set[str] = set()
 OPTIMIZATION = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -68,8 +77,9 @@ class Session:
 
     provider: "auto" (CUDA if really active, else CPU with a ProviderWarning), "cpu", "cuda"
         (ProviderError unless CUDA is really active), or another of ``EXECUTION_PROVIDERS`` ("openvino",
-        "dml", "coreml": ProviderError unless this onnxruntime build has it and it activates; nodes it does
-        not take run on the CPU provider).
+        "dml", "coreml": ProviderError unless this onnxruntime build has it and it activates; "webgpu": the
+        plugin package onnxruntime-ep-webgpu beside onnxruntime; nodes a provider does not take run on the CPU
+        provider).
     threads: ONNX Runtime intra-op threads (None: its default, one per core).
     optimization: graph optimisation level, one of "disable", "basic", "extended", "all".
     save_optimized: a folder to write the optimised graphs to (``prefill.optimized.onnx``, ...).
@@ -337,10 +347,11 @@ class Session:
         key = (self._serial, graph, ids.shape, state._parity)
         bound = state._bindings.get(key)
         if bound is None:
-            bound = self._bind(graph, ids.shape, state)
-            # decode has the same shapes every step: bind once per buffer set, then only run. Only on CPU:
-            # ORT copies an input that lives on another device at bind time, so a kept binding would go stale.
-            if graph == "decode" and self.device == CPU:
+            bound = self._bind(graph, ids, state)
+            # decode has the same shapes every step: bind once per buffer set, then only run. Only where the
+            # provider computes in host memory (CPU, OpenVINO's CPU device): ORT copies an input to a device at bind
+            # time, so a kept binding would go stale -- and feed the first step's ids again (measured on WebGPU)
+            if graph == "decode" and self.provider in HOST_MEMORY:
                 state._bindings[key] = bound
         io, ids_buffer, logits = bound
         ids_buffer[...] = ids
@@ -348,16 +359,18 @@ class Session:
             lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # [B]
             io.bind_ortvalue_input(m.lengths, to_ortvalue(lengths, CPU))
         sess.run_with_iobinding(io)
-        if self.device != CPU:
+        if self.provider not in HOST_MEMORY:  # a device copies outputs to host buffers asynchronously (CUDA, WebGPU)
             io.synchronize_outputs()
         state._advance()
         state.seen += ids.shape[1]
         return logits.copy() if graph == "decode" else logits  # the decode buffer is reused next step
 
-    def _bind(self, graph: str, shape: tuple[int, int], state: State) -> tuple[Any, np.ndarray, np.ndarray]:
-        """An IO binding reading the state's current buffers and writing the other set, never the same one."""
+    def _bind(self, graph: str, ids: np.ndarray, state: State) -> tuple[Any, np.ndarray, np.ndarray]:
+        """An IO binding reading the state's current buffers and writing the other set, never the same one. The
+        ids are in their buffer before it is bound: a provider on a device copies an input at bind time."""
         m, sess = self.manifest, self._sessions[graph]
-        ids_buffer = np.empty(shape, dtype=np.int64)  # [B, t]
+        shape = ids.shape
+        ids_buffer = np.array(ids, dtype=np.int64)  # [B, t]
         logits = np.empty((*shape, m.vocab_size), dtype=self._logits_dtype[graph])  # [B, t, V]
         io = sess.io_binding()
         io.bind_ortvalue_input(m.input_ids, to_ortvalue(ids_buffer, CPU))  # shares memory with ids_buffer
@@ -438,16 +451,53 @@ def _open_other(paths, provider: str, options) -> dict[str, ort.InferenceSession
     """Both sessions on another execution provider (CPU taking the nodes it does not); ProviderError unless
     this build has it and ONNX Runtime activates it."""
     ep, package = EXECUTION_PROVIDERS[provider]
-    available = ort.get_available_providers()
-    if ep not in available:
-        raise ProviderError(f"{provider} was requested but this onnxruntime build has no {ep} (it has {', '.join(available)}); "
-                            f"install {package}")
-    sessions = {g: _session(p, options(g), [ep, CPU_EP]) for g, p in paths.items()}
+    if provider in PLUGIN_PROVIDERS:
+        device = _plugin_device(provider)
+        sessions = {}
+        for g, p in paths.items():
+            so = options(g)
+            so.add_provider_for_devices([device], {})
+            try:
+                sessions[g] = ort.InferenceSession(str(p), so)
+            except Exception as exc:  # e.g. WebGPU: "Failed to get a WebGPU adapter: No supported adapters"
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ProviderError(f"{provider} was requested but {ep} cannot run the {g} graph here: {first[:300]}; use --provider cpu") from None
+    else:
+        available = ort.get_available_providers()
+        if ep not in available:
+            raise ProviderError(f"{provider} was requested but this onnxruntime build has no {ep} (it has {', '.join(available)}); "
+                                f"install {package}")
+        sessions = {g: _session(p, options(g), [ep, CPU_EP]) for g, p in paths.items()}
     for graph, sess in sessions.items():
         if sess.get_providers()[0] != ep:
             raise ProviderError(f"{provider} was requested but ONNX Runtime could not activate {ep} for the {graph} graph "
                                 f"(it runs on {', '.join(sess.get_providers())}); use --provider cpu")
     return sessions
+
+
+def _plugin_device(provider: str):
+    """The ONNX Runtime device of a plugin execution provider, its library registered once per process."""
+    module_name, package = PLUGIN_PROVIDERS[provider]
+    ep = EXECUTION_PROVIDERS[provider][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise ProviderError(f"{provider} was requested but the {module_name} package is not installed; install {package}") from None
+    if not hasattr(ort, "register_execution_provider_library"):
+        raise ProviderError(f"{provider} was requested but onnxruntime {ort.__version__} cannot load plugin execution providers; "
+                            f"install {package}")
+    if provider not in _REGISTERED:
+        try:
+            ort.register_execution_provider_library(provider, module.get_library_path())
+        except Exception as exc:  # an incompatible onnxruntime, a library that does not load
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ProviderError(f"{provider} was requested but ONNX Runtime cannot register {ep}: {first[:200]}") from None
+        _REGISTERED.add(provider)
+    device = next((d for d in ort.get_ep_devices() if d.ep_name == ep), None)
+    if device is None:
+        raise ProviderError(f"{provider} was requested but {ep} found no device (it needs a GPU with a Vulkan, Metal or D3D12 driver; "
+                            "a software Vulkan driver such as lavapipe also needs ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1); use --provider cpu")
+    return device
 
 
 def make_session_options(

@@ -29,7 +29,7 @@ def test_export_writes_the_contract_and_a_summary(checkpoint, tmp_path):
     out = tmp_path / "out"
     result = run("export", checkpoint, "-o", out)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["decode.onnx", "edgelin.json", "prefill.onnx", "weights.data"]
+    assert sorted(p.name for p in out.iterdir()) == ["decode.onnx", "edgelin.json", "golden.json", "prefill.onnx", "weights.data"]
     manifest = json.loads((out / "edgelin.json").read_text())
     assert manifest["model"]["feature_map"] == "relu"
     # 1 layer: S [2 heads, 16, 16] + z [2, 16] in float32 = (512 + 32) * 4 = 2,176 bytes per sequence

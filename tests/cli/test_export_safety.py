@@ -88,7 +88,7 @@ def test_force_replaces_an_export_and_says_so(exported, tmp_path):
     (target / "edgelin.json").write_text((target / "edgelin.json").read_text().replace('"edgelin_version"', '"old_note": 1, "edgelin_version"'))
     said = []
     export(model, target, force=True, check=False, progress=said.append)
-    assert any("replacing" in s and "an edgelin export (4 files)" in s for s in said), said
+    assert any("replacing" in s and "an edgelin export (5 files)" in s for s in said), said
     assert "old_note" not in (target / "edgelin.json").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]  # no temporary or trash folder left
 
@@ -96,7 +96,7 @@ def test_force_replaces_an_export_and_says_so(exported, tmp_path):
 def test_check_output_dir_describes_what_it_replaces(exported, tmp_path):
     (tmp_path / "empty").mkdir()
     assert check_output_dir(tmp_path / "empty", force=True) == "an empty folder"
-    assert check_output_dir(exported("elu+1")[1], force=True) == "an edgelin export (4 files)"
+    assert check_output_dir(exported("elu+1")[1], force=True) == "an edgelin export (5 files)"
     assert check_output_dir(tmp_path / "new") is None
 
 

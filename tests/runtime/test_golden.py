@@ -245,6 +245,23 @@ def test_a_provider_this_build_lacks_is_named_with_the_package_to_install(plain)
     assert report.table().splitlines()[-1].endswith("-- not available: openvino")
 
 
+def test_a_plugin_provider_whose_package_is_missing_is_named(plain):
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime_ep_webgpu") is not None:
+        pytest.skip("onnxruntime-ep-webgpu is installed here")
+    with pytest.raises(ProviderError, match="the onnxruntime_ep_webgpu package is not installed; install onnxruntime-ep-webgpu"):
+        Session(plain, provider="webgpu")
+
+
+def test_a_binding_holds_its_ids_when_it_is_made(plain):
+    """A provider on a device copies an input when it is bound (WebGPU fed stale ids otherwise: measured)."""
+    s = Session(plain, provider="cpu")
+    ids = np.array([[5], [7]], dtype=np.int64)
+    _, buffer, _ = s._bind("decode", ids, s.new_state(2))
+    assert np.array_equal(buffer, ids)
+
+
 def test_the_cli(plain, tmp_path):
     runner = CliRunner()
     ok = runner.invoke(main, ["check", str(plain), "--json", str(tmp_path / "c.json"), "--threads", "1"])
