@@ -4,7 +4,8 @@
     serve("site/", port=8000)                                             # http://127.0.0.1:8000/
 
 The site holds ``index.html``, the JavaScript runtime ``edgelin.mjs``, the export (``export/``, with an
-edgelin/2 manifest: an edgelin/1 export is upgraded on the way) and the ONNX Runtime Web files
+edgelin/2 manifest: an edgelin/1 export is upgraded on the way; with its golden outputs ``golden.json`` where
+it has them, which the page checks itself against when opened with ``?check=1``) and the ONNX Runtime Web files
 (``ort/``), copied from an installed npm package ``onnxruntime-web``: nothing is fetched from the internet
 when the page runs. A file ``.edgelin-site`` records the sha256 of every file edgelin wrote, so ``--force``
 replaces only a folder that is empty or a site edgelin made and nobody changed since. Standard library + the runtime only (no torch).
@@ -24,6 +25,7 @@ from typing import Callable
 
 from edgelin.errors import ManifestError, OutputError, RuntimeInputError
 from edgelin.runtime.files import MAX_RECOGNISED_BYTES, check_output_dir, file_sha256, read_regular, remove_created, replace_dir, work_dir
+from edgelin.runtime.golden import GOLDEN_FILE, Golden
 from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest
 
 MODULE = "edgelin.mjs"
@@ -117,6 +119,8 @@ class SiteResult:
         lines.append(f"  state per sequence: {self.manifest.state_bytes(1):,} bytes")
         lines.append("  serve it with any static web server (or `edgelin web EXPORT -o SITE --serve`) and open its index.html")
         lines.append("  automation: index.html?prompt=TEXT&n=N generates N tokens greedily at load; #output holds the text")
+        if self.manifest.extra.get("golden") is not None:
+            lines.append("  index.html?check=1 checks the page's ONNX Runtime against the export's golden outputs at load; #check holds the result")
         return "\n".join(lines)
 
 
@@ -132,6 +136,7 @@ def _check_export(export_dir: Path) -> Manifest:
     problems = m.file_problems(export_dir)
     if problems:
         raise ManifestError(f"{export_dir}: {'; '.join(problems)}")
+    Golden.load(export_dir, m)  # golden.json, where the manifest names it: present, unchanged, readable (ManifestError)
     return m
 
 
@@ -160,6 +165,8 @@ def write_site(
             shutil.copyfile(manifest.graph_path(export_dir, g), tmp / "export" / manifest.graphs[g])
         if manifest.weights is not None:  # fetched once by the page, handed to both sessions
             shutil.copyfile(manifest.weights_path(export_dir), tmp / "export" / manifest.weights["file"])
+        if manifest.extra.get("golden") is not None:  # fetched by the page's check (?check=1): Model.check()
+            shutil.copyfile(export_dir / GOLDEN_FILE, tmp / "export" / GOLDEN_FILE)
         site_manifest = manifest if manifest.sha256 is not None else manifest.with_hashes(tmp / "export")
         (tmp / "export" / MANIFEST_FILE).write_text(site_manifest.to_json(), encoding="utf-8")
         (tmp / "ort").mkdir()

@@ -7,7 +7,9 @@ tokens decoded one by one with the state fed back (random ids stored in the file
 same ids whatever it computes). For each compared logits row (prefill positions 0, chunk-1,
 chunk and the last; every decode step; both prompts) the file holds the reference's ``top_k`` largest
 logits with their ids, and three numbers of the whole row: its largest magnitude, its L2 norm and its
-argmax. With a vocabulary of at most ``TOP_K`` entries the row is stored whole; the file stays well under
+argmax. (The two prompts run as one batch of 2 here, one at a time in the JavaScript runtime: the rows are the
+same, except in an int8 export, whose activation scales are per tensor, so its errors move a little with the
+batch -- within the budget either way.) With a vocabulary of at most ``TOP_K`` entries the row is stored whole; the file stays well under
 1 MB whatever the vocabulary.
 
 How a row is compared (``row_errors``): the errors of the whole row cannot be computed from the stored
@@ -23,6 +25,7 @@ Standard library, numpy and onnxruntime only (through ``Session``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -35,7 +38,7 @@ import numpy as np
 from edgelin import parity
 from edgelin.errors import ManifestError
 from edgelin.runtime.files import read_regular
-from edgelin.runtime.manifest import Manifest, file_sha256
+from edgelin.runtime.manifest import Manifest
 
 GOLDEN_FILE = "golden.json"
 GOLDEN_FORMAT = "edgelin-golden/1"
@@ -128,7 +131,9 @@ class Golden:
         if not path.is_file():
             raise ManifestError(f"{Path(export_dir)} lacks {GOLDEN_FILE}, named in edgelin.json; copy the whole export folder, or re-export the model")
         data = read_regular(path, MAX_GOLDEN_BYTES, "golden outputs file")
-        if file_sha256(path) != entry["sha256"]:
+        if len(data) != entry.get("bytes"):
+            raise ManifestError(f"{where} is {len(data):,} bytes but edgelin.json says {entry.get('bytes')}; copy the whole export folder again, or re-export the model")
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise ManifestError(f"{where} is not the file edgelin.json records (its sha256 differs: changed since the export); re-export the model")
         try:
             d = json.loads(data.decode("utf-8"))
@@ -144,6 +149,13 @@ class Golden:
             rows = d["rows"]
             if [(r["graph"], r["batch"], r["at"]) for r in rows] != plan.rows:
                 raise ValueError("its rows are not the ones its plan compares")
+            for r in rows:
+                ids, values = np.asarray(r["ids"]), np.asarray(r["values"], dtype=np.float64)
+                if ids.ndim != 1 or ids.dtype.kind not in "iu" or len(ids) != len(values) or not len(ids) or (ids < 0).any() \
+                        or (ids >= manifest.vocab_size).any() or len(set(ids.tolist())) != len(ids):
+                    raise ValueError(f"row {r['graph']} {r['batch']}/{r['at']}: its ids are not distinct ids of the vocabulary, one per value")
+                if not (np.isfinite(values).all() and all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] >= 0 for k in ("absmax", "l2"))):
+                    raise ValueError(f"row {r['graph']} {r['batch']}/{r['at']}: non-finite or negative numbers")
             budgets = {k: {b: float(v) for b, v in d["budgets"][k].items()} for k in KINDS}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{where} is not a golden outputs file edgelin can read ({exc}); re-export the model") from None

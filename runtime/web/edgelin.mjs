@@ -10,6 +10,7 @@
 //   const chat = model.conversation();                       // holds the recurrent state between calls
 //   for await (const tok of chat.generate("Hello", { maxNewTokens: 32 })) out.textContent += tok.text;
 //   await chat.generate(" and then", { temperature: 0.8, topP: 0.9, seed: 1 }).toArray();   // continues
+//   const { passed, results } = await model.check();       // this runtime against the export's golden.json
 //
 // The contract is the Python runtime's (edgelin.runtime): a prompt is prefilled in pieces of at most
 // manifest.prefill_piece tokens with the state carried between them; the first new token comes from
@@ -23,6 +24,8 @@
 
 export const FORMAT = "edgelin/2";
 export const VERSION = "0.1.0";
+export const GOLDEN_FILE = "golden.json"; // the export's golden outputs (Model.check)
+export const GOLDEN_FORMAT = "edgelin-golden/1";
 const GRAPHS = ["prefill", "decode"];
 const TYPED = {
   float32: (n) => new Float32Array(n),
@@ -431,7 +434,7 @@ export async function loadExport(ort, source, { sessionOptions = {}, verify = tr
       throw new EdgelinError(`${manifest.graphs[g]} does not match edgelin.json (missing ${missing.map((t) => t.name).join(", ") || "none"}, unexpected ${extra.join(", ") || "none"})`);
     }
   }
-  return new Model(ort, manifest, sessions);
+  return new Model(ort, manifest, sessions, read, verify);
 }
 
 // ---- running ----------------------------------------------------------------------------------
@@ -445,10 +448,14 @@ export class State {
 }
 
 export class Model {
-  constructor(ort, manifest, sessions) {
+  /** `read`: the export's files, name -> Uint8Array (what loadExport read the manifest and graphs with; check()
+   * reads golden.json through it); `verify`: check sha256 where crypto.subtle exists. */
+  constructor(ort, manifest, sessions, read = null, verify = true) {
     this.ort = ort;
     this.manifest = manifest;
     this.sessions = sessions;
+    this._read = read;
+    this._verify = verify;
     this.vocabSize = manifest.vocab_size;
     this.logitsHalf = manifest.io.prefill.outputs.find((t) => t.name === manifest.logits).dtype === "float16";
     this._tokenizer = null;
@@ -549,6 +556,158 @@ export class Model {
   generate(prompt, options = {}) {
     return this.conversation().generate(prompt, options);
   }
+
+  /**
+   * Check this runtime (its ONNX Runtime, its provider) against the export's golden outputs (golden.json: what
+   * the PyTorch model computed at export time), as the Python runtime's `edgelin check` does: each stored
+   * prompt from a fresh state, prefilled in the stored pieces with the state carried, then the stored decode
+   * ids fed one by one with the state fed back; every stored logits row compared by the lower bounds of its
+   * errors that the stored part determines (see rowErrors) and held to the export's logits budget.
+   * Returns {golden: true, precision, passed, results: [{group, name, max_abs, max_rel, rel_l2, nonfinite,
+   * budget, passed, where}], seconds}: one result for the prefill rows, one for the decode rows, each with its
+   * worst errors and `where`, the first row out of budget ("" when none is). The JavaScript State holds one
+   * sequence, so the prompts run one after the other (Python runs them as one batch of 2).
+   * EdgelinError for an export without golden outputs, or a golden.json that is not the manifest's.
+   */
+  async check() {
+    const start = now();
+    const golden = await this._golden();
+    const budget = golden.budgets.logits;
+    const V = this.vocabSize;
+    const got = new Map(); // "graph b at" -> Float32Array [V]
+    for (let b = 0; b < golden.prompt.length; b++) {
+      const state = this.newState();
+      const prompt = golden.prompt[b];
+      const logits = new Float32Array(prompt.length * V);
+      let at = 0;
+      for (const n of golden.pieces) { // one prefill call per stored piece, as the Python check makes
+        logits.set(await this.prefill(prompt.slice(at, at + n), state, { piece: n, all: true }), at * V);
+        at += n;
+      }
+      for (const p of golden.positions) got.set(`prefill ${b} ${p}`, logits.subarray(p * V, (p + 1) * V));
+      for (let t = 0; t < golden.decode[b].length; t++) got.set(`decode ${b} ${t}`, await this.decode(golden.decode[b][t], state));
+    }
+    const steps = golden.decode[0].length;
+    const results = [];
+    for (const graph of ["prefill", "decode"]) {
+      let worst = { max_abs: 0, max_rel: 0, rel_l2: 0, nonfinite: 0 };
+      let where = "";
+      for (const row of golden.rows.filter((r) => r.graph === graph)) {
+        const e = rowErrors(got.get(`${graph} ${row.batch} ${row.at}`), row);
+        worst = {
+          max_abs: Math.max(worst.max_abs, e.max_abs), max_rel: Math.max(worst.max_rel, e.max_rel),
+          rel_l2: Math.max(worst.rel_l2, e.rel_l2), nonfinite: worst.nonfinite + e.nonfinite,
+        };
+        if (!where && !withinBudget(e, budget)) {
+          where = `${graph} ${graph === "prefill" ? "position" : "step"} ${row.at} of prompt ${row.batch}: max abs ${exp2(e.max_abs)}, ` +
+            `max rel ${exp2(e.max_rel)}, rel L2 ${exp2(e.rel_l2)}`;
+        }
+      }
+      const name = `${graph} vs golden` + (graph === "decode" ? ` (${steps} steps)` : ` (pieces ${golden.pieces.join("+")})`);
+      results.push({ group: "golden", name, ...worst, budget: { ...budget }, passed: withinBudget(worst, budget), where });
+    }
+    return { golden: true, precision: golden.precision, passed: results.every((r) => r.passed), results, seconds: (now() - start) / 1000 };
+  }
+
+  /** golden.json, read through the export's reader and checked against the manifest (size, sha256, format, plan). */
+  async _golden() {
+    const m = this.manifest;
+    const entry = m.golden;
+    if (entry === undefined || entry === null) {
+      throw new EdgelinError(`this export has no golden outputs (${GOLDEN_FILE}); re-export it with this edgelin`);
+    }
+    if (typeof entry !== "object" || entry.file !== GOLDEN_FILE || typeof entry.sha256 !== "string") {
+      throw new EdgelinError(`edgelin.json's 'golden' entry is not {"file": "${GOLDEN_FILE}", "sha256": ...}; re-export the model`);
+    }
+    if (this._read === null) throw new EdgelinError("this Model was made without a reader of its export's files; load it with loadExport");
+    const bytes = await this._read(GOLDEN_FILE);
+    if (Number.isInteger(entry.bytes) && bytes.byteLength !== entry.bytes) {
+      throw new EdgelinError(`${GOLDEN_FILE} is ${bytes.byteLength} bytes but edgelin.json says ${entry.bytes} (truncated, or another export's); copy the whole export folder again, or re-export the model`);
+    }
+    if (this._verify) {
+      const got = await sha256Hex(bytes);
+      if (got !== null && got !== entry.sha256) {
+        throw new EdgelinError(`${GOLDEN_FILE} is not the file edgelin.json records (its sha256 differs: changed since the export); re-export the model`);
+      }
+    }
+    const fail = (what) => { throw new EdgelinError(`${GOLDEN_FILE} is not a golden outputs file edgelin can read (${what}); re-export the model`); };
+    let d;
+    try {
+      d = JSON.parse(new TextDecoder().decode(bytes));
+    } catch (err) {
+      fail(err.message);
+    }
+    if (d === null || typeof d !== "object") fail("not a JSON object");
+    if (d.format !== GOLDEN_FORMAT) fail(`format ${JSON.stringify(d.format)}, not ${JSON.stringify(GOLDEN_FORMAT)}`);
+    const isId = (i) => Number.isInteger(i) && i >= 0 && i < this.vocabSize;
+    const idRows = (x) => Array.isArray(x) && x.every((r) => Array.isArray(r) && r.every(isId));
+    if (!idRows(d.prompt) || !idRows(d.decode)) fail("prompt and decode must be rows of token ids inside the vocabulary");
+    const { prompt, decode, pieces, positions } = d;
+    const length = prompt.length ? prompt[0].length : 0;
+    if (!prompt.length || prompt.length !== decode.length || !Array.isArray(pieces) || !pieces.every((n) => Number.isInteger(n) && n > 0) ||
+        !prompt.every((r) => r.length === pieces.reduce((a, n) => a + n, 0)) || !decode.every((r) => r.length === decode[0].length)) {
+      fail("prompt, decode and pieces do not fit together");
+    }
+    if (!Array.isArray(positions) || !positions.every((p) => Number.isInteger(p) && p >= 0 && p < length)) fail("positions outside the prompt");
+    const plan = [];
+    for (let b = 0; b < prompt.length; b++) for (const p of positions) plan.push(`prefill ${b} ${p}`);
+    for (let b = 0; b < prompt.length; b++) for (let t = 0; t < decode[b].length; t++) plan.push(`decode ${b} ${t}`);
+    const rows = d.rows;
+    if (!Array.isArray(rows) || rows.length !== plan.length || rows.some((r, i) => r === null || `${r.graph} ${r.batch} ${r.at}` !== plan[i])) {
+      fail("its rows are not the ones its plan compares");
+    }
+    const finite = (x) => typeof x === "number" && Number.isFinite(x);
+    for (const r of rows) {
+      if (!Array.isArray(r.ids) || !Array.isArray(r.values) || r.ids.length !== r.values.length || !r.ids.every(isId) ||
+          !r.values.every(finite) || !finite(r.absmax) || !finite(r.l2)) {
+        fail(`row ${r.graph} ${r.batch} ${r.at} is not ids, values, absmax and l2`);
+      }
+    }
+    const logits = d.budgets && d.budgets.logits;
+    if (logits === null || typeof logits !== "object" || !Object.values(logits).every((v) => typeof v === "number")) fail("no logits budget");
+    return { ...d, budgets: { ...d.budgets, logits: { ...logits } } };
+  }
+}
+
+// ---- golden outputs ---------------------------------------------------------------------------
+/**
+ * Lower bounds of a whole logits row's errors from its stored part (`row`: ids, values -- the reference's
+ * largest logits --, absmax and l2 of the whole reference row), in float64, exactly as the Python runtime's
+ * golden.row_errors: max abs >= max(max |got - ref| over the stored ids, | max|got| - absmax |), L2 >=
+ * max(||got - ref|| over the stored ids, | ||got|| - l2 |); rel_l2 = L2 / l2, max_rel = max abs / max(absmax, 1).
+ * With the whole row stored the bounds are the errors themselves. Non-finite logits: infinite errors.
+ */
+export function rowErrors(got, row) {
+  let nonfinite = 0;
+  for (let i = 0; i < got.length; i++) if (!Number.isFinite(got[i])) nonfinite++;
+  if (nonfinite) return { max_abs: Infinity, max_rel: Infinity, rel_l2: Infinity, nonfinite };
+  let diffMax = 0, diffSq = 0;
+  for (let k = 0; k < row.ids.length; k++) {
+    const d = got[row.ids[k]] - row.values[k];
+    diffMax = Math.max(diffMax, Math.abs(d));
+    diffSq += d * d;
+  }
+  let gotMax = 0, gotSq = 0;
+  for (let i = 0; i < got.length; i++) {
+    gotMax = Math.max(gotMax, Math.abs(got[i]));
+    gotSq += got[i] * got[i];
+  }
+  const maxAbs = Math.max(diffMax, Math.abs(gotMax - row.absmax));
+  const l2 = Math.max(Math.sqrt(diffSq), Math.abs(Math.sqrt(gotSq) - row.l2));
+  return { max_abs: maxAbs, max_rel: maxAbs / Math.max(row.absmax, 1), rel_l2: l2 / Math.max(row.l2, 1e-30), nonfinite: 0 };
+}
+
+/** Every error bound in `budget` ("max_abs", "max_rel", "rel_l2"; others are ignored) holds and nothing is
+ * non-finite (edgelin.parity.within). */
+export function withinBudget(errors, budget) {
+  if (errors.nonfinite) return false;
+  return ["max_abs", "max_rel", "rel_l2"].every((k) => budget[k] === undefined || errors[k] <= budget[k]);
+}
+
+/** x as Python's f"{x:.2e}" writes it (two-digit exponent). */
+function exp2(x) {
+  if (!Number.isFinite(x)) return Number.isNaN(x) ? "nan" : x > 0 ? "inf" : "-inf";
+  return x.toExponential(2).replace(/e([+-])(\d)$/, (_, sign, digit) => `e${sign}0${digit}`);
 }
 
 function now() {

@@ -208,15 +208,26 @@ def test_a_golden_value_off_by_one_is_caught_at_its_row(plain, tmp_path):
 def test_a_changed_or_missing_golden_file_is_refused(plain, tmp_path):
     out = copy_of(plain, tmp_path / "changed")
     path = out / golden.GOLDEN_FILE
-    path.write_text(path.read_text().replace('"rows":[', '"rows": ['))
+    text = path.read_text()
+    path.write_text(text.replace('"precision":"fp32"', '"precision":"fp33"'))  # same size, other bytes
     with pytest.raises(ManifestError, match="golden.json is not the file edgelin.json records"):
+        golden.check(out, ["cpu"])
+    path.write_text(text + " ")
+    with pytest.raises(ManifestError, match=r"golden.json is [\d,]+ bytes but edgelin.json says"):
         golden.check(out, ["cpu"])
     path.unlink()
     with pytest.raises(ManifestError, match="lacks golden.json"):
         golden.check(out, ["cpu"])
-    bad = _edit_golden(plain, tmp_path / "bad", lambda d: d["rows"].pop())
-    with pytest.raises(ManifestError, match="not a golden outputs file edgelin can read"):
-        golden.check(bad, ["cpu"])
+    for name, edit, why in [
+        ("rows", lambda d: d["rows"].pop(), "its rows are not the ones its plan compares"),
+        ("id", lambda d: d["rows"][3]["ids"].__setitem__(0, 10**6), "its ids are not distinct ids of the vocabulary"),
+        ("twice", lambda d: d["rows"][3]["ids"].__setitem__(1, d["rows"][3]["ids"][0]), "its ids are not distinct"),
+        ("l2", lambda d: d["rows"][0].__setitem__("l2", -1.0), "non-finite or negative"),
+        ("prompt", lambda d: d["prompt"][0].__setitem__(0, 256), "token ids outside the vocabulary"),
+    ]:
+        bad = _edit_golden(plain, tmp_path / name, edit)
+        with pytest.raises(ManifestError, match=f"not a golden outputs file edgelin can read .*{why}"):
+            golden.check(bad, ["cpu"])
 
 
 def test_an_export_without_golden_outputs_gets_the_comparison_across_providers(plain, tmp_path):

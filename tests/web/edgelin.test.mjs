@@ -132,6 +132,110 @@ test("bad input is refused with an EdgelinError", { skip: why ?? false }, async 
   await assert.rejects(edgelin.loadExport(ort, weights((b) => { b[0] ^= 1; return b; })), /weights\.data is not the file edgelin\.json describes/);
 });
 
+// ---- the golden check ----------------------------------------------------------------------------
+// JS and Python compute the same lower bounds from the same stored rows, but of logits from two ONNX Runtime
+// builds (onnxruntime-node, the Python wheel) at batch 1 here and 2 there. At fp32 the errors are rounding
+// noise (~1e-6), which another kernel can change by a small factor, so the two measures of each group must
+// agree within a factor GOLDEN_AGREE, plus GOLDEN_FLOOR (the rounding of one fp32 logit of a few units, on the
+// max(|logit|, 1) scale). Measured: equal to 4 digits (onnxruntime-node 1.30.0, onnxruntime 1.31.1, x86-64).
+const GOLDEN_AGREE = 4, GOLDEN_FLOOR = 2e-7;
+
+test("the golden check passes and measures what the Python check measures", { skip: why ?? false }, async (t) => {
+  for (const c of cases.exports) {
+    await t.test(c.name, async () => {
+      const model = await open(c.dir);
+      const r = await model.check();
+      const python = c.golden_check.results.filter((x) => x.group === "golden");
+      assert.equal(r.golden, true);
+      assert.ok(r.passed && c.golden_check.passed, JSON.stringify(r.results));
+      assert.deepEqual(r.results.map((x) => x.name), python.map((x) => x.name)); // "prefill vs golden (pieces ...)", "decode vs golden (8 steps)"
+      assert.ok(r.results[0].name.startsWith("prefill vs golden") && r.results[1].name.startsWith("decode vs golden"));
+      assert.ok(r.seconds >= 0);
+      for (let i = 0; i < r.results.length; i++) {
+        const x = r.results[i], py = python[i];
+        assert.ok(x.passed && x.where === "" && x.nonfinite === 0, JSON.stringify(x));
+        assert.deepEqual(x.budget, py.budget);
+        assert.ok(Object.keys(x.budget).length > 0);
+        for (const k of ["max_abs", "max_rel", "rel_l2"]) {
+          assert.ok(Number.isFinite(x[k]) && x[k] >= 0, `${x.name}: ${k} ${x[k]}`);
+          if (x.budget[k] !== undefined) assert.ok(x[k] <= x.budget[k], `${x.name}: ${k} ${x[k]} over its budget ${x.budget[k]}`);
+        }
+        for (const k of ["max_rel", "rel_l2"]) {
+          const [js, p] = [x[k], py[k]];
+          t.diagnostic(`${c.name} ${x.name} ${k}: js ${js.toExponential(3)} python ${p.toExponential(3)}`);
+          assert.ok(js <= GOLDEN_AGREE * p + GOLDEN_FLOOR && p <= GOLDEN_AGREE * js + GOLDEN_FLOOR, `${x.name}: ${k} ${js} in JavaScript, ${p} in Python`);
+        }
+      }
+    });
+  }
+});
+
+/** A reader of the export in `dir` whose files pass through `change(name, bytes)`. */
+const changed = (dir, change) => (name) => readFile(join(dir, name)).then((b) => change(name, new Uint8Array(b)));
+
+test("the golden check fails on wrong golden values and refuses a golden.json that is not the manifest's", { skip: why ?? false }, async () => {
+  const g = cases.golden;
+  // one stored value of one decode row moved by 1.0 (the manifest's golden entry updated): out of budget there
+  const bad = await (await open(g.perturbed.dir)).check();
+  assert.equal(bad.passed, false);
+  const [prefill, decode] = bad.results;
+  assert.ok(prefill.passed && prefill.where === "", JSON.stringify(prefill));
+  assert.equal(decode.passed, false);
+  assert.ok(decode.where.startsWith(g.perturbed.where), decode.where);
+  assert.ok(decode.max_abs >= 0.99 && decode.max_abs <= 1.01, `max abs ${decode.max_abs}`);
+  const python = g.perturbed.python.results.find((x) => x.name === decode.name);
+  assert.ok(!python.passed && python.where.startsWith(g.perturbed.where), python.where);
+  assert.ok(Math.abs(decode.max_rel - python.max_rel) <= 1e-3 * python.max_rel, `max rel ${decode.max_rel} in JavaScript, ${python.max_rel} in Python`);
+  // golden.json changed behind the manifest's back: refused by its sha256 (the same size)
+  await assert.rejects((await open(g.tampered.dir)).check(), /golden\.json is not the file edgelin\.json records \(its sha256 differs/);
+  // a golden.json of another size: refused by its size
+  const dir = cases.exports[0].dir;
+  const longer = changed(dir, (name, b) => (name === "golden.json" ? Uint8Array.from([...b, 10]) : b));
+  await assert.rejects((await edgelin.loadExport(ort, longer)).check(), /golden\.json is \d+ bytes but edgelin\.json says/);
+  // an export without golden outputs (made by an earlier edgelin)
+  const none = changed(dir, (name, b) => {
+    if (name !== "edgelin.json") return b;
+    const m = JSON.parse(new TextDecoder().decode(b));
+    delete m.golden;
+    return new TextEncoder().encode(JSON.stringify(m));
+  });
+  const old = await edgelin.loadExport(ort, none);
+  await assert.rejects(old.check(), (err) => err instanceof edgelin.EdgelinError && /this export has no golden outputs \(golden\.json\); re-export it/.test(err.message));
+  // a golden.json of another format, its hash and size made to match
+  const other = new TextEncoder().encode(JSON.stringify({ format: "edgelin-golden/0" }));
+  const digest = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", other)), (x) => x.toString(16).padStart(2, "0")).join("");
+  const swapped = changed(dir, (name, b) => {
+    if (name === "golden.json") return other;
+    if (name !== "edgelin.json") return b;
+    const m = JSON.parse(new TextDecoder().decode(b));
+    m.golden = { ...m.golden, sha256: digest, bytes: other.length };
+    return new TextEncoder().encode(JSON.stringify(m));
+  });
+  await assert.rejects((await edgelin.loadExport(ort, swapped)).check(), /not a golden outputs file edgelin can read \(format "edgelin-golden\/0"/);
+});
+
+test("rowErrors gives the errors themselves for a whole stored row, and lower bounds for a part", { skip: false }, () => {
+  const ref = [3, -1, 0.5, 2];
+  const norm = (x) => Math.sqrt(x.reduce((a, v) => a + v * v, 0));
+  const whole = { ids: [0, 3, 2, 1], values: [3, 2, 0.5, -1], absmax: 3, l2: norm(ref) };
+  const got = Float32Array.of(3.5, -1, 0.5, 2);
+  const e = edgelin.rowErrors(got, whole);
+  assert.equal(e.max_abs, 0.5);
+  assert.equal(e.max_rel, 0.5 / 3);
+  assert.ok(Math.abs(e.rel_l2 - 0.5 / norm(ref)) < 1e-15);
+  // only the top two stored: the difference at id 2 is unseen, but the row's norm still bounds it
+  const part = { ids: [0, 3], values: [3, 2], absmax: 3, l2: norm(ref) };
+  const far = Float32Array.of(3, -1, 10, 2);
+  const p = edgelin.rowErrors(far, part);
+  assert.equal(p.max_abs, 7); // | max|got| - absmax | = 10 - 3
+  assert.ok(p.rel_l2 > 0 && p.rel_l2 * norm(ref) <= 9.5 + 1e-12);
+  assert.equal(edgelin.rowErrors(Float32Array.of(NaN, 0, 0, 0), whole).nonfinite, 1);
+  assert.equal(edgelin.withinBudget(edgelin.rowErrors(Float32Array.of(NaN, 0, 0, 0), whole), {}), false);
+  assert.equal(edgelin.withinBudget(e, { max_rel: 0.2, rel_l2: 0.2 }), true);
+  assert.equal(edgelin.withinBudget(e, { max_rel: 0.1 }), false);
+  assert.equal(edgelin.withinBudget(e, { max_abs: 0.4 }), false);
+});
+
 test("float16 bits round-trip", { skip: false }, () => {
   for (const x of [0, 1, -2.5, 65504, 6.1e-5, 5.96e-8, 0.1]) {
     const back = edgelin.fromHalf(edgelin.toHalf(x));

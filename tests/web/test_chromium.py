@@ -1,6 +1,7 @@
 """`edgelin web` in a real headless Chromium (Debian's `chromium`): the site, served from 127.0.0.1, generates
-the Python runtime's greedy text. The page posts #output and its state to the test's server when opened
-with ``&report=PATH``. Skipped, with the reason, where chromium or onnxruntime-web is missing."""
+the Python runtime's greedy text, and (opened with ``check=1``) checks itself against the export's golden outputs.
+The page posts #output, its state and its check to the test's server when opened with ``&report=PATH``. Skipped,
+with the reason, where chromium or onnxruntime-web is missing."""
 
 from __future__ import annotations
 
@@ -54,6 +55,52 @@ def test_the_site_generates_the_python_runtimes_greedy_text(chromium, ort_web, b
     assert report["state"] == "done", report["output"]
     assert report["output"] == want
     assert float(report["decodeTokensPerS"]) > 0
+    assert report["check"] is None  # checked only when asked (check=1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_the_site_checks_itself_against_the_golden_outputs(chromium, ort_web, bundled_exports, precision, tmp_path):
+    """?check=1: onnxruntime-web (WASM) runs the export's golden inputs, each group within the logits budget; the
+    prompt asked for alongside is still generated, the Python runtime's text."""
+    from edgelin.runtime import generate_text
+    from edgelin.runtime.golden import check
+
+    export = bundled_exports(precision)
+    want = generate_text(export, PROMPT, max_new_tokens=8, provider="cpu", threads=1)["text"]
+    python = check(export, ["cpu"], threads=1, timing=False).to_dict()["providers"][0]["results"]
+    site = write_site(export, tmp_path / "site", ort_web=ort_web).out_dir
+    report = open_page(chromium, site, {"check": "1", "prompt": PROMPT, "n": 8}, tmp_path / "profile")
+    assert report["state"] == "done", report["output"]
+    assert report["output"] == want
+    got = report["check"]
+    assert got["golden"] is True and got["precision"] == precision and got["passed"] is True, got
+    assert [x["name"] for x in got["results"]] == [x["name"] for x in python if x["group"] == "golden"]
+    for x in got["results"]:
+        assert x["passed"] and x["where"] == "" and x["nonfinite"] == 0, x
+        assert all(x[k] <= v for k, v in x["budget"].items()), x
+        assert 0 <= x["max_rel"] and 0 <= x["rel_l2"], x
+
+
+def test_a_check_of_wrong_golden_values_fails_in_the_page(chromium, ort_web, bundled_export, tmp_path):
+    """A golden value moved by 1.0 (the site's manifest updated to match): the page reports the failed check and
+    names the row, and still finishes (state done)."""
+    from edgelin.runtime.golden import GOLDEN_FILE, golden_text
+    from edgelin.runtime.manifest import MANIFEST_FILE, file_sha256
+
+    site = write_site(bundled_export, tmp_path / "site", ort_web=ort_web).out_dir
+    export = site / "export"
+    golden = json.loads((export / GOLDEN_FILE).read_text())
+    row = next(r for r in golden["rows"] if (r["graph"], r["batch"], r["at"]) == ("prefill", 1, golden["positions"][-1]))
+    row["values"][0] -= 1.0
+    (export / GOLDEN_FILE).write_text(golden_text(golden), encoding="utf-8")
+    manifest = json.loads((export / MANIFEST_FILE).read_text())
+    manifest["golden"] = dict(manifest["golden"], sha256=file_sha256(export / GOLDEN_FILE), bytes=(export / GOLDEN_FILE).stat().st_size)
+    (export / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    report = open_page(chromium, site, {"check": "1"}, tmp_path / "profile")
+    assert report["state"] == "done", report["output"]
+    prefill, decode = report["check"]["results"]
+    assert report["check"]["passed"] is False and not prefill["passed"] and decode["passed"], report["check"]
+    assert prefill["where"].startswith(f"prefill position {golden['positions'][-1]} of prompt 1:"), prefill["where"]
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4"])

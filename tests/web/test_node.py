@@ -5,6 +5,11 @@ to a JSON file; ``node --test tests/web/edgelin.test.mjs`` checks the module aga
 equal, logits within 1e-4 (one ONNX Runtime thread on each side), on the bundled model's export, on a
 cosFormer export (an int64 state), on a ragged export (its prefill graph takes per-row lengths, which
 the module feeds) and on a hybrid export (a windowed KV cache: a state that grows, then stays at its window). Skipped, with the reason, where node or onnxruntime-node is missing.
+
+The golden check (``Model.check()``) runs on each export against what the Python check
+(``edgelin.runtime.golden.check``) measured there, and on copies of the bundled export whose golden.json
+was changed: one value of one decode row moved by 1.0 with the manifest's golden entry updated (the check
+must fail and name that row), and one changed behind the manifest's back (refused: its sha256 differs).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -53,7 +59,57 @@ def _export_case(name, export_dir, python_greedy, n, prompts):
     out["continuation"] = {"first_ids": first, "first_n": 12, "first_out": g1.results[0].ids,
                            "second_ids": second, "second_n": 9, "second_out": g2.results[0].ids}
     out["state_bytes"] = s.manifest.state_bytes(1)
+    out["golden_check"] = _python_check(export_dir)
     return out
+
+
+def _python_check(export_dir):
+    """The Python golden check of ``export_dir`` on CPU: {passed, results: [{name, max_abs, ...}]}."""
+    from edgelin.runtime.golden import check
+
+    report = check(export_dir, ["cpu"], threads=1, timing=False).to_dict()
+    assert report["golden"], f"{export_dir} has no golden outputs"
+    return {"passed": report["passed"], "results": report["providers"][0]["results"]}
+
+
+PERTURBED_ROW = ("decode", 1, 3)  # (graph, prompt, step) of the row whose stored value the perturbed copy moves
+
+
+def _golden_cases(export_dir, tmp_path):
+    """Copies of ``export_dir`` with a changed golden.json: "perturbed" (the largest stored logit of
+    PERTURBED_ROW moved by +1.0, the manifest's golden sha256 and bytes updated: a valid file of wrong
+    values) and "tampered" (one digit changed, the manifest left as it was: not the file it records)."""
+    from edgelin.errors import ManifestError
+    from edgelin.runtime.golden import GOLDEN_FILE, Golden, golden_text
+    from edgelin.runtime.manifest import MANIFEST_FILE, Manifest, file_sha256
+
+    perturbed = tmp_path / "perturbed"
+    shutil.copytree(export_dir, perturbed)
+    golden = json.loads((perturbed / GOLDEN_FILE).read_text())
+    row = next(r for r in golden["rows"] if (r["graph"], r["batch"], r["at"]) == PERTURBED_ROW)
+    row["values"][0] += 1.0
+    (perturbed / GOLDEN_FILE).write_text(golden_text(golden), encoding="utf-8")
+    manifest = json.loads((perturbed / MANIFEST_FILE).read_text())
+    manifest["golden"] = dict(manifest["golden"], sha256=file_sha256(perturbed / GOLDEN_FILE), bytes=(perturbed / GOLDEN_FILE).stat().st_size)
+    (perturbed / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    Manifest.load(perturbed)  # the graphs' hashes still hold: only the golden entry changed
+    python = _python_check(perturbed)
+    graph, b, step = PERTURBED_ROW
+    where = f"{graph} step {step} of prompt {b}:"
+    assert not python["passed"] and [x["where"][:len(where)] for x in python["results"]] == ["", where], python
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(export_dir, tampered)
+    data = bytearray((tampered / GOLDEN_FILE).read_bytes())
+    at = data.index(b'"values":[') + len(b'"values":[')
+    while not chr(data[at]).isdigit():
+        at += 1
+    data[at] = ord("2") if data[at] == ord("1") else ord("1")  # the same size, still JSON: caught by its sha256 alone
+    (tampered / GOLDEN_FILE).write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="sha256 differs"):
+        Golden.load(tampered, Manifest.load(tampered))
+    return {"perturbed": {"dir": str(perturbed), "python": python, "where": where},
+            "tampered": {"dir": str(tampered)}}
 
 
 def _tokenizer_cases():
@@ -137,6 +193,7 @@ def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundl
             _export_case("hybrid-window16", hybrid_dir, python_greedy, 24, prompts),
         ],
         "decoding": decoding, "encoding": encoding, "sampling": _sampling_cases(),
+        "golden": _golden_cases(bundled_export, tmp_path),
     }
     path = tmp_path / "cases.json"
     path.write_text(json.dumps(cases))

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from edgelin.cli import main
 from edgelin.errors import ManifestError, OutputError, RuntimeInputError
+from edgelin.runtime.manifest import file_sha256
 from edgelin.web import find_ort_web, serve_in_thread, site_files, write_site
 
 
@@ -23,10 +24,15 @@ def test_the_site_holds_page_module_export_and_ort(tiny_export, ort_web, tmp_pat
     r = write_site(tiny_export, tmp_path / "site", ort_web=ort_web)
     names = set(r.files)
     assert {"index.html", "edgelin.mjs", "export/edgelin.json", "export/prefill.onnx", "export/decode.onnx", "export/weights.data",
-            "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", "ort/ort-wasm-simd-threaded.mjs"} == names
+            "export/golden.json", "ort/ort.wasm.min.mjs", "ort/ort-wasm-simd-threaded.wasm", "ort/ort-wasm-simd-threaded.mjs"} == names
     assert site_files(r.out_dir) is not None
     m = json.loads((r.out_dir / "export" / "edgelin.json").read_text())
     assert m["format"] == "edgelin/2" and not r.upgraded
+    # the golden outputs travel with the export, unchanged: the page's ?check=1 reads them
+    assert (r.out_dir / "export" / "golden.json").read_bytes() == (tiny_export / "golden.json").read_bytes()
+    assert m["golden"] == json.loads((tiny_export / "edgelin.json").read_text())["golden"]
+    assert m["golden"]["sha256"] == file_sha256(r.out_dir / "export" / "golden.json")
+    assert "check=1" in r.summary()
     server, base = serve_in_thread(r.out_dir)
     try:
         with urllib.request.urlopen(base + "ort/ort-wasm-simd-threaded.wasm") as resp:
@@ -67,6 +73,34 @@ def test_a_tampered_export_is_refused(tiny_export, ort_web, tmp_path):
     with pytest.raises(ManifestError, match="sha256 differs"):
         write_site(copy, tmp_path / "site", ort_web=ort_web)
     assert not (tmp_path / "site").exists()
+
+
+def test_an_export_with_a_missing_or_changed_golden_file_is_refused(tiny_export, ort_web, tmp_path):
+    copy = tmp_path / "export"
+    shutil.copytree(tiny_export, copy)
+    data = bytearray((copy / "golden.json").read_bytes())
+    data[-2] = ord(" ")  # the closing brace: the same size, another sha256
+    (copy / "golden.json").write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match="golden.json is not the file edgelin.json records"):
+        write_site(copy, tmp_path / "site", ort_web=ort_web)
+    (copy / "golden.json").unlink()
+    with pytest.raises(ManifestError, match="lacks golden.json"):
+        write_site(copy, tmp_path / "site", ort_web=ort_web)
+    assert not (tmp_path / "site").exists()
+
+
+def test_an_export_without_golden_outputs_makes_a_site_without_them(tiny_export, ort_web, tmp_path):
+    """An export made before golden outputs (no 'golden' in its manifest) still makes a site, without golden.json."""
+    copy = tmp_path / "export"
+    shutil.copytree(tiny_export, copy)
+    (copy / "golden.json").unlink()
+    manifest = json.loads((copy / "edgelin.json").read_text())
+    del manifest["golden"]
+    (copy / "edgelin.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    r = write_site(copy, tmp_path / "site", ort_web=ort_web)
+    assert "export/golden.json" not in r.files and "export/edgelin.json" in r.files
+    assert "golden" not in json.loads((r.out_dir / "export" / "edgelin.json").read_text())
+    assert "check=1" not in r.summary()
 
 
 def test_missing_onnxruntime_web_says_how_to_install(tmp_path, monkeypatch):
