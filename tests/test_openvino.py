@@ -12,7 +12,7 @@ import pytest
 
 from testkit.venvs import device_venv, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("openvino")]  # one venv, on one worker
 
 HYBRID = {"decay": "scalar", "attn_layers": (1,), "attn_window": 16}  # the shared hybrid export (tests/web too)
 
@@ -23,9 +23,9 @@ def openvino_venv(tmp_path_factory):
 
 
 @pytest.mark.parametrize("which", ["bundled", "hybrid"])
-def test_check_passes_on_cpu_and_openvino(openvino_venv, bundled_export, exported, which, tmp_path):
+def test_check_passes_on_cpu_and_openvino(openvino_venv, bundled_exports, exported, which, tmp_path):
     bindir, env = openvino_venv
-    export_dir = bundled_export if which == "bundled" else exported("elu+1", **HYBRID)[1]
+    export_dir = bundled_exports("fp32") if which == "bundled" else exported("elu+1", **HYBRID)[1]
     got = run([bindir / "edgelin", "check", export_dir, "--providers", "cpu,openvino", "--threads", "1", "--json", tmp_path / "check.json"],
               env=env, cwd=tmp_path)
     report = json.loads((tmp_path / "check.json").read_text())
