@@ -281,8 +281,9 @@ class _Validator:
             self.add(Check.of("providers", f"{name}: {r.name}", r.passed, r.errors, r.budget, r.where))
 
     def golden_outputs(self, session: Session, gold: golden.Golden) -> None:
-        """The export's golden outputs (computed at export) as the runtime check compares them."""
-        for r in golden.against_golden(golden.run_plan(session, gold.plan), gold):
+        """The export's golden outputs (computed at export) as the runtime check compares them, held to this run's
+        logits budget (the export's own bounds and --budget included)."""
+        for r in golden.against_golden(golden.run_plan(session, gold.plan), gold, self.budgets["logits"]):
             self.add(Check.of("golden", r.name, r.passed, r.errors, r.budget, r.where))
 
     # ---- 6. long stream vs float64 -------------------------------------------------------------

@@ -61,8 +61,9 @@ class Plan:
     @property
     def rows(self) -> list[tuple[str, int, int]]:
         """(graph, batch row, position or step) of every compared logits row, in file order."""
-        out = [("prefill", b, p) for b in range(BATCH) for p in self.positions]
-        return out + [("decode", b, t) for b in range(BATCH) for t in range(self.decode.shape[1])]
+        n = len(self.prompt)
+        out = [("prefill", b, p) for b in range(n) for p in self.positions]
+        return out + [("decode", b, t) for b in range(n) for t in range(self.decode.shape[1])]
 
 
 def plan_for(vocab: int, chunk: int, min_sequence: int = 1, *, seed: int = SEED, steps: int = DECODE_STEPS) -> Plan:
@@ -142,8 +143,11 @@ class Golden:
             prompt = np.asarray(d["prompt"], dtype=np.int64)
             decode = np.asarray(d["decode"], dtype=np.int64)
             plan = Plan(prompt, tuple(int(p) for p in d["pieces"]), tuple(int(p) for p in d["positions"]), decode)
-            if prompt.ndim != 2 or decode.ndim != 2 or len(prompt) != len(decode) or sum(plan.pieces) != prompt.shape[1]:
+            if prompt.ndim != 2 or decode.ndim != 2 or not len(prompt) or len(prompt) != len(decode) or sum(plan.pieces) != prompt.shape[1] \
+                    or min(plan.pieces, default=0) < max(1, manifest.min_sequence):
                 raise ValueError("prompt, decode and pieces do not fit together")
+            if not plan.positions or not all(0 <= p < prompt.shape[1] for p in plan.positions):
+                raise ValueError("positions outside the prompt")
             if (prompt < 0).any() or (prompt >= manifest.vocab_size).any() or (decode < 0).any() or (decode >= manifest.vocab_size).any():
                 raise ValueError("token ids outside the vocabulary")
             rows = d["rows"]
@@ -166,7 +170,7 @@ class Golden:
 def run_plan(session, plan: Plan) -> np.ndarray:
     """The plan's compared logits rows [rows, V] as ``session`` computes them (prefill in the plan's pieces,
     state carried, then decode with the state fed back), in ``plan.rows`` order."""
-    state = session.new_state(BATCH)
+    state = session.new_state(len(plan.prompt))
     prefill, start = [], 0
     for n in plan.pieces:
         prefill.append(np.asarray(session.prefill(plan.prompt[:, start:start + n], state), dtype=np.float32))
@@ -224,8 +228,10 @@ def _grouped(plan: Plan, per_row: list[parity.Errors], budget: dict[str, float],
     return out
 
 
-def against_golden(got: np.ndarray, golden: Golden) -> list[Result]:
-    return _grouped(golden.plan, [row_errors(g, r) for g, r in zip(got, golden.rows)], golden.budgets["logits"], "golden", "golden")
+def against_golden(got: np.ndarray, golden: Golden, budget: dict[str, float] | None = None) -> list[Result]:
+    """``got`` (``run_plan``'s rows) against the golden rows, held to ``budget`` (default: the file's logits budget)."""
+    bounds = golden.budgets["logits"] if budget is None else budget
+    return _grouped(golden.plan, [row_errors(g, r) for g, r in zip(got, golden.rows)], bounds, "golden", "golden")
 
 
 def against_provider(got: np.ndarray, ref: np.ndarray, plan: Plan, budget: dict[str, float], name: str) -> list[Result]:
@@ -235,7 +241,7 @@ def against_provider(got: np.ndarray, ref: np.ndarray, plan: Plan, budget: dict[
 def decode_ms(session, plan: Plan, steps: int = 24) -> float:
     """Median ms of one decode step at batch 1 (after two warm-up steps), the state fed back."""
     state = session.new_state(1)
-    session.prefill(plan.prompt[:1, :4], state)
+    session.prefill(plan.prompt[:1, :plan.pieces[-1]], state)  # a piece the plan prefills: at least min_sequence
     tok = plan.prompt[:1, :1]
     times = []
     for i in range(steps + 2):
@@ -250,7 +256,7 @@ def decode_ms(session, plan: Plan, steps: int = 24) -> float:
 @dataclass
 class ProviderRun:
     name: str
-    status: str  # "active" | "not available: why"
+    status: str  # "active" | "not available: why" | "failed: why" (an error while it ran the graphs)
     results: list[Result] = field(default_factory=list)
     decode_ms: float | None = None
     seconds: float = 0.0
@@ -289,7 +295,7 @@ class CheckReport:
         notes = []
         for r in self.runs:
             if r.status != "active":
-                rows.append((r.name, "-", "", "", "", "", "NOT AVAILABLE", ""))
+                rows.append((r.name, "-", "", "", "", "", "NOT AVAILABLE" if r.status.startswith("not available") else "FAILED", ""))
                 notes.append(f"  {r.name}: {r.status}")
                 continue
             for i, x in enumerate(r.results):
@@ -308,9 +314,11 @@ class CheckReport:
             lines.append("this export has no golden outputs (golden.json; exports made by an earlier edgelin): only the providers were compared with each other")
         n = sum(len(r.results) for r in self.runs)
         bad = sum(not x.passed for r in self.runs for x in r.results)
-        missing = [r.name for r in self.runs if r.status != "active"]
+        missing = [r.name for r in self.runs if r.status.startswith("not available")]
+        broken = [r.name for r in self.runs if r.status.startswith("failed")]
         verdict = "PASS" if self.passed else "FAIL"
-        tail = f" -- not available: {', '.join(missing)}" if missing else ("" if self.compared else " -- nothing was compared")
+        tail = "".join([f" -- not available: {', '.join(missing)}" if missing else "", f" -- failed to run: {', '.join(broken)}" if broken else ""])
+        tail = tail or ("" if self.compared else " -- nothing was compared")
         lines.append(f"{verdict}: {n - bad} of {n} comparisons within budget ({self.seconds:.1f} s){tail}")
         return "\n".join(lines)
 
@@ -346,15 +354,20 @@ def check(export_dir: str | Path, providers: list[str], *, threads: int | None =
             report.runs.append(ProviderRun(name, f"not available: {exc}"))
             continue
         run = ProviderRun(name, "active")
-        got = run_plan(session, plan)
+        try:
+            got = run_plan(session, plan)
+            if timing:
+                run.decode_ms = decode_ms(session, plan)
+        except Exception as exc:  # ONNX Runtime's errors while a provider runs a graph (Fail, RuntimeException, ...)
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            report.runs.append(ProviderRun(name, f"failed: ONNX Runtime raised {type(exc).__name__} running the graphs: {first_line[:300]}"))
+            continue
         if golden is not None:
             run.results += against_golden(got, golden)
         if first is None:
             first = (name, got)
         else:
             run.results += against_provider(got, first[1], plan, provider_budget, first[0])
-        if timing:
-            run.decode_ms = decode_ms(session, plan)
         run.seconds = time.perf_counter() - t0
         report.runs.append(run)
     report.seconds = time.perf_counter() - t_start

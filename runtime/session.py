@@ -453,21 +453,21 @@ def _open_other(paths, provider: str, options) -> dict[str, ort.InferenceSession
     ep, package = EXECUTION_PROVIDERS[provider]
     if provider in PLUGIN_PROVIDERS:
         device = _plugin_device(provider)
-        sessions = {}
-        for g, p in paths.items():
-            so = options(g)
-            so.add_provider_for_devices([device], {})
-            try:
-                sessions[g] = ort.InferenceSession(str(p), so)
-            except Exception as exc:  # e.g. WebGPU: "Failed to get a WebGPU adapter: No supported adapters"
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise ProviderError(f"{provider} was requested but {ep} cannot run the {g} graph here: {first[:300]}; use --provider cpu") from None
     else:
         available = ort.get_available_providers()
         if ep not in available:
             raise ProviderError(f"{provider} was requested but this onnxruntime build has no {ep} (it has {', '.join(available)}); "
                                 f"install {package}")
-        sessions = {g: _session(p, options(g), [ep, CPU_EP]) for g, p in paths.items()}
+    sessions = {}
+    for g, p in paths.items():
+        so = options(g)
+        if provider in PLUGIN_PROVIDERS:
+            so.add_provider_for_devices([device], {})
+        try:  # the graph loaded on CPU (and its sha256 held): a failure here is the provider's
+            sessions[g] = ort.InferenceSession(str(p), so) if provider in PLUGIN_PROVIDERS else ort.InferenceSession(str(p), so, providers=[ep, CPU_EP])
+        except Exception as exc:  # e.g. WebGPU: "Failed to get a WebGPU adapter: No supported adapters"
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ProviderError(f"{provider} was requested but {ep} cannot load the {g} graph here: {first[:300]}; use --provider cpu") from None
     for graph, sess in sessions.items():
         if sess.get_providers()[0] != ep:
             raise ProviderError(f"{provider} was requested but ONNX Runtime could not activate {ep} for the {graph} graph "
@@ -485,7 +485,7 @@ def _plugin_device(provider: str):
         raise ProviderError(f"{provider} was requested but the {module_name} package is not installed; install {package}") from None
     if not hasattr(ort, "register_execution_provider_library"):
         raise ProviderError(f"{provider} was requested but onnxruntime {ort.__version__} cannot load plugin execution providers; "
-                            f"install {package}")
+                            f"upgrade onnxruntime ({package})")
     if provider not in _REGISTERED:
         try:
             ort.register_execution_provider_library(provider, module.get_library_path())

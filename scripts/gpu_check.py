@@ -73,6 +73,7 @@ def main() -> int:
             return 2
         size = sum(p.stat().st_size for p in export_dir.iterdir() if p.suffix in (".onnx", ".data"))
         report = out / f"validate-{precision}.json"
+        report.unlink(missing_ok=True)
         run = edgelin("validate", str(export_dir), "--providers", "cpu,cuda", "--json", str(report))
         print(run.stdout[-3000:] + run.stderr[-2000:])
         data = json.loads(report.read_text()) if report.is_file() else {}
@@ -80,6 +81,7 @@ def main() -> int:
         cuda_checks = [c for c in data.get("checks", []) if c["group"] == "providers" and c["name"].startswith("cuda:") and c["max_abs"] is not None]
         # the torch-free check a device runs: both providers against the golden outputs, CUDA against CPU
         golden_report = out / f"check-{precision}.json"
+        golden_report.unlink(missing_ok=True)  # never read an earlier run's report as this one's
         run = edgelin("check", str(export_dir), "--providers", "cpu,cuda", "--json", str(golden_report))
         print(run.stdout[-3000:] + run.stderr[-1000:])
         golden_data = json.loads(golden_report.read_text()) if golden_report.is_file() else {}

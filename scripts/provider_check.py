@@ -22,13 +22,13 @@ from provider_nodes import placement  # noqa: E402
 
 from edgelin.runtime import golden  # noqa: E402
 from edgelin.runtime.manifest import GRAPHS, Manifest  # noqa: E402
-from edgelin.runtime.session import CPU_EP, EXECUTION_PROVIDERS, Session  # noqa: E402
+from edgelin.runtime.session import CPU_EP, EXECUTION_PROVIDERS, PLUGIN_PROVIDERS, Session  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("exports", nargs="+", type=Path)
-    ap.add_argument("--provider", default="openvino", choices=[p for p in EXECUTION_PROVIDERS if p != "cpu"])
+    ap.add_argument("--provider", default="openvino", choices=[p for p in EXECUTION_PROVIDERS if p not in ("cpu", *PLUGIN_PROVIDERS)])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -39,6 +39,8 @@ def main() -> None:
         report = golden.check(export_dir, ["cpu", args.provider], threads=1, timing=False)
         sessions = {p: Session(export_dir, provider=p, threads=1) for p in ("cpu", args.provider)}
         g = golden.Golden.load(export_dir, m)
+        if g is None:
+            raise SystemExit(f"{export_dir} has no golden outputs (made by an earlier edgelin); re-export it")
         ms = {p: [] for p in sessions}
         for r in range(args.rounds):
             for p in (list(sessions) if r % 2 == 0 else list(sessions)[::-1]):

@@ -5,7 +5,8 @@
 Opens each graph on the provider (the CPU provider taking what it does not) with ONNX Runtime's verbose log,
 and reads the placement ONNX Runtime logs ("Node(s) placed on [...]", then one line per node): how many nodes
 each provider holds and, for the CPU fallback, each node's op type and name. A provider that fuses what it
-takes (OpenVINO compiles it into one subgraph) shows few nodes. Torch-free: runs in a device's venv.
+takes (OpenVINO compiles it into one subgraph) shows few nodes. Torch-free: runs in a device's venv. Providers of
+an onnxruntime build only (a plugin such as webgpu: set SessionOptions.log_severity_level=0 yourself).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from edgelin.runtime.manifest import GRAPHS, Manifest
-from edgelin.runtime.session import CPU_EP, EXECUTION_PROVIDERS
+from edgelin.runtime.session import CPU_EP, EXECUTION_PROVIDERS, PLUGIN_PROVIDERS
 
 PLACED = re.compile(r"placed on \[(\w+)\]\. Number of nodes: (\d+)")
 NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s+(\S+) \((.*)\)\s*$")
@@ -64,7 +65,7 @@ def placement(path: Path, ep: str) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("export_dir", type=Path)
-    ap.add_argument("--provider", default="openvino", choices=[p for p in EXECUTION_PROVIDERS if p != "cpu"])
+    ap.add_argument("--provider", default="openvino", choices=[p for p in EXECUTION_PROVIDERS if p not in ("cpu", *PLUGIN_PROVIDERS)])
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     manifest = Manifest.load(args.export_dir)

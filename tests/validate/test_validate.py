@@ -89,6 +89,13 @@ def test_decode_weight_changed_by_1e_3(base, broken):
     assert "decode.onnx is not the file edgelin.json describes" in fails["structure/graph files <-> edgelin.json sha256"]
 
 
+def test_the_golden_group_is_held_to_the_runs_budget(base):
+    ckpt, out = base
+    report = validate(out, ckpt, steps=4, budget={"logits": {"max_rel": 1e-12}})
+    golden_checks = [c for c in report.checks if c.group == "golden"]
+    assert len(golden_checks) == 2 and all(c.status == "fail" and c.budget["max_rel"] == 1e-12 for c in golden_checks)
+
+
 def test_state_output_wired_to_the_wrong_layer(base, broken):
     ckpt, _ = base
     # what a buggy exporter would write: layer 1's new S leaves the graph as present.0.S and vice versa
