@@ -31,6 +31,9 @@ def main() -> None:
 
 
 def _default_checkpoint(checkpoint: str | None) -> str:
+    if checkpoint is not None and not checkpoint.strip():
+        fail(f"CHECKPOINT is {checkpoint!r}, an empty name; pass a checkpoint folder (config.json + model.safetensors), "
+             "or leave it out for the bundled model")
     if checkpoint is not None:
         return checkpoint
     from edgelin.models import bundled_checkpoint

@@ -71,6 +71,9 @@ class OneLineGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # `edgelin` alone: the help, as --help prints it
+            click.echo(exc.ctx.get_help(), err=True)
+            sys.exit(EXIT_BAD_INPUT)
         except click.exceptions.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "edgelin"
             fail(f"{' '.join(exc.format_message().split())} (see `{where} --help`)")

@@ -18,7 +18,7 @@ from edgelin.cli_common import progress, user_errors
 @click.option("--ort-web", type=click.Path(path_type=str), default=None,
               help="The installed npm package onnxruntime-web [default: $EDGELIN_ORT_WEB, else node_modules/onnxruntime-web here or above].")
 @click.option("--serve", is_flag=True, help="Serve the site on 127.0.0.1 until Ctrl-C (a temporary folder without -o).")
-@click.option("--port", type=int, default=8000, show_default=True, help="Port for --serve (0: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port for --serve, 0..65535 (0: any free port).")
 @user_errors
 def web(export_dir, out_dir, force, ort_web, serve, port):
     """Write a static web site that generates text from EXPORT_DIR in the browser (ONNX Runtime Web, WASM).

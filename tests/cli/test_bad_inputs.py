@@ -198,6 +198,8 @@ CASES = {
     "export/unknown-option": Case(["export", CK, "-o", "out", "--frobnicate"], "No such option"),
     "export/missing-out": Case(["export", CK], "Missing option"),
     "cli/unknown-command": Case(["exprot"], "No such command"),
+    "export/checkpoint-empty-string": Case(["export", "", "-o", "out"], "CHECKPOINT is '', an empty name"),
+    "web/port-out-of-range": Case(["web", EX, "--serve", "--port", "99999"], "99999 is not in the range 0<=x<=65535"),
     # validate
     "validate/missing-export": Case(["validate", "nope"], "is not a folder"),
     "validate/not-an-export": Case(["validate", "docs"], "no edgelin.json"),
@@ -316,6 +318,13 @@ def test_bad_input_is_one_line_and_changes_nothing(world, name):
     assert not [line for line in result.stderr.splitlines() if line.startswith(("Usage:", "Try ", "Error:"))], result.stderr
     assert case.expect in errors[0], errors[0]
     assert tree(world) == before
+
+
+def test_edgelin_alone_prints_its_help():
+    result = CliRunner().invoke(main, [], prog_name="edgelin")
+    assert result.exit_code == 2 and "Traceback" not in result.output + result.stderr
+    assert result.stderr.startswith("Usage: edgelin [OPTIONS] COMMAND [ARGS]...") and "\nCommands:\n" in result.stderr
+    assert "edgelin: error:" not in result.stderr and len(result.stderr.splitlines()) > 10
 
 
 def test_the_table_is_large_enough():
