@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgelin.cli_common import progress, user_errors
+from edgelin.cli_common import fail, progress, user_errors
 
 SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision"
 
@@ -71,6 +71,8 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
     from edgelin.bench import run_bench
 
     names = [n.strip() for s in sections for n in s.split(",") if n.strip()]
+    if sections and not names:  # `--section ''` would otherwise run every section
+        fail(f"--section names no section; choose from {SECTION_NAMES}")
     report = run_bench(source, provider=provider, threads=threads, quick=quick, out_dir=out_dir, sections=names or None,
                        memory_cap_gb=memory_cap, plots=not no_plots, progress=progress, overwrite=force)
     click.echo(report.table())

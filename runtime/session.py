@@ -306,7 +306,11 @@ class Session:
             raise RuntimeInputError("this state belongs to another model; create it with this session's new_state()")
         if state.device != self.device:
             raise RuntimeInputError(f"this state lives on {state.device[0]}, the session runs on {self.device[0]}")
-        ids = np.asarray(input_ids)
+        try:
+            ids = np.asarray(input_ids)
+        except ValueError:  # nested lists of different lengths
+            raise RuntimeInputError("input_ids must be a rectangular [batch, tokens] array; for prompts of different lengths use "
+                                    "prefill_batch") from None
         if ids.ndim == 1:
             ids = ids[None]  # [1, T]
         if ids.ndim != 2 or ids.shape[0] != state.batch:

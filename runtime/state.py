@@ -127,6 +127,9 @@ class State:
     def rows(self, index: Sequence[int]) -> "State":
         """A new state holding the sequences ``index`` of this one, in that order."""
         index = list(index)
+        bad = [i for i in index if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -self.batch <= i < self.batch]
+        if bad or not index:
+            raise RuntimeInputError(f"rows takes a non-empty list of indices of this state's {self.batch} sequence(s) (0..{self.batch - 1}), got {index!r}")
         return State.from_arrays(self.manifest, {k: a[index] for k, a in self.numpy().items()}, self.device, copy=False)
 
     def split(self) -> list["State"]:
@@ -137,6 +140,11 @@ class State:
     def stack(states: Sequence["State"]) -> "State":
         """Concatenate states of the same export along the batch dim; growing states (KV caches) of different
         lengths are left-padded to the longest (padding is masked by each row's position, edgelin.attention)."""
+        states = list(states)
+        if not states:
+            raise RuntimeInputError("State.stack takes at least one state, got none")
+        for s in states:
+            require_state(s)
         first = states[0]
         for s in states[1:]:
             first._check_same_model(s)

@@ -199,6 +199,7 @@ CASES = {
     "export/missing-out": Case(["export", CK], "Missing option"),
     "cli/unknown-command": Case(["exprot"], "No such command"),
     "export/checkpoint-empty-string": Case(["export", "", "-o", "out"], "CHECKPOINT is '', an empty name"),
+    "bench/section-empty": Case(["bench", "--section", ""], "--section names no section"),
     "web/port-out-of-range": Case(["web", EX, "--serve", "--port", "99999"], "99999 is not in the range 0<=x<=65535"),
     # validate
     "validate/missing-export": Case(["validate", "nope"], "is not a folder"),
@@ -399,7 +400,26 @@ def _api_cases():
 
         export(w / "models" / "ckpt", w / "docs", force=True)
 
+    def stack_nothing(w):
+        from edgelin.runtime import State
+
+        State.stack([])
+
+    def rows_out_of_range(w):
+        _session(w).new_state(1).rows([5])
+
+    def rows_none(w):
+        _session(w).new_state(2).rows([])
+
+    def ragged_nested_ids(w):
+        s = _session(w)
+        s.prefill([[1, 2], [3]], s.new_state(2))
+
     return {
+        "state-stack-nothing": (stack_nothing, RuntimeInputError),
+        "state-rows-out-of-range": (rows_out_of_range, RuntimeInputError),
+        "state-rows-empty": (rows_none, RuntimeInputError),
+        "ragged-nested-token-ids": (ragged_nested_ids, RuntimeInputError),
         "manifest-a-list": (manifest_list, ManifestError),
         "manifest-bytes-not-utf8": (manifest_bytes_api, ManifestError),
         "state-batch-1e9": (huge_batch, RuntimeInputError),
@@ -419,6 +439,7 @@ API_NAMES = [
     "manifest-a-list", "manifest-bytes-not-utf8", "state-batch-1e9", "float-token-ids", "zero-d-state-array",
     "lone-surrogate-prompt", "config-1e9-d_model", "nan-weights-export", "nan-logits-generation",
     "validate-negative-seed", "state-save-into-a-folder", "export-force-user-folder",
+    "state-stack-nothing", "state-rows-out-of-range", "state-rows-empty", "ragged-nested-token-ids",
 ]
 
 
