@@ -112,14 +112,24 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
 @click.option("--force", is_flag=True, help="Let --json replace a file that is not an earlier validate report, or one that is part of an export.")
 @click.option("--budget", "budgets", multiple=True, metavar="KIND.BOUND=VALUE",
               help=BUDGET_HELP + " Applies over the export's own (edgelin export --budget); the report lists every bound set.")
+@click.option("--upstream", type=click.Choice(["off", "auto", "required"]), default="auto", show_default=True,
+              help="For a transformers or fla checkpoint, also run that framework's own model (in a subprocess, on CPU) "
+                   "and compare it with edgelin's import and with the graphs. auto: where the framework is installed; "
+                   "required: refuse to run without it; off: skip.")
 @user_errors
-def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force, budgets):
+def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force, budgets, upstream):
     """Check that EXPORT_DIR computes what its PyTorch checkpoint computes.
 
     \b
     Checks: structure (manifest <-> graphs, metadata, weights hash), prefill vs PyTorch, decode vs
     PyTorch step by step, prefill vs decode, each provider vs CPU, a long decode stream vs float64
     PyTorch, greedy generation. Every failure is reported with where it diverged first.
+
+    \b
+    For a Hugging Face transformers or fla checkpoint, "PyTorch" above is edgelin's import of it. The
+    upstream group then runs the framework's own model on the same ids and compares it with the import
+    and with the graphs (prefill logits, cached decode, greedy ids); an import that departs names the
+    first layer where it does.
 
     \b
     Exit status: 0 all checks passed, 1 a check failed (or a provider named in --providers is not
@@ -130,6 +140,7 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
       edgelin validate out/ --checkpoint ckpt/
       edgelin validate out/ --checkpoint ckpt/ --providers cpu,cuda --long 10000 --json report.json
       edgelin validate out/ --checkpoint ckpt/ --budget logits.max_rel=3e-5 --budget top1.min_agreement=0.9
+      edgelin validate out/ --checkpoint Qwen3.5-0.8B/ --upstream required --steps 16
     """
     from edgelin import parity
     from edgelin.runtime.files import check_output_file
@@ -139,7 +150,7 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
     if json_path is not None:  # before the checks run: a bad path must not cost the report
         check_output_file(json_path, "report file", overwrite=force, ours=REPORT_FILE)
     report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress,
-                      budget=overrides)
+                      budget=overrides, upstream=upstream)
     click.echo(report.table())
     if json_path:
         report.write_json(json_path, overwrite=force)

@@ -35,9 +35,12 @@ from edgelin.errors import EdgelinError
 #   top1      teacher-forced top-1 agreement on random ids (near-ties may flip)
 #   greedy    64 greedy tokens on 8 held-out prompts, export vs fp32 PyTorch: mean fraction before the first difference
 #   heldout   bits/byte on the bundled model's held-out text, export minus fp32 PyTorch, and top-1 agreement there
-def _budget(*, logits, state, provider, long, top1, greedy, heldout) -> dict[str, dict[str, float]]:
+#   upstream  a foreign checkpoint's own framework (transformers, fla) vs the graphs (this precision's row) and vs
+#             edgelin's import (always the fp32 row: both are fp32 PyTorch): edgelin.upstream
+def _budget(*, logits, state, provider, long, top1, greedy, heldout, upstream=None) -> dict[str, dict[str, float]]:
     """One precision's row: (max rel, rel L2) pairs, a rel L2 for states, minimum agreements, and the
-    held-out (bits/byte delta, top-1 agreement) pair."""
+    held-out (bits/byte delta, top-1 agreement) pair. ``upstream`` defaults to the logits pair."""
+    upstream = logits if upstream is None else upstream
     return {
         "logits": {"max_rel": logits[0], "rel_l2": logits[1]},
         "state": {"rel_l2": state},
@@ -46,6 +49,7 @@ def _budget(*, logits, state, provider, long, top1, greedy, heldout) -> dict[str
         "top1": {"min_agreement": top1},
         "greedy": {"min_agreement": greedy},
         "heldout": {"max_bpb_delta": heldout[0], "min_agreement": heldout[1]},
+        "upstream": {"max_rel": upstream[0], "rel_l2": upstream[1]},
     }
 
 
@@ -168,6 +172,7 @@ _ERROR_BOUNDS = ("max_abs", "max_rel", "rel_l2")
 KIND_BOUNDS: dict[str, tuple[str, ...]] = {
     "logits": _ERROR_BOUNDS, "provider": _ERROR_BOUNDS, "long": _ERROR_BOUNDS, "state": ("rel_l2",),
     "top1": ("min_agreement",), "greedy": ("min_agreement",), "heldout": ("max_bpb_delta", "min_agreement"),
+    "upstream": _ERROR_BOUNDS,
 }
 
 

@@ -14,6 +14,9 @@ Checks, in order:
                 comparison, edgelin.runtime.golden, on this run's inputs); an inactive one is "n/a"
  6. long        N decode steps vs a float64 PyTorch run: drift curve, non-finite values
  7. behaviour   greedy continuation ORT vs PyTorch; top-1 agreement under teacher forcing
+ 8. upstream    for a foreign checkpoint, the framework it came from (transformers, fla) running its own model on
+                the same ids (edgelin.upstream, in a subprocess): edgelin's import vs it and the graphs vs it --
+                prefill logits, cached decode logits, greedy ids; a departing import names its first layer
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class Report:
     strict_providers: bool = True  # an unavailable provider that was asked for by name fails the run
     budgets: dict[str, dict[str, float]] = field(default_factory=dict)  # the budgets held to (overrides included)
     overrides: dict[str, dict[str, float]] = field(default_factory=dict)  # bounds set by the export or --budget
+    # the framework's own run (--upstream): framework, how it ran, its model class, seconds; {} where none ran
+    upstream: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -113,6 +118,9 @@ class Report:
                 f"long stream: {int(last['step'])} steps, max abs logits error {last['max_abs']:.2e}, "
                 f"rel L2 {last['rel_l2']:.2e} at the end (drift curve in --json)"
             )
+        if self.upstream.get("framework"):
+            u = self.upstream
+            lines.append(f"upstream: {u['model_class']} run by {u['how']}, {u['seconds']['total']:.1f} s")
         if self.overrides:
             lines.append("budgets set for this export or by --budget: "
                          + ", ".join(f"{k}.{b}={v:g}" for k, bounds in self.overrides.items() for b, v in bounds.items()))
@@ -151,8 +159,10 @@ def _said(e: parity.Errors) -> str:
 
 
 class _Validator:
-    def __init__(self, export_dir: Path, model, manifest: Manifest, budgets: dict, seed: int, say: Progress) -> None:
+    def __init__(self, export_dir: Path, model, manifest: Manifest, budgets: dict, seed: int, say: Progress,
+                 overrides: dict | None = None) -> None:
         self.export_dir, self.model, self.manifest, self.budgets, self.seed, self.say = export_dir, model, manifest, budgets, seed, say
+        self.overrides = overrides or {}
         self.checks: list[Check] = []
         self.rng = np.random.default_rng(seed)
         self.specs = manifest.states
@@ -420,6 +430,76 @@ class _Validator:
         return {"bytes": count, "bpb": bpb_ort, "bpb_fp32_torch": bpb_ref, "bpb_delta": delta, "top1": top1}
 
 
+    # ---- 8. the framework the checkpoint came from -------------------------------------------------
+    def upstream(self, session: Session, checkpoint: Path, framework: str, steps: int, threads: int, required: bool) -> dict[str, Any]:
+        """edgelin's import and the graphs against ``framework``'s own model on the same ids: a prompt of C + 5
+        tokens (batch 2: across a chunk boundary), ``steps`` tokens through its cache, GREEDY greedy tokens. The import
+        is held to the fp32 upstream budget (both are fp32 PyTorch), the graphs to the export precision's."""
+        from edgelin import upstream as up
+
+        C = self.chunk
+        prompt, ids = self.ids(2, C + 5), self.ids(2, steps)
+        self.say(f"upstream: running {framework}'s own model on the checkpoint (a subprocess) ...")
+        try:
+            ref = up.run(checkpoint, framework, prompt, ids, threads=threads)
+        except up.UpstreamError as exc:
+            self.add(Check("upstream", f"import vs {framework}", FAIL if required else NA, where=str(exc)))
+            return {}
+        fp32 = parity.with_overrides(BUDGETS["fp32"], {k: v for k, v in self.overrides.items() if k == "upstream"})["upstream"]
+        graph_budget = self.budgets["upstream"]
+        mine_prefill, mine_decode, mine_hidden = up.import_outputs(self.model, prompt, ids)
+        departs = ""
+
+        def departure() -> str:
+            nonlocal departs
+            departs = departs or up.first_departure(self.model, mine_hidden, ref.hidden, fp32["rel_l2"])
+            return departs
+
+        T, B = prompt.shape[1], prompt.shape[0]
+        # the import vs the framework
+        e = _errors(mine_prefill, ref.prefill)
+        ok = parity.within(e, fp32)
+        self.add(Check.of("upstream", f"import vs {framework}: prefill T={T} batch={B}", ok, e, fp32, "" if ok else departure()))
+        e, where = self._steps(mine_decode, ref.decode, fp32)
+        if where and not ok:
+            where += f"; over the prompt it {departure()}"
+        self.add(Check.of("upstream", f"import vs {framework}: {steps} cached decode steps", not where, e, fp32, where))
+        # the graphs vs the framework
+        state = session.new_state(B)
+        got_prefill = session.prefill(prompt, state)
+        got_decode = np.stack([session.decode(ids[:, t : t + 1], state)[:, -1] for t in range(steps)])
+        import_ok = ok
+        e = _errors(got_prefill, ref.prefill)
+        ok = parity.within(e, graph_budget)
+        note = "" if ok else (f"logits {_said(e)}" + ("" if import_ok else f"; the import {departure()}"))
+        self.add(Check.of("upstream", f"graphs vs {framework}: prefill T={T} batch={B}", ok, e, graph_budget, note))
+        e, where = self._steps(got_decode, ref.decode, graph_budget)
+        self.add(Check.of("upstream", f"graphs vs {framework}: {steps} decode steps, state fed back", not where, e, graph_budget, where))
+        # greedy ids after the prompt's first row
+        k = len(ref.greedy)
+        state = session.new_state(1)
+        first = session.prefill(prompt[:1], state, last_only=True)[0]
+        got = up.greedy_ids(first, lambda tok: session.decode(np.array([[tok]]), state)[0, -1], k)
+        same = next((i for i, (a, b) in enumerate(zip(got, ref.greedy.tolist())) if a != b), k)
+        need = self.budgets["greedy"]["min_agreement"]
+        ok = same / k >= need
+        self.add(Check("upstream", f"greedy {k} tokens: graphs == {framework} ({same} of {k} before the first difference)",
+                       PASS if ok else FAIL, budget={"min_agreement": need},
+                       where="" if ok else f"first different token at {same}: graphs {got[same]} vs {framework} {int(ref.greedy[same])}"))
+        return {"framework": framework, "how": ref.how, "model_class": ref.model_class, "seconds": ref.seconds,
+                "prompt_tokens": T, "batch": B, "decode_steps": steps, "greedy_tokens": k}
+
+    def _steps(self, got: np.ndarray, ref: np.ndarray, budget: dict) -> tuple[parity.Errors, str]:
+        """Worst errors over decode steps [N, B, V], and the first step out of budget."""
+        worst, where = parity.NONE, ""
+        for t in range(ref.shape[0]):
+            e = _errors(got[t], ref[t])
+            worst = worst.worst(e)
+            if not where and not parity.within(e, budget):
+                where = f"first diverging step {t}: logits {_said(e)}"
+        return worst, where
+
+
 def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
     """Summed -log p(target) in nats; logits [b, T, V] float64, targets [b, T]."""
     top = logits.max(-1, keepdims=True)
@@ -492,6 +572,7 @@ def validate(
     progress: Progress | None = None,
     heldout_bytes: int = 8192,
     budget=None,
+    upstream: str = "auto",
 ) -> Report:
     """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a model that follows
     edgelin.protocol, or None = the bundled model).
@@ -515,7 +596,8 @@ def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, fl
     return parity.held(manifest.precision, manifest.extra.get("parity_budgets"), given)
 
 
-def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192, budget=None) -> Report:
+def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192, budget=None,
+              upstream="auto") -> Report:
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
@@ -535,6 +617,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     chunk = manifest.extra.get("chunk_size")
     if isinstance(chunk, int) and hasattr(model, "with_chunk_size"):  # exported with --chunk-size
         model = model.with_chunk_size(chunk).eval()
+    framework, no_upstream = _upstream_plan(upstream, ckpt_path)
 
     report = Report(str(export_dir), str(ckpt_path or "<in-memory model>"), manifest.precision, {},
                     strict_providers=providers != "auto", budgets=budgets, overrides=overrides)
@@ -555,7 +638,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         report.seconds = time.perf_counter() - t_start
         return report
     report.providers["cpu"] = "active"
-    v = _Validator(export_dir, model, manifest, budgets, seed, say)
+    v = _Validator(export_dir, model, manifest, budgets, seed, say, overrides)
     say("prefill vs PyTorch ...")
     v.prefill_vs_torch(cpu)
     say("decode vs PyTorch ...")
@@ -597,9 +680,36 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     text = heldout_text(manifest)
     v.greedy_agreement(cpu, text)
     report.heldout = v.heldout(cpu, text, heldout_bytes)
+    if framework is not None:
+        report.upstream = v.upstream(cpu, ckpt_path, framework, steps, threads, required=upstream == "required")
+    elif no_upstream:
+        v.add(Check("upstream", "import and graphs vs the checkpoint's own framework", NA, where=no_upstream))
     report.checks.extend(v.checks)
     report.seconds = time.perf_counter() - t_start
     return report
+
+
+def _upstream_plan(mode: str, checkpoint: Path | None) -> tuple[str | None, str]:
+    """(the framework to run, or None; why none runs, for the report: '' where nothing needs saying). "required"
+    that cannot be met is an EdgelinError here, before any check runs."""
+    from edgelin import upstream
+
+    upstream.check_mode(mode)
+    if mode == "off":
+        return None, ""
+    framework = None if checkpoint is None else upstream.framework_of(checkpoint)
+    if framework is None:
+        why = ("the model was passed in memory" if checkpoint is None else "the checkpoint is edgelin's own model") + \
+            ": there is no other framework's model to compare with"
+        if mode == "required":
+            raise EdgelinError(f"--upstream required: {why}; use --upstream auto or off")
+        return None, why
+    missing = upstream.unavailable(framework)
+    if missing:
+        if mode == "required":
+            raise EdgelinError(f"--upstream required: {missing}")
+        return None, f"not compared: {missing}"
+    return framework, ""
 
 
 def _parse_providers(providers: str | list[str]) -> list[str]:

@@ -23,10 +23,15 @@ CONFIG_FILE = "config.json"
 
 Importer = Callable[[Path], Any]  # (checkpoint folder) -> an ExportableModel
 IMPORTERS: dict[str, Importer] = {}
+# model_type -> the framework whose own model the checkpoint is ("transformers", "fla"): what
+# ``edgelin validate --upstream`` runs as the reference (edgelin.upstream)
+FRAMEWORKS: dict[str, str] = {}
 
 
-def register_importer(model_type: str, importer: Importer) -> None:
+def register_importer(model_type: str, importer: Importer, framework: str | None = None) -> None:
     IMPORTERS[model_type] = importer
+    if framework is not None:
+        FRAMEWORKS[model_type] = framework
 
 
 def _lazy(module: str, name: str) -> Importer:
@@ -40,14 +45,14 @@ def _lazy(module: str, name: str) -> Importer:
 
 
 for _family in ("linear_attn", "retnet", "gla", "delta_net", "gated_deltanet"):  # flash-linear-attention: one module per model_type
-    register_importer(_family, _lazy(f"edgelin.importers.fla.{_family}", "load"))
+    register_importer(_family, _lazy(f"edgelin.importers.fla.{_family}", "load"), "fla")
 # Hugging Face transformers: one module per family
-register_importer("qwen3_5_text", _lazy("edgelin.importers.hf.qwen3_5", "load_text"))
-register_importer("qwen3_5", _lazy("edgelin.importers.hf.qwen3_5", "load"))
-register_importer("lfm2", _lazy("edgelin.importers.hf.lfm2", "load"))
-register_importer("mamba2", _lazy("edgelin.importers.hf.mamba2", "load"))
-register_importer("bamba", _lazy("edgelin.importers.hf.bamba", "load"))
-register_importer("granitemoehybrid", _lazy("edgelin.importers.hf.granitemoehybrid", "load"))
+register_importer("qwen3_5_text", _lazy("edgelin.importers.hf.qwen3_5", "load_text"), "transformers")
+register_importer("qwen3_5", _lazy("edgelin.importers.hf.qwen3_5", "load"), "transformers")
+register_importer("lfm2", _lazy("edgelin.importers.hf.lfm2", "load"), "transformers")
+register_importer("mamba2", _lazy("edgelin.importers.hf.mamba2", "load"), "transformers")
+register_importer("bamba", _lazy("edgelin.importers.hf.bamba", "load"), "transformers")
+register_importer("granitemoehybrid", _lazy("edgelin.importers.hf.granitemoehybrid", "load"), "transformers")
 
 
 def supported() -> tuple[str, ...]:
@@ -92,4 +97,4 @@ def import_checkpoint(path: str | Path) -> Any:
     return importer(path)
 
 
-__all__ = ["IMPORTERS", "Importer", "foreign_model_type", "import_checkpoint", "read_config", "register_importer", "supported"]
+__all__ = ["FRAMEWORKS", "IMPORTERS", "Importer", "foreign_model_type", "import_checkpoint", "read_config", "register_importer", "supported"]

@@ -10,12 +10,8 @@ compared too. The multimodal ``qwen3_5`` folder imports as its text model.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
@@ -92,27 +88,9 @@ def test_protocol_and_forms_agree_in_float64(tmp_path_factory):
     pieces_and_steps_agree(model, ids, (1, 63, 65))
 
 
-def multimodal(text_folder: Path, out: Path) -> Path:
-    """A qwen3_5 (vision-language) folder around a text checkpoint: the text weights under model.language_model.,
-    a vision tensor and an mtp tensor beside them, the text config nested."""
-    text_cfg = json.loads((text_folder / "config.json").read_text())
-    tensors = load_file(text_folder / "model.safetensors")
-    renamed = {("lm_head.weight" if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v for k, v in tensors.items()}
-    renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(8, 3, 2, 2)
-    renamed["mtp.fc.weight"] = torch.zeros(4, 4)
-    out.mkdir()
-    save_file(renamed, out / "model.safetensors", metadata={"format": "pt"})
-    cfg = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-           "text_config": text_cfg, "vision_config": {"depth": 1, "hidden_size": 8}, "image_token_id": 90,
-           "video_token_id": 91, "vision_start_token_id": 92, "vision_end_token_id": 93,
-           "tie_word_embeddings": text_cfg["tie_word_embeddings"]}
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
-
-
 def test_the_multimodal_checkpoint_imports_as_its_text_model(tmp_path_factory, tmp_path):
     folder, prompt, steps, ref = oracle("qwen3_5-hybrid4", tmp_path_factory)
-    model = load_checkpoint(multimodal(folder, tmp_path / "vl"))
+    model = load_checkpoint(hf_oracle.multimodal(folder, tmp_path / "vl"))
     assert model.model_config()["family"] == "hf/qwen3_5" and "vision tower" in model.model_config()["left_out"]
     text = load_checkpoint(folder)
     with torch.no_grad():

@@ -97,5 +97,58 @@ def cached(store: dict, case_id: str, model_type: str, config: dict, tmp_path_fa
     return store[case_id]
 
 
+def multimodal(text_folder, out):
+    """A qwen3_5 (vision-language) folder around a text checkpoint: the text weights under model.language_model.,
+    a vision tensor and an mtp tensor beside them, the text config nested."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    text_cfg = json.loads((text_folder / "config.json").read_text())
+    tensors = load_file(text_folder / "model.safetensors")
+    renamed = {("lm_head.weight" if k == "lm_head.weight" else k.replace("model.", "model.language_model.", 1)): v for k, v in tensors.items()}
+    renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(8, 3, 2, 2)
+    renamed["mtp.fc.weight"] = torch.zeros(4, 4)
+    out.mkdir()
+    save_file(renamed, out / "model.safetensors", metadata={"format": "pt"})
+    cfg = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+           "text_config": text_cfg, "vision_config": {"depth": 1, "hidden_size": 8}, "image_token_id": 90,
+           "video_token_id": 91, "vision_start_token_id": 92, "vision_end_token_id": 93,
+           "tie_word_embeddings": text_cfg["tie_word_embeddings"]}
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _vision_language_main(text_folder: str, out: str) -> None:
+    """In a subprocess: transformers' own Qwen3_5ForConditionalGeneration around the text checkpoint's weights (a tiny
+    vision tower of its own), saved with save_pretrained as a released Qwen3.5 checkpoint is."""
+    sys.modules["fla"] = None
+    import torch
+    import transformers
+
+    text = transformers.Qwen3_5ForCausalLM.from_pretrained(text_folder).eval()
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": text.config.hidden_size,
+              "num_position_embeddings": 16}
+    config = transformers.Qwen3_5Config(text_config=text.config.to_dict(), vision_config=vision,
+                                        tie_word_embeddings=text.config.tie_word_embeddings)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.load_state_dict(text.lm_head.state_dict())
+    model.save_pretrained(out)
+
+
+def vision_language(text_folder, out):
+    """A qwen3_5 vision-language checkpoint written by transformers itself around ``text_folder``'s text weights."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, __file__, "--vision-language", str(text_folder), str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--vision-language":
+        _vision_language_main(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1])

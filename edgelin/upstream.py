@@ -1,0 +1,169 @@
+"""The checkpoint's own framework as the reference: is edgelin's import of a checkpoint the model its framework runs?
+
+``edgelin validate`` compares the graphs with edgelin's PyTorch import of the checkpoint. For a foreign checkpoint
+(transformers' Qwen3.5, LFM2, Mamba2, ...; fla's linear_attn, GLA, ...) that import is a re-implementation: a
+config field read wrong would be in the import and in the graphs alike. This module runs the framework's own model
+(``edgelin.upstream_run``, in a subprocess: what it hides or patches to run on a CPU stays there) on the same ids and
+compares it with the import and with the graphs:
+
+    framework_of(checkpoint)   -> "transformers" | "fla" | None (edgelin's own model: the import is the model)
+    unavailable(framework)     -> why it cannot run here (not installed), or None
+    run(checkpoint, ...)       -> Upstream: its prefill logits, cached decode logits, greedy ids, per-layer outputs
+    import_outputs(model, ...) -> the same quantities from edgelin's import
+    first_departure(...)       -> the first layer whose output departs from the framework's, in words
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgelin import parity
+from edgelin.errors import EdgelinError
+
+MODES = ("off", "auto", "required")
+GREEDY = 16  # greedy tokens compared
+INSTALL = {
+    "transformers": "pip install 'transformers==5.24.0' (the version edgelin's importers were checked against)",
+    "fla": "pip install 'flash-linear-attention==0.6.0' 'fla-core==0.6.0' triton (its kernels run in Triton's interpreter on a CPU)",
+}
+WORKER = Path(__file__).with_name("upstream_run.py")
+
+
+class UpstreamError(EdgelinError):
+    """The framework's own model could not be run (it failed, timed out, or could not load every weight)."""
+
+
+def framework_of(checkpoint: str | Path) -> str | None:
+    """The framework a checkpoint folder's model comes from (by its config's ``model_type``), or None for edgelin's
+    own checkpoints."""
+    from edgelin.importers import FRAMEWORKS, foreign_model_type
+
+    model_type = foreign_model_type(checkpoint)
+    return None if model_type is None else FRAMEWORKS.get(model_type)
+
+
+def unavailable(framework: str) -> str | None:
+    """Why ``framework`` cannot run in this Python (a module it needs is missing, with the command that installs
+    it), or None."""
+    needs = {"transformers": ("transformers",), "fla": ("fla", "triton", "transformers")}[framework]
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{framework} is not installed here (no module {missing[0]!r}); to compare with it: {INSTALL[framework]}"
+    return None
+
+
+@dataclass
+class Upstream:
+    """What the framework's own model computed (numpy arrays)."""
+
+    framework: str
+    how: str
+    model_class: str
+    prefill: np.ndarray  # [B, T, V]
+    decode: np.ndarray  # [N, B, V]
+    greedy: np.ndarray  # [k] ids continuing the prompt's first row
+    hidden: list[np.ndarray]  # per layer [B, T, d]: the output of each decoder layer over the prompt
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def run(checkpoint: str | Path, framework: str, prompt: np.ndarray, steps: np.ndarray, *, greedy: int = GREEDY,
+        threads: int = 1, timeout: float = 3600.0) -> Upstream:
+    """Run ``checkpoint`` with ``framework``'s own model on CPU in a subprocess: a prefill of ``prompt`` [B, T], then
+    each column of ``steps`` [B, N] through its cache, and ``greedy`` greedy tokens after the prompt's first row."""
+    from safetensors.numpy import load_file
+
+    with tempfile.TemporaryDirectory(prefix="edgelin-upstream-") as tmp:
+        out = Path(tmp) / "upstream.safetensors"
+        spec = {"framework": framework, "checkpoint": str(Path(checkpoint).resolve()), "prompt": prompt.tolist(),
+                "steps": steps.tolist(), "greedy": int(greedy), "threads": int(threads), "out": str(out)}
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+        env = dict(os.environ)
+        if framework == "fla":
+            env["TRITON_INTERPRET"] = "1"  # chosen when a kernel is defined: before fla is imported
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, str(WORKER), str(Path(tmp) / "spec.json")], capture_output=True, text=True,
+                                  timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise UpstreamError(f"{framework}'s own model did not finish within {timeout:.0f} s; lower --steps or use --upstream off") from None
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            raise UpstreamError(f"{framework}'s own model failed on this checkpoint: {lines[-1] if lines else f'exit {done.returncode}'}")
+        arrays = load_file(str(out))
+        info = json.loads(Path(str(out) + ".json").read_text(encoding="utf-8"))
+    seconds = {**info["seconds"], "total": time.perf_counter() - t0}
+    hidden = [arrays[f"hidden.{i}"] for i in range(int(info["layers"]))]
+    return Upstream(framework, info["how"], info["model_class"], arrays["prefill"], arrays["decode"], arrays["greedy"][0], hidden, seconds)
+
+
+def import_outputs(model, prompt: np.ndarray, steps: np.ndarray):
+    """edgelin's import on the same ids: (prefill logits [B, T, V], decode logits [N, B, V], per-layer outputs over
+    the prompt, the final norm's output), in float32 PyTorch."""
+    import torch
+
+    hidden: dict[int, np.ndarray] = {}
+
+    def keep(i):
+        def hook(_module, _inputs, output):
+            hidden[i] = output[0].detach().float().numpy().copy()
+        return hook
+
+    handles = [block.register_forward_hook(keep(i)) for i, block in enumerate(model.blocks)] if hasattr(model, "blocks") else []
+    try:
+        with torch.no_grad():
+            logits, state = model(torch.from_numpy(prompt))
+    finally:
+        for h in handles:
+            h.remove()
+    decoded = []
+    with torch.no_grad():
+        for s in range(steps.shape[1]):
+            step, state = model.step(torch.from_numpy(steps[:, s : s + 1]), state)
+            decoded.append(step[:, -1].numpy())
+    decode = np.stack(decoded) if decoded else np.zeros((0, *logits.shape[::2]), np.float32)
+    return logits.numpy(), decode, [hidden[i] for i in sorted(hidden)]
+
+
+def greedy_ids(first_logits: np.ndarray, step, k: int) -> list[int]:
+    """k greedy ids: ``first_logits`` [V] after the prompt, ``step(id) -> logits [V]`` for each next one."""
+    ids, logits = [], first_logits
+    for _ in range(k):
+        ids.append(int(np.argmax(logits)))
+        logits = step(ids[-1])
+    return ids
+
+
+def first_departure(model, mine: list[np.ndarray], theirs: list[np.ndarray], bound: float) -> str:
+    """The first layer whose output over the prompt departs from the framework's (relative L2 above ``bound``), in
+    words; or, where every layer agrees, that the final norm or the head departs."""
+    if len(mine) != len(theirs):
+        return f"the import has {len(mine)} layers, the framework {len(theirs)}"
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        e = parity.errors(a, b)
+        if not e.rel_l2 <= bound:
+            kind = getattr(model.blocks[i].attn, "kind", "") if hasattr(model, "blocks") else ""
+            before = f"; layers 0-{i - 1} agree (rel L2 <= {worst:.1e})" if i else ""
+            return f"first departs at layer {i}{f' ({kind})' if kind else ''}: its output's rel L2 {e.rel_l2:.2e}{before}"
+        worst = max(worst, e.rel_l2)
+    return f"every layer's output agrees (rel L2 <= {worst:.1e}): the final norm or the LM head departs"
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise EdgelinError(f"upstream must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+__all__ = ["GREEDY", "MODES", "Upstream", "UpstreamError", "check_mode", "first_departure", "framework_of", "greedy_ids",
+           "import_outputs", "run", "unavailable"]

@@ -1,0 +1,169 @@
+"""Run a checkpoint's own framework on CPU: ``python upstream_run.py SPEC_JSON`` (a process of its own).
+
+edgelin's validate starts this file by its path, never as ``edgelin.*``: nothing of edgelin is imported here, and
+what this process hides or patches to make the framework run on a CPU (below) never reaches edgelin's process.
+
+  transformers  triton and fla are hidden before transformers is imported: with them importable, transformers
+                picks GPU kernels for its linear-attention layers (Gated DeltaNet, Mamba2), which fail on a CPU
+                ("0 active drivers"); hidden, it runs its own PyTorch paths.
+  fla           fla's Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by the caller), the
+                autotuner kept to its first config (its benchmark step needs a GPU driver); models load with
+                attn_mode="fused_recurrent" (fla's chunk kernels do not run in the interpreter) and, where the
+                config has them, fuse_norm / fuse_swiglu off (the same math in PyTorch: far fewer kernel launches).
+
+SPEC (JSON): {"framework", "checkpoint", "prompt": [[ids]] (B x T), "steps": [[ids]] (B x N), "greedy": k,
+"threads", "out"}. Writes ``out`` (safetensors, float32 / int64): "prefill" [B, T, V] logits of one forward over the
+prompt (cache kept); "decode" [N, B, V], each column of ``steps`` fed one token at a time through the framework's
+cache; "greedy" [1, k] greedy ids continuing the prompt's first row through the cache; "hidden.{i}" [B, T, d] the
+output of decoder layer i over the prompt (a forward hook on the framework's own layer module). Beside it,
+``out`` + ".json": {"model_class", "how", "layers", "seconds": {"load", "prefill", "decode", "greedy"}}.
+Exit 0 on success; on failure the last line on stderr says why.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def _load_transformers(folder: str):
+    sys.modules["triton"] = None  # type: ignore[assignment]  # transformers then takes its PyTorch paths
+    sys.modules["fla"] = None  # type: ignore[assignment]
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    auto = transformers.AutoModelForCausalLM
+    if getattr(config, "vision_config", None) is not None:  # a vision-language checkpoint (qwen3_5): its own class
+        auto = transformers.AutoModelForImageTextToText
+    model = _loaded(auto, folder, {})
+    how = "transformers' own PyTorch paths (triton and fla hidden in its process)"
+    return model, config, how
+
+
+def _loaded(auto, folder: str, options: dict):
+    """The model with every weight from the checkpoint: one left at its random init would make a wrong reference."""
+    import torch
+
+    model, info = auto.from_pretrained(folder, dtype=torch.float32, output_loading_info=True, **options)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise RuntimeError(f"{type(model).__name__} found no weights in the checkpoint for {len(missing)} of its tensors "
+                           f"(e.g. {missing[0]}); it would run them at random init")
+    return model.eval()
+
+
+def _load_fla(folder: str):
+    import importlib
+
+    import transformers
+
+    import fla  # noqa: F401 -- registers fla's models with transformers' Auto classes
+
+    importlib.import_module("triton.runtime.autotuner").Autotuner.prune_configs = lambda self, kwargs: self.configs[:1]
+    config = transformers.AutoConfig.from_pretrained(folder)
+    options = {}
+    if hasattr(config, "attn_mode"):
+        options["attn_mode"] = "fused_recurrent"
+    for name in ("fuse_norm", "fuse_swiglu"):
+        # linear_attn's fuse_norm also chooses its output norm's module (and weight names): kept as configured
+        if hasattr(config, name) and not (name == "fuse_norm" and config.model_type == "linear_attn"):
+            options[name] = False
+    model = _loaded(transformers.AutoModelForCausalLM, folder, options)
+    how = "fla's kernels in Triton's interpreter (fused_recurrent" + (", fuse_norm/fuse_swiglu off" if options.get("fuse_swiglu") is False else "") + ")"
+    return model, config, how
+
+
+def _layers(model, n_layers: int):
+    """The framework's decoder layers: the ModuleList named ``layers`` with one module per hidden layer."""
+    import torch
+
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
+            return module
+    raise RuntimeError(f"found no module list 'layers' of {n_layers} layers in {type(model).__name__}")
+
+
+def main(spec_file: str) -> None:
+    spec = json.loads(open(spec_file, encoding="utf-8").read())
+    t0 = time.perf_counter()
+    load = {"transformers": _load_transformers, "fla": _load_fla}[spec["framework"]]
+    model, config, how = load(spec["checkpoint"])
+    import torch
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(int(spec.get("threads", 1)))
+    text = getattr(config, "text_config", None) or config
+    n_layers = int(getattr(text, "num_hidden_layers"))
+    seconds = {"load": time.perf_counter() - t0}
+    prompt, steps = torch.tensor(spec["prompt"], dtype=torch.long), torch.tensor(spec["steps"], dtype=torch.long)
+    hidden: dict[int, torch.Tensor] = {}
+
+    def keep(i):
+        def hook(_module, _inputs, output):
+            hidden[i] = (output[0] if isinstance(output, (tuple, list)) else output).detach().float().clone()
+        return hook
+
+    handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(_layers(model, n_layers))]
+    with_cache = spec["framework"] == "transformers"  # transformers: a DynamicCache object, updated in place
+    model_type = getattr(text, "model_type", "")
+    import transformers
+
+    import inspect
+
+    # transformers 5 names the cache argument ``cache``; earlier versions and fla ``past_key_values``
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def new_cache() -> dict:
+        return {cache_arg: transformers.DynamicCache(config=text)} if with_cache else {}
+
+    def run(ids: torch.Tensor, cache: dict, at: int | None = None) -> torch.Tensor:
+        """Logits of ``ids`` through ``cache``; ``at``: the position of a single token (Bamba-like models count
+        positions from 0 on every call unless given them, as transformers' generate does)."""
+        extra = {}
+        if at is not None and with_cache and model_type in ("bamba", "granitemoehybrid"):
+            extra["position_ids"] = torch.full((ids.shape[0], 1), at, dtype=torch.long)
+        out = model(ids, use_cache=True, **cache, **extra)
+        if not with_cache:
+            cache[cache_arg] = out.past_key_values
+        return out.logits.float()
+
+    out: dict[str, torch.Tensor] = {}
+    B, T = prompt.shape
+    with torch.no_grad():
+        t = time.perf_counter()
+        cache = new_cache()
+        out["prefill"] = run(prompt, cache)
+        seconds["prefill"] = time.perf_counter() - t
+        for h in handles:
+            h.remove()
+        for i in range(n_layers):
+            out[f"hidden.{i}"] = hidden[i]
+        t = time.perf_counter()
+        decoded = [run(steps[:, s : s + 1], cache, T + s)[:, -1] for s in range(steps.shape[1])]
+        out["decode"] = torch.stack(decoded) if decoded else torch.zeros(0, B, out["prefill"].shape[-1])
+        seconds["decode"] = time.perf_counter() - t
+        t = time.perf_counter()
+        cache = new_cache()
+        logits = run(prompt[:1], cache)[:, -1]
+        greedy = []
+        for s in range(int(spec["greedy"])):
+            greedy.append(int(logits[0].argmax()))
+            logits = run(torch.tensor([[greedy[-1]]]), cache, T + s)[:, -1]
+        out["greedy"] = torch.tensor([greedy], dtype=torch.long)
+        seconds["greedy"] = time.perf_counter() - t
+    save_file({k: v.contiguous() for k, v in out.items()}, spec["out"])
+    info = {"model_class": type(model).__name__, "how": how, "layers": n_layers, "seconds": seconds}
+    with open(spec["out"] + ".json", "w", encoding="utf-8") as f:
+        json.dump(info, f)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1])
+    except Exception as exc:  # noqa: BLE001 -- the caller reports the last line
+        import traceback
+
+        traceback.print_exc()
+        print(f"{type(exc).__name__}: {exc}".replace("\n", " ")[:2000], file=sys.stderr)
+        sys.exit(1)

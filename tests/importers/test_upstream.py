@@ -1,0 +1,260 @@
+"""validate's upstream group: the checkpoint's own framework (transformers, fla) against edgelin's import and graphs.
+
+Per family, one tiny random checkpoint, run once by its framework through edgelin.upstream (a subprocess: fla's
+kernels in Triton's interpreter, transformers with triton and fla hidden). edgelin's import of it must agree within
+the fp32 upstream budget -- prefill logits, cached decode logits, every layer's output, greedy ids; and a deliberately
+wrong import (one config field misread, as an importer bug would misread it) must fail the comparison and name the
+first layer where it departs. The end-to-end tests export a wrong import: today's checks (graphs vs the import)
+pass it, the upstream group fails it, naming the layer; the correct export passes the whole validate, from the CLI too.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgelin import parity, upstream
+from edgelin.checkpoint import load_checkpoint
+from edgelin.errors import EdgelinError
+from edgelin.importers import FRAMEWORKS, IMPORTERS, fields
+from testkit import hf_oracle
+
+pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
+
+PROMPT, STEPS = 69, 8  # a chunk of 64 and 5 more, as validate's own prompt
+FP32 = parity.BUDGETS["fp32"]["upstream"]
+
+HF_TINY_QWEN = {
+    "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "num_hidden_layers": 4,
+}
+MAMBA = {"vocab_size": 97, "hidden_size": 32, "state_size": 8, "num_hidden_layers": 2, "expand": 2}
+
+
+def misread(field: str, value):
+    """A wrong import: the config field ``field`` read as ``value`` (patch the importers' shared field reads)."""
+    def apply(monkeypatch):
+        real = fields.Fields.get
+        monkeypatch.setattr(fields.Fields, "get", lambda self, name: value if name == field else real(self, name))
+    return apply
+
+
+def rope_misread(module: str, how):
+    """A wrong import: the family's RoPE reading altered by ``how((theta, rotary), head_dim)``."""
+    def apply(monkeypatch):
+        import importlib
+
+        mod = importlib.import_module(module)
+        real = mod.read_rope
+        monkeypatch.setattr(mod, "read_rope", lambda f, head_dim, **kw: how(real(f, head_dim, **kw), head_dim))
+    return apply
+
+
+# id -> (framework, model_type, config / fla options, a wrong import, the layer where it first departs)
+CASES = {
+    # a partial rotary width taken as full: the first attention layer (3) departs
+    "qwen3_5": ("transformers", "qwen3_5_text", HF_TINY_QWEN,
+                rope_misread("edgelin.importers.hf.qwen3_5", lambda r, d: (r[0], d)), "layer 3 (attention)"),
+    # conv, attention, conv, attention: rope_theta read 10x too large departs at layer 1
+    "lfm2": ("transformers", "lfm2", {"vocab_size": 97, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                      "block_multiple_of": 32, "intermediate_size": 192, "num_hidden_layers": 4,
+                                      "layer_types": ["conv", "full_attention", "conv", "full_attention"]},
+             rope_misread("edgelin.importers.hf.lfm2", lambda r, d: (10 * r[0], r[1])), "layer 1 (attention)"),
+    # the gated norm's and the blocks' epsilon misread: the first layer departs
+    "mamba2": ("transformers", "mamba2", {**MAMBA, "num_heads": 8, "head_dim": 8, "n_groups": 2, "conv_kernel": 4},
+               misread("layer_norm_epsilon", 0.5), "layer 0"),
+    "bamba": ("transformers", "bamba", {
+        "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
+        "mamba_d_conv": 4, "mamba_expand": 2}, rope_misread("edgelin.importers.hf.bamba", lambda r, d: (10 * r[0], r[1])),
+        "layer 1 (attention)"),
+    # the softmax scale attention_multiplier (0.2) read as its default 1
+    "granitemoehybrid": ("transformers", "granitemoehybrid", {
+        "vocab_size": 97, "hidden_size": 32, "shared_intermediate_size": 40, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_local_experts": 0, "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
+        "mamba_d_conv": 4, "mamba_expand": 2, "layer_types": ["mamba", "attention", "mamba"], "position_embedding_type": "rope",
+        "attention_multiplier": 0.2}, misread("attention_multiplier", 1.0), "layer 1 (attention)"),
+    # fla: the norms' epsilon misread (the first layer departs); the feature map read as another
+    "linear_attn": ("fla", "linear_attn", {"feature_map": "elu", "norm_feature_map": True}, misread("feature_map", "relu"), "layer 0"),
+    "retnet": ("fla", "retnet", {}, misread("norm_eps", 0.5), "layer 0"),
+    "gla": ("fla", "gla", {"use_short_conv": True}, misread("norm_eps", 0.5), "layer 0"),
+    "delta_net": ("fla", "delta_net", {}, misread("allow_neg_eigval", True), "layer 0"),
+    "gated_deltanet": ("fla", "gated_deltanet", {"head_dim": 16}, misread("norm_eps", 0.5), "layer 0"),
+}
+_RUNS: dict[str, tuple] = {}
+
+
+def checkpoint(case_id: str, request):
+    """(checkpoint folder, prompt, steps, the framework's run) for one case, once per session."""
+    if case_id not in _RUNS:
+        tmp_path_factory = request.getfixturevalue("tmp_path_factory")
+        framework, model_type, options, _, _ = CASES[case_id]
+        root = tmp_path_factory.mktemp(f"upstream-{case_id}")
+        if framework == "transformers":
+            folder, _ = hf_oracle.run(model_type, options, root, torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))
+        else:
+            fla_oracle = request.getfixturevalue("fla_oracle")  # fla's own models (skips where fla cannot be imported)
+            folder = fla_oracle.build(root / "ckpt", model_type=model_type, **options)
+        rng = np.random.default_rng(0)
+        prompt, steps = rng.integers(0, 97, (2, PROMPT)), rng.integers(0, 97, (2, STEPS))
+        _RUNS[case_id] = folder, prompt, steps, upstream.run(folder, framework, prompt, steps, greedy=8)
+    return _RUNS[case_id]
+
+
+def compare(folder: Path, prompt, steps, ref: upstream.Upstream):
+    """(prefill errors, decode errors, where the import first departs, greedy ids of the import) for ``folder``'s import."""
+    model = load_checkpoint(folder)
+    mine_prefill, mine_decode, hidden = upstream.import_outputs(model, prompt, steps)
+    with torch.no_grad():
+        logits, state = model(torch.from_numpy(prompt[:1]))
+        first = logits[0, -1].numpy()
+
+        def step(tok):
+            nonlocal state
+            logits, state = model.step(torch.tensor([[tok]]), state)
+            return logits[0, -1].numpy()
+
+        greedy = upstream.greedy_ids(first, step, len(ref.greedy))
+    where = upstream.first_departure(model, hidden, ref.hidden, FP32["rel_l2"])
+    return parity.errors(mine_prefill, ref.prefill), parity.errors(mine_decode, ref.decode), where, greedy
+
+
+def test_every_foreign_family_names_its_framework():
+    assert set(FRAMEWORKS) == set(IMPORTERS)
+    assert {FRAMEWORKS[c[1]] for c in CASES.values()} == {"transformers", "fla"}
+    assert {c[1] for c in CASES.values()} | {"qwen3_5"} == set(IMPORTERS)  # the vision-language folder: a test below
+
+
+@pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.xdist_group(f"upstream-{c}")) for c in CASES])
+def test_the_import_agrees_with_its_framework(case_id, request):
+    folder, prompt, steps, ref = checkpoint(case_id, request)
+    assert ref.prefill.shape == (2, PROMPT, 97) and ref.decode.shape == (STEPS, 2, 97) and len(ref.greedy) == 8
+    e_prefill, e_decode, where, greedy = compare(folder, prompt, steps, ref)
+    assert parity.within(e_prefill, FP32) and parity.within(e_decode, FP32), (e_prefill, e_decode)
+    assert where.startswith("every layer's output agrees"), where
+    assert greedy == ref.greedy.tolist()
+    assert ref.seconds["total"] > 0 and ref.how
+
+
+@pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.xdist_group(f"upstream-{c}")) for c in CASES])
+def test_a_misread_config_field_departs_at_its_layer(case_id, request, monkeypatch):
+    folder, prompt, steps, ref = checkpoint(case_id, request)
+    *_, wrong, layer = CASES[case_id]
+    wrong(monkeypatch)
+    e_prefill, e_decode, where, _ = compare(folder, prompt, steps, ref)
+    assert not parity.within(e_prefill, FP32) and not parity.within(e_decode, FP32), (e_prefill, e_decode)
+    assert where.startswith(f"first departs at {layer}"), where
+
+
+def test_a_vision_language_checkpoint_runs_as_transformers_saves_it(request, tmp_path):
+    """A qwen3_5 folder as transformers writes it (Qwen3_5ForConditionalGeneration: a vision tower beside the text
+    model): transformers runs that class on text ids, and it agrees with edgelin's import of the text model."""
+    folder, prompt, steps, ref = checkpoint("qwen3_5", request)
+    vl = hf_oracle.vision_language(folder, tmp_path / "vl")
+    assert upstream.framework_of(vl) == "transformers"
+    got = upstream.run(vl, "transformers", prompt, steps, greedy=8)
+    assert got.model_class == "Qwen3_5ForConditionalGeneration"
+    assert parity.within(parity.errors(got.prefill, ref.prefill), FP32) and got.greedy.tolist() == ref.greedy.tolist()
+    e_prefill, e_decode, where, greedy = compare(vl, prompt, steps, got)
+    assert parity.within(e_prefill, FP32) and parity.within(e_decode, FP32), (e_prefill, e_decode)
+    assert greedy == got.greedy.tolist()
+
+
+def test_a_framework_that_cannot_load_every_weight_is_refused(request, tmp_path):
+    """transformers would run a missing tensor at its random init: the run is refused, naming it."""
+    from safetensors.torch import load_file, save_file
+
+    folder, prompt, steps, _ = checkpoint("mamba2", request)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((folder / "config.json").read_text())
+    tensors = load_file(folder / "model.safetensors")
+    gone = next(k for k in tensors if k.endswith("norm_f.weight") or k.endswith("norm.weight"))
+    del tensors[gone]
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(upstream.UpstreamError, match="random init") as info:
+        upstream.run(broken, "transformers", prompt, steps, greedy=1)
+    assert "\n" not in str(info.value)
+
+
+def test_modes_and_what_cannot_be_compared(tmp_path, monkeypatch):
+    from edgelin.validate import _upstream_plan
+
+    with pytest.raises(EdgelinError, match="upstream must be one of off, auto, required"):
+        _upstream_plan("sometimes", None)
+    assert _upstream_plan("off", None) == (None, "")
+    framework, why = _upstream_plan("auto", None)
+    assert framework is None and "in memory" in why
+    with pytest.raises(EdgelinError, match="--upstream required: the model was passed in memory"):
+        _upstream_plan("required", None)
+    from edgelin.models import bundled_checkpoint
+
+    framework, why = _upstream_plan("auto", bundled_checkpoint())
+    assert framework is None and "edgelin's own model" in why
+    own = tmp_path / "cfg"
+    own.mkdir()
+    (own / "config.json").write_text(json.dumps({"model_type": "mamba2"}))
+    assert _upstream_plan("auto", own) == ("transformers", "")
+    # the framework missing: said with the command that installs it; "required" refuses before anything runs
+    monkeypatch.setattr(upstream.importlib.util, "find_spec", lambda name: None)
+    framework, why = _upstream_plan("auto", own)
+    assert framework is None and "transformers is not installed" in why and "pip install" in why
+    with pytest.raises(EdgelinError, match="--upstream required: transformers is not installed"):
+        _upstream_plan("required", own)
+
+
+# ---- end to end: validate on exports ------------------------------------------------------------------------------
+E2E = "lfm2"
+EDGELIN = str(Path(sys.executable).with_name("edgelin"))  # the console script of this environment
+
+
+@pytest.mark.xdist_group(f"upstream-{E2E}")
+def test_validate_passes_today_but_fails_upstream_on_a_wrong_export(request, tmp_path_factory, monkeypatch):
+    """The export of a wrong import is consistent with that import: every check against it passes; the upstream
+    group fails, and names the first departing layer."""
+    from edgelin.exporters import export
+    from edgelin.validate import validate
+
+    folder, *_ = checkpoint(E2E, request)
+    CASES[E2E][3](monkeypatch)
+    out = tmp_path_factory.mktemp("upstream-wrong") / "export"
+    export(folder, out, check=False)
+    report = validate(out, folder, steps=8, upstream="required")
+    today = [c for c in report.checks if c.group != "upstream"]
+    assert today and not any(c.failed for c in today), report.table()
+    mine = {c.name.split(":")[0]: c for c in report.checks if c.group == "upstream"}
+    assert mine["import vs transformers"].failed and "first departs at layer 1 (attention)" in mine["import vs transformers"].where
+    assert mine["graphs vs transformers"].failed
+    assert not report.passed
+    assert report.upstream["framework"] == "transformers" and report.upstream["model_class"] == "Lfm2ForCausalLM"
+    assert "upstream: Lfm2ForCausalLM run by transformers' own PyTorch paths" in report.table()
+
+
+@pytest.mark.xdist_group(f"upstream-{E2E}")
+def test_the_cli_validates_a_correct_export_against_transformers(request, tmp_path_factory, tmp_path):
+    from edgelin.exporters import export
+
+    folder, *_ = checkpoint(E2E, request)
+    out = tmp_path_factory.mktemp("upstream-right") / "export"
+    export(folder, out, check=False)
+    report = tmp_path / "report.json"
+    done = subprocess.run([EDGELIN, "validate", str(out), "--checkpoint", str(folder), "--steps", "8",
+                           "--upstream", "required", "--json", str(report)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("upstream")]
+    assert len(rows) == 5 + 1, done.stdout  # import prefill, import decode, graphs prefill, graphs decode, greedy; the run line
+    data = json.loads(report.read_text())
+    ups = [c for c in data["checks"] if c["group"] == "upstream"]
+    assert len(ups) == 5 and all(c["status"] == "pass" for c in ups)
+    assert data["upstream"]["decode_steps"] == 8 and data["upstream"]["seconds"]["total"] > 0
+    # off: no upstream rows at all
+    done = subprocess.run([EDGELIN, "validate", str(out), "--checkpoint", str(folder), "--steps", "4",
+                           "--upstream", "off"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and not [line for line in done.stdout.splitlines() if line.startswith("upstream")], done.stdout
