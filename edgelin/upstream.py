@@ -71,7 +71,7 @@ class Upstream:
     model_class: str
     prefill: np.ndarray  # [B, T, V]
     decode: np.ndarray  # [N, B, V]
-    greedy: np.ndarray  # [k] ids continuing the prompt's first row
+    greedy: np.ndarray  # [B, k] greedy ids continuing each row after the prompt and the steps
     hidden: list[np.ndarray]  # per layer [B, T, d]: the output of each decoder layer over the prompt
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -79,7 +79,7 @@ class Upstream:
 def run(checkpoint: str | Path, framework: str, prompt: np.ndarray, steps: np.ndarray, *, greedy: int = GREEDY,
         threads: int = 1, timeout: float = 3600.0) -> Upstream:
     """Run ``checkpoint`` with ``framework``'s own model on CPU in a subprocess: a prefill of ``prompt`` [B, T], then
-    each column of ``steps`` [B, N] through its cache, and ``greedy`` greedy tokens after the prompt's first row."""
+    each column of ``steps`` [B, N] through its cache, then ``greedy`` greedy tokens through the same cache."""
     from safetensors.numpy import load_file
 
     with tempfile.TemporaryDirectory(prefix="edgelin-upstream-") as tmp:
@@ -103,12 +103,12 @@ def run(checkpoint: str | Path, framework: str, prompt: np.ndarray, steps: np.nd
         info = json.loads(Path(str(out) + ".json").read_text(encoding="utf-8"))
     seconds = {**info["seconds"], "total": time.perf_counter() - t0}
     hidden = [arrays[f"hidden.{i}"] for i in range(int(info["layers"]))]
-    return Upstream(framework, info["how"], info["model_class"], arrays["prefill"], arrays["decode"], arrays["greedy"][0], hidden, seconds)
+    return Upstream(framework, info["how"], info["model_class"], arrays["prefill"], arrays["decode"], arrays["greedy"], hidden, seconds)
 
 
-def import_outputs(model, prompt: np.ndarray, steps: np.ndarray):
-    """edgelin's import on the same ids: (prefill logits [B, T, V], decode logits [N, B, V], per-layer outputs over
-    the prompt, the final norm's output), in float32 PyTorch."""
+def import_outputs(model, prompt: np.ndarray, steps: np.ndarray, greedy: int):
+    """edgelin's import on the same ids, in float32 PyTorch: (prefill logits [B, T, V], decode logits [N, B, V],
+    greedy ids [B, k] after them, each layer's output over the prompt [B, T, d])."""
     import torch
 
     hidden: dict[int, np.ndarray] = {}
@@ -126,21 +126,36 @@ def import_outputs(model, prompt: np.ndarray, steps: np.ndarray):
         for h in handles:
             h.remove()
     decoded = []
-    with torch.no_grad():
-        for s in range(steps.shape[1]):
-            step, state = model.step(torch.from_numpy(steps[:, s : s + 1]), state)
-            decoded.append(step[:, -1].numpy())
-    decode = np.stack(decoded) if decoded else np.zeros((0, *logits.shape[::2]), np.float32)
-    return logits.numpy(), decode, [hidden[i] for i in sorted(hidden)]
+
+    def step(ids: np.ndarray) -> np.ndarray:
+        nonlocal state
+        with torch.no_grad():
+            out, state = model.step(torch.from_numpy(ids), state)
+        return out[:, -1].numpy()
+
+    decoded = [step(steps[:, s : s + 1]) for s in range(steps.shape[1])]
+    decode = np.stack(decoded) if decoded else np.zeros((0, logits.shape[0], logits.shape[-1]), np.float32)
+    ids = greedy_ids(decoded[-1] if decoded else logits[:, -1].numpy(), step, greedy)
+    return logits.numpy(), decode, ids, [hidden[i] for i in sorted(hidden)]
 
 
-def greedy_ids(first_logits: np.ndarray, step, k: int) -> list[int]:
-    """k greedy ids: ``first_logits`` [V] after the prompt, ``step(id) -> logits [V]`` for each next one."""
-    ids, logits = [], first_logits
-    for _ in range(k):
-        ids.append(int(np.argmax(logits)))
-        logits = step(ids[-1])
+def greedy_ids(logits: np.ndarray, step, k: int) -> np.ndarray:
+    """[B, k] greedy ids: ``logits`` [B, V] the last logits, ``step(ids [B, 1]) -> logits [B, V]`` for each next."""
+    ids = np.zeros((logits.shape[0], k), dtype=np.int64)
+    for t in range(k):
+        ids[:, t] = logits.argmax(-1)
+        if t + 1 < k:
+            logits = step(ids[:, t : t + 1])
     return ids
+
+
+def greedy_agreement(got: np.ndarray, ref: np.ndarray) -> tuple[float, str]:
+    """(mean fraction of the k greedy ids before a row's first difference, the first difference in words or '')."""
+    same = np.cumprod(got == ref, axis=1).sum(1)  # [B]
+    k = ref.shape[1]
+    first = next((b for b in range(len(same)) if same[b] < k), None)
+    where = "" if first is None else f"row {first}: first different token at {int(same[first])} ({int(got[first, same[first]])} vs {int(ref[first, same[first]])})"
+    return float(same.mean() / max(k, 1)), where
 
 
 def first_departure(model, mine: list[np.ndarray], theirs: list[np.ndarray], bound: float) -> str:
@@ -153,7 +168,7 @@ def first_departure(model, mine: list[np.ndarray], theirs: list[np.ndarray], bou
         e = parity.errors(a, b)
         if not e.rel_l2 <= bound:
             kind = getattr(model.blocks[i].attn, "kind", "") if hasattr(model, "blocks") else ""
-            before = f"; layers 0-{i - 1} agree (rel L2 <= {worst:.1e})" if i else ""
+            before = "" if i == 0 else f"; layer{'s 0-' if i > 1 else ' '}{i - 1} agree{'s' if i == 1 else ''} (rel L2 <= {worst:.1e})"
             return f"first departs at layer {i}{f' ({kind})' if kind else ''}: its output's rel L2 {e.rel_l2:.2e}{before}"
         worst = max(worst, e.rel_l2)
     return f"every layer's output agrees (rel L2 <= {worst:.1e}): the final norm or the LM head departs"
@@ -165,5 +180,5 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-__all__ = ["GREEDY", "MODES", "Upstream", "UpstreamError", "check_mode", "first_departure", "framework_of", "greedy_ids",
+__all__ = ["GREEDY", "MODES", "Upstream", "UpstreamError", "check_mode", "first_departure", "framework_of", "greedy_agreement", "greedy_ids",
            "import_outputs", "run", "unavailable"]

@@ -14,8 +14,8 @@ what this process hides or patches to make the framework run on a CPU (below) ne
 SPEC (JSON): {"framework", "checkpoint", "prompt": [[ids]] (B x T), "steps": [[ids]] (B x N), "greedy": k,
 "threads", "out"}. Writes ``out`` (safetensors, float32 / int64): "prefill" [B, T, V] logits of one forward over the
 prompt (cache kept); "decode" [N, B, V], each column of ``steps`` fed one token at a time through the framework's
-cache; "greedy" [1, k] greedy ids continuing the prompt's first row through the cache; "hidden.{i}" [B, T, d] the
-output of decoder layer i over the prompt (a forward hook on the framework's own layer module). Beside it,
+cache; "greedy" [B, k] greedy ids continuing each row after the prompt and the steps, through the same cache;
+"hidden.{i}" [B, T, d] the output of decoder layer i over the prompt (a forward hook on the framework's own layer module). Beside it,
 ``out`` + ".json": {"model_class", "how", "layers", "seconds": {"load", "prefill", "decode", "greedy"}}.
 Exit 0 on success; on failure the last line on stderr says why.
 """
@@ -41,6 +41,10 @@ def _load_transformers(folder: str):
     return model, config, how
 
 
+class MissingWeights(RuntimeError):
+    pass
+
+
 def _loaded(auto, folder: str, options: dict):
     """The model with every weight from the checkpoint: one left at its random init would make a wrong reference."""
     import torch
@@ -48,8 +52,8 @@ def _loaded(auto, folder: str, options: dict):
     model, info = auto.from_pretrained(folder, dtype=torch.float32, output_loading_info=True, **options)
     missing = sorted(info.get("missing_keys") or [])
     if missing:
-        raise RuntimeError(f"{type(model).__name__} found no weights in the checkpoint for {len(missing)} of its tensors "
-                           f"(e.g. {missing[0]}); it would run them at random init")
+        raise MissingWeights(f"{type(model).__name__} found no weights in the checkpoint for {len(missing)} of its tensors "
+                             f"(e.g. {missing[0]}); it would run them at random init")
     return model.eval()
 
 
@@ -62,15 +66,17 @@ def _load_fla(folder: str):
 
     importlib.import_module("triton.runtime.autotuner").Autotuner.prune_configs = lambda self, kwargs: self.configs[:1]
     config = transformers.AutoConfig.from_pretrained(folder)
-    options = {}
-    if hasattr(config, "attn_mode"):
-        options["attn_mode"] = "fused_recurrent"
-    for name in ("fuse_norm", "fuse_swiglu"):
-        # linear_attn's fuse_norm also chooses its output norm's module (and weight names): kept as configured
-        if hasattr(config, name) and not (name == "fuse_norm" and config.model_type == "linear_attn"):
-            options[name] = False
-    model = _loaded(transformers.AutoModelForCausalLM, folder, options)
-    how = "fla's kernels in Triton's interpreter (fused_recurrent" + (", fuse_norm/fuse_swiglu off" if options.get("fuse_swiglu") is False else "") + ")"
+    options = {"attn_mode": "fused_recurrent"} if hasattr(config, "attn_mode") else {}
+    faster = {name: False for name in ("fuse_norm", "fuse_swiglu") if getattr(config, name, False)}
+    try:
+        model = _loaded(transformers.AutoModelForCausalLM, folder, {**options, **faster})
+    except MissingWeights:
+        # fuse_norm also chooses some layers' output-norm module (and so its weight names): keep it as configured
+        faster.pop("fuse_norm", None)
+        model = _loaded(transformers.AutoModelForCausalLM, folder, {**options, **faster})
+    options.update(faster)
+    off = [name for name in ("fuse_norm", "fuse_swiglu") if options.get(name) is False]
+    how = "fla's kernels in Triton's interpreter (fused_recurrent" + "".join(f", {name} off" for name in off) + ")"
     return model, config, how
 
 
@@ -144,13 +150,13 @@ def main(spec_file: str) -> None:
         out["decode"] = torch.stack(decoded) if decoded else torch.zeros(0, B, out["prefill"].shape[-1])
         seconds["decode"] = time.perf_counter() - t
         t = time.perf_counter()
-        cache = new_cache()
-        logits = run(prompt[:1], cache)[:, -1]
+        logits, at = (decoded[-1] if decoded else out["prefill"][:, -1]), T + steps.shape[1]
         greedy = []
         for s in range(int(spec["greedy"])):
-            greedy.append(int(logits[0].argmax()))
-            logits = run(torch.tensor([[greedy[-1]]]), cache, T + s)[:, -1]
-        out["greedy"] = torch.tensor([greedy], dtype=torch.long)
+            greedy.append(logits.argmax(-1))
+            if s + 1 < int(spec["greedy"]):
+                logits = run(greedy[-1][:, None], cache, at + s)[:, -1]
+        out["greedy"] = torch.stack(greedy, 1) if greedy else torch.zeros(B, 0, dtype=torch.long)
         seconds["greedy"] = time.perf_counter() - t
     save_file({k: v.contiguous() for k, v in out.items()}, spec["out"])
     info = {"model_class": type(model).__name__, "how": how, "layers": n_layers, "seconds": seconds}

@@ -447,7 +447,8 @@ class _Validator:
             return {}
         fp32 = parity.with_overrides(BUDGETS["fp32"], {k: v for k, v in self.overrides.items() if k == "upstream"})["upstream"]
         graph_budget = self.budgets["upstream"]
-        mine_prefill, mine_decode, mine_hidden = up.import_outputs(self.model, prompt, ids)
+        k = ref.greedy.shape[1]
+        mine_prefill, mine_decode, mine_greedy, mine_hidden = up.import_outputs(self.model, prompt, ids, k)
         departs = ""
 
         def departure() -> str:
@@ -456,36 +457,33 @@ class _Validator:
             return departs
 
         T, B = prompt.shape[1], prompt.shape[0]
+        need = self.budgets["greedy"]["min_agreement"]
         # the import vs the framework
         e = _errors(mine_prefill, ref.prefill)
-        ok = parity.within(e, fp32)
+        ok = import_ok = parity.within(e, fp32)
         self.add(Check.of("upstream", f"import vs {framework}: prefill T={T} batch={B}", ok, e, fp32, "" if ok else departure()))
         e, where = self._steps(mine_decode, ref.decode, fp32)
-        if where and not ok:
+        if where and not import_ok:
             where += f"; over the prompt it {departure()}"
         self.add(Check.of("upstream", f"import vs {framework}: {steps} cached decode steps", not where, e, fp32, where))
         # the graphs vs the framework
         state = session.new_state(B)
         got_prefill = session.prefill(prompt, state)
         got_decode = np.stack([session.decode(ids[:, t : t + 1], state)[:, -1] for t in range(steps)])
-        import_ok = ok
         e = _errors(got_prefill, ref.prefill)
         ok = parity.within(e, graph_budget)
         note = "" if ok else (f"logits {_said(e)}" + ("" if import_ok else f"; the import {departure()}"))
         self.add(Check.of("upstream", f"graphs vs {framework}: prefill T={T} batch={B}", ok, e, graph_budget, note))
         e, where = self._steps(got_decode, ref.decode, graph_budget)
         self.add(Check.of("upstream", f"graphs vs {framework}: {steps} decode steps, state fed back", not where, e, graph_budget, where))
-        # greedy ids after the prompt's first row
-        k = len(ref.greedy)
-        state = session.new_state(1)
-        first = session.prefill(prompt[:1], state, last_only=True)[0]
-        got = up.greedy_ids(first, lambda tok: session.decode(np.array([[tok]]), state)[0, -1], k)
-        same = next((i for i, (a, b) in enumerate(zip(got, ref.greedy.tolist())) if a != b), k)
-        need = self.budgets["greedy"]["min_agreement"]
-        ok = same / k >= need
-        self.add(Check("upstream", f"greedy {k} tokens: graphs == {framework} ({same} of {k} before the first difference)",
-                       PASS if ok else FAIL, budget={"min_agreement": need},
-                       where="" if ok else f"first different token at {same}: graphs {got[same]} vs {framework} {int(ref.greedy[same])}"))
+        # greedy ids after the prompt and the steps, each side through its own state
+        got = up.greedy_ids(got_decode[-1], lambda tok: session.decode(tok, state)[:, -1], k)
+        for who, ids_k in (("import", mine_greedy), ("graphs", got)):
+            agree, where = up.greedy_agreement(ids_k, ref.greedy)
+            bound = need if who == "graphs" else 1.0  # the import is fp32 PyTorch: token for token
+            ok = agree >= bound
+            self.add(Check("upstream", f"{who} vs {framework}: greedy {k} tokens x {B} rows, {agree * 100:.0f}% before the first difference",
+                           PASS if ok else FAIL, budget={"min_agreement": bound}, where="" if ok else where))
         return {"framework": framework, "how": ref.how, "model_class": ref.model_class, "seconds": ref.seconds,
                 "prompt_tokens": T, "batch": B, "decode_steps": steps, "greedy_tokens": k}
 
@@ -584,9 +582,14 @@ def validate(
     value}} or ``KIND.BOUND=VALUE`` strings (``edgelin.parity.parse_override``); they apply over those the
     export was made with (``edgelin export --budget``, the manifest's ``parity_budgets``). The report
     records every bound it held and which were set.
+
+    ``upstream``: for a foreign checkpoint folder (transformers', fla's), also run the framework it came from on the
+    same ids and compare it with the import and with the graphs (the "upstream" group; edgelin.upstream). "auto": where
+    the framework is installed (otherwise the group says what it could not compare and how to enable it); "required":
+    an EdgelinError before anything runs where it cannot be made; "off": not at all.
     """
     with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1):
-        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget)
+        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget, upstream)
 
 
 def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
@@ -690,8 +693,9 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
 
 
 def _upstream_plan(mode: str, checkpoint: Path | None) -> tuple[str | None, str]:
-    """(the framework to run, or None; why none runs, for the report: '' where nothing needs saying). "required"
-    that cannot be met is an EdgelinError here, before any check runs."""
+    """(the framework to run, or None; why none runs, for the report: '' where nothing needs saying -- edgelin's own
+    model, or an in-memory one, is the model validated). "required" that cannot be met is an EdgelinError here,
+    before any check runs."""
     from edgelin import upstream
 
     upstream.check_mode(mode)
@@ -703,7 +707,7 @@ def _upstream_plan(mode: str, checkpoint: Path | None) -> tuple[str | None, str]
             ": there is no other framework's model to compare with"
         if mode == "required":
             raise EdgelinError(f"--upstream required: {why}; use --upstream auto or off")
-        return None, why
+        return None, ""  # nothing was left uncompared: the model validated is the model
     missing = upstream.unavailable(framework)
     if missing:
         if mode == "required":

@@ -34,7 +34,8 @@ def _num(cell: str) -> float:
 def test_readme_budget_table_is_the_code_table():
     rows = _readme_fp32_rows()
     fp32 = BUDGETS["fp32"]
-    by_kind = {"logits": "logits", "recurrent state": "state", "one provider": "provider", "long decode": "long"}
+    by_kind = {"logits": "logits", "recurrent state": "state", "one provider": "provider", "long decode": "long",
+               "the checkpoint's own framework": "upstream"}
     seen = set()
     for label, (max_rel, rel) in rows.items():
         kind = next((k for prefix, k in by_kind.items() if label.startswith(prefix)), None)
@@ -83,7 +84,7 @@ def test_a_max_rel_bound_needs_a_measured_max_rel():
 
 def test_the_budget_table_uses_the_scaled_bounds():
     for precision, table in BUDGETS.items():
-        for kind in ("logits", "provider", "long"):
+        for kind in ("logits", "provider", "long", "upstream"):
             assert set(table[kind]) == {"max_rel", "rel_l2"}, (precision, kind)
         for kind, bounds in table.items():
             assert set(bounds) <= set(KIND_BOUNDS[kind]), (precision, kind)

@@ -152,7 +152,9 @@ def export_matches_fla(case: tuple, model_type: str, out: Path, budget: float) -
     manifest = Manifest.load(out)
     assert manifest.model["family"] == f"fla/{model_type}" and manifest.model["source_config"]["model_type"] == model_type
     export_vs_fla(out, prompt, steps, ref_prefill, ref_decode, budget)
-    report = validate(out, folder, steps=24, long=300)
+    # upstream off: fla's own outputs are compared with the graphs just above; validate's run of fla (its kernels in
+    # Triton's interpreter: up to a minute and a half per model) is tested per family in test_upstream.py
+    report = validate(out, folder, steps=24, long=300, upstream="off")
     assert report.passed, report.table()
     return out
 

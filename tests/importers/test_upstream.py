@@ -111,17 +111,7 @@ def checkpoint(case_id: str, request):
 def compare(folder: Path, prompt, steps, ref: upstream.Upstream):
     """(prefill errors, decode errors, where the import first departs, greedy ids of the import) for ``folder``'s import."""
     model = load_checkpoint(folder)
-    mine_prefill, mine_decode, hidden = upstream.import_outputs(model, prompt, steps)
-    with torch.no_grad():
-        logits, state = model(torch.from_numpy(prompt[:1]))
-        first = logits[0, -1].numpy()
-
-        def step(tok):
-            nonlocal state
-            logits, state = model.step(torch.tensor([[tok]]), state)
-            return logits[0, -1].numpy()
-
-        greedy = upstream.greedy_ids(first, step, len(ref.greedy))
+    mine_prefill, mine_decode, greedy, hidden = upstream.import_outputs(model, prompt, steps, ref.greedy.shape[1])
     where = upstream.first_departure(model, hidden, ref.hidden, FP32["rel_l2"])
     return parity.errors(mine_prefill, ref.prefill), parity.errors(mine_decode, ref.decode), where, greedy
 
@@ -135,11 +125,11 @@ def test_every_foreign_family_names_its_framework():
 @pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.xdist_group(f"upstream-{c}")) for c in CASES])
 def test_the_import_agrees_with_its_framework(case_id, request):
     folder, prompt, steps, ref = checkpoint(case_id, request)
-    assert ref.prefill.shape == (2, PROMPT, 97) and ref.decode.shape == (STEPS, 2, 97) and len(ref.greedy) == 8
+    assert ref.prefill.shape == (2, PROMPT, 97) and ref.decode.shape == (STEPS, 2, 97) and ref.greedy.shape == (2, 8)
     e_prefill, e_decode, where, greedy = compare(folder, prompt, steps, ref)
     assert parity.within(e_prefill, FP32) and parity.within(e_decode, FP32), (e_prefill, e_decode)
     assert where.startswith("every layer's output agrees"), where
-    assert greedy == ref.greedy.tolist()
+    assert greedy.tolist() == ref.greedy.tolist()
     assert ref.seconds["total"] > 0 and ref.how
 
 
@@ -164,7 +154,7 @@ def test_a_vision_language_checkpoint_runs_as_transformers_saves_it(request, tmp
     assert parity.within(parity.errors(got.prefill, ref.prefill), FP32) and got.greedy.tolist() == ref.greedy.tolist()
     e_prefill, e_decode, where, greedy = compare(vl, prompt, steps, got)
     assert parity.within(e_prefill, FP32) and parity.within(e_decode, FP32), (e_prefill, e_decode)
-    assert greedy == got.greedy.tolist()
+    assert greedy.tolist() == got.greedy.tolist()
 
 
 def test_a_framework_that_cannot_load_every_weight_is_refused(request, tmp_path):
@@ -190,14 +180,14 @@ def test_modes_and_what_cannot_be_compared(tmp_path, monkeypatch):
     with pytest.raises(EdgelinError, match="upstream must be one of off, auto, required"):
         _upstream_plan("sometimes", None)
     assert _upstream_plan("off", None) == (None, "")
-    framework, why = _upstream_plan("auto", None)
-    assert framework is None and "in memory" in why
+    assert _upstream_plan("auto", None) == (None, "")  # an in-memory model is the model validated: nothing to say
     with pytest.raises(EdgelinError, match="--upstream required: the model was passed in memory"):
         _upstream_plan("required", None)
     from edgelin.models import bundled_checkpoint
 
-    framework, why = _upstream_plan("auto", bundled_checkpoint())
-    assert framework is None and "edgelin's own model" in why
+    assert _upstream_plan("auto", bundled_checkpoint()) == (None, "")
+    with pytest.raises(EdgelinError, match="--upstream required: the checkpoint is edgelin's own model"):
+        _upstream_plan("required", bundled_checkpoint())
     own = tmp_path / "cfg"
     own.mkdir()
     (own / "config.json").write_text(json.dumps({"model_type": "mamba2"}))
@@ -229,9 +219,12 @@ def test_validate_passes_today_but_fails_upstream_on_a_wrong_export(request, tmp
     report = validate(out, folder, steps=8, upstream="required")
     today = [c for c in report.checks if c.group != "upstream"]
     assert today and not any(c.failed for c in today), report.table()
-    mine = {c.name.split(":")[0]: c for c in report.checks if c.group == "upstream"}
-    assert mine["import vs transformers"].failed and "first departs at layer 1 (attention)" in mine["import vs transformers"].where
-    assert mine["graphs vs transformers"].failed
+    mine = [c for c in report.checks if c.group == "upstream"]
+    assert [c.name.split(":")[0] for c in mine] == ["import vs transformers"] * 2 + ["graphs vs transformers"] * 2 + \
+        ["import vs transformers", "graphs vs transformers"]
+    prefill = mine[0]
+    assert prefill.failed and prefill.where.startswith("first departs at layer 1 (attention)"), prefill.where
+    assert mine[1].failed and mine[2].failed and mine[3].failed  # decode through the cache, both graphs
     assert not report.passed
     assert report.upstream["framework"] == "transformers" and report.upstream["model_class"] == "Lfm2ForCausalLM"
     assert "upstream: Lfm2ForCausalLM run by transformers' own PyTorch paths" in report.table()
@@ -249,10 +242,10 @@ def test_the_cli_validates_a_correct_export_against_transformers(request, tmp_pa
                            "--upstream", "required", "--json", str(report)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("upstream")]
-    assert len(rows) == 5 + 1, done.stdout  # import prefill, import decode, graphs prefill, graphs decode, greedy; the run line
+    assert len(rows) == 6 + 1, done.stdout  # prefill, decode, greedy: import and graphs each; the line naming the run
     data = json.loads(report.read_text())
     ups = [c for c in data["checks"] if c["group"] == "upstream"]
-    assert len(ups) == 5 and all(c["status"] == "pass" for c in ups)
+    assert len(ups) == 6 and all(c["status"] == "pass" for c in ups)
     assert data["upstream"]["decode_steps"] == 8 and data["upstream"]["seconds"]["total"] > 0
     # off: no upstream rows at all
     done = subprocess.run([EDGELIN, "validate", str(out), "--checkpoint", str(folder), "--steps", "4",
