@@ -65,6 +65,8 @@ def _budget(*, logits, state, provider, long, top1, greedy, heldout, upstream=No
 BUDGETS: dict[str, dict[str, dict[str, float]]] = {
     # fp32 worst: logits max rel 2.5e-6 / rel L2 2.3e-6 (prefill vs decode), long 3.7e-6 / 6.4e-6.
     # provider: CUDA not measured here; at the long budget.
+    # upstream (at the logits pair): edgelin's import vs transformers' / fla's own model, every family's tiny
+    # checkpoint (scripts/upstream_figures.py, docs/bench/upstream.json), worst max rel 8.1e-7 / rel L2 6.5e-7 (RetNet)
     "fp32": _budget(
         logits=(1e-5, 1e-5), state=1e-5, provider=(1e-4, 1e-4), long=(1e-4, 1e-4),
         top1=0.99, greedy=1.0, heldout=(1e-4, 0.99),
