@@ -17,14 +17,18 @@ from edgelin.cli_common import progress, user_errors
 @click.option("--force", is_flag=True, help="Replace OUT if it is empty or a site edgelin web wrote; any other folder is refused.")
 @click.option("--ort-web", type=click.Path(path_type=str), default=None,
               help="The installed npm package onnxruntime-web [default: $EDGELIN_ORT_WEB, else node_modules/onnxruntime-web here or above].")
+@click.option("--tokenizers-js", type=click.Path(path_type=str), default=None,
+              help="For an export with a Hugging Face tokenizer.json: the installed npm package @huggingface/tokenizers the page "
+                   "runs it with [default: $EDGELIN_TOKENIZERS_JS, else node_modules/@huggingface/tokenizers here or above].")
 @click.option("--serve", is_flag=True, help="Serve the site on 127.0.0.1 until Ctrl-C (a temporary folder without -o).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port for --serve, 0..65535 (0: any free port).")
 @user_errors
-def web(export_dir, out_dir, force, ort_web, serve, port):
+def web(export_dir, out_dir, force, ort_web, tokenizers_js, serve, port):
     """Write a static web site that generates text from EXPORT_DIR in the browser (ONNX Runtime Web, WASM).
 
     The site holds index.html, the JavaScript runtime edgelin.mjs, the export and the ONNX Runtime Web
-    files; nothing is fetched from the internet when it runs. Open index.html?prompt=TEXT&n=N to
+    files (and, for an export with a Hugging Face tokenizer, @huggingface/tokenizers); nothing is
+    fetched from the internet when it runs. Open index.html?prompt=TEXT&n=N to
     generate N tokens greedily at load (the text lands in #output).
 
     \b
@@ -42,7 +46,7 @@ def web(export_dir, out_dir, force, ort_web, serve, port):
         scratch = tempfile.mkdtemp(prefix="edgelin-web-")
         out_dir = f"{scratch}/site"
     try:
-        result = write_site(export_dir, out_dir, ort_web=ort_web, force=force, progress=progress)
+        result = write_site(export_dir, out_dir, ort_web=ort_web, force=force, progress=progress, tokenizers_js=tokenizers_js)
         click.echo(result.summary())
         if serve:
             server = make_server(out_dir, port)

@@ -429,7 +429,6 @@ class _Validator:
                        where="" if ok else f"bits/byte delta {delta:+.4f}, top-1 agreement {top1:.4f}"))
         return {"bytes": count, "bpb": bpb_ort, "bpb_fp32_torch": bpb_ref, "bpb_delta": delta, "top1": top1}
 
-
     # ---- 8. the framework the checkpoint came from -------------------------------------------------
     def upstream(self, session: Session, checkpoint: Path, framework: str, steps: int, threads: int, required: bool) -> dict[str, Any]:
         """edgelin's import and the graphs against ``framework``'s own model on the same ids: a prompt of C + 5
@@ -439,7 +438,8 @@ class _Validator:
 
         C = self.chunk
         prompt, ids = self.ids(2, C + 5), self.ids(2, steps)
-        self.say(f"upstream: running {framework}'s own model on the checkpoint (a subprocess) ...")
+        slow = " (its kernels in Triton's interpreter: minutes; --steps bounds it)" if framework == "fla" else ""
+        self.say(f"upstream: running {framework}'s own model on the checkpoint, {steps} decode steps, in a subprocess{slow} ...")
         try:
             ref = up.run(checkpoint, framework, prompt, ids, threads=threads)
         except up.UpstreamError as exc:

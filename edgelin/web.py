@@ -5,9 +5,10 @@
 
 The site holds ``index.html``, the JavaScript runtime ``edgelin.mjs``, the export (``export/``, with an
 edgelin/2 manifest: an edgelin/1 export is upgraded on the way; with its golden outputs ``golden.json`` where
-it has them, which the page checks itself against when opened with ``?check=1``) and the ONNX Runtime Web files
-(``ort/``), copied from an installed npm package ``onnxruntime-web``: nothing is fetched from the internet
-when the page runs. A file ``.edgelin-site`` records the sha256 of every file edgelin wrote, so ``--force``
+it has them, which the page checks itself against when opened with ``?check=1``; with its Hugging Face tokenizer
+files where it has one) and the ONNX Runtime Web files (``ort/``), copied from an installed npm package
+``onnxruntime-web`` (and, for a Hugging Face tokenizer, ``tok/tokenizers.mjs`` from ``@huggingface/tokenizers``):
+nothing is fetched from the internet when the page runs. A file ``.edgelin-site`` records the sha256 of every file edgelin wrote, so ``--force``
 replaces only a folder that is empty or a site edgelin made and nobody changed since. Standard library + the runtime only (no torch).
 """
 
@@ -34,6 +35,10 @@ MARKER = ".edgelin-site"
 ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 ORT_PACKAGE = "onnxruntime-web"
 ORT_ENV = "EDGELIN_ORT_WEB"
+TOK_PACKAGE = "@huggingface/tokenizers"  # for an export whose tokenizer is a Hugging Face tokenizer.json
+TOK_FILE = "tokenizers.min.mjs"
+TOK_SITE = "tok/tokenizers.mjs"  # where the page imports it from
+TOK_ENV = "EDGELIN_TOKENIZERS_JS"
 MIME = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm", ".json": "application/json",
         ".onnx": "application/octet-stream", ".data": "application/octet-stream", ".html": "text/html; charset=utf-8"}
 
@@ -45,28 +50,39 @@ def web_dir() -> Path:
     return Path(runtime.__file__).resolve().parent / "web"
 
 
-def find_ort_web(given: str | os.PathLike | None = None) -> Path:
-    """The ``dist`` folder of an installed onnxruntime-web: ``given`` (the package or its dist folder),
-    else $EDGELIN_ORT_WEB, else ``node_modules/onnxruntime-web`` in the current folder or one above it,
-    else in the edgelin checkout. RuntimeInputError saying how to install it when none is found."""
+def _find_npm(package: str, files: tuple[str, ...], given, env: str, option: str, version: str) -> Path:
+    """The ``dist`` folder of an installed npm ``package`` that holds ``files``: ``given`` (the package or its dist
+    folder), else $``env``, else ``node_modules/PACKAGE`` in the current folder or one above it, else in the edgelin
+    checkout. RuntimeInputError saying how to install it when none is found."""
     candidates = []
     if given is not None:
         candidates.append(Path(given))
-    elif os.environ.get(ORT_ENV):
-        candidates.append(Path(os.environ[ORT_ENV]))
+    elif os.environ.get(env):
+        candidates.append(Path(os.environ[env]))
     else:
         here = Path.cwd().resolve()
-        candidates += [p / "node_modules" / ORT_PACKAGE for p in (here, *here.parents)]
-        candidates.append(Path(__file__).resolve().parent.parent / "node_modules" / ORT_PACKAGE)
+        candidates += [p / "node_modules" / package for p in (here, *here.parents)]
+        candidates.append(Path(__file__).resolve().parent.parent / "node_modules" / package)
     for c in candidates:
         for dist in (c / "dist", c):
-            if all((dist / f).is_file() for f in ORT_FILES):
+            if all((dist / f).is_file() for f in files):
                 return dist
-    where = str(candidates[0]) if given is not None or os.environ.get(ORT_ENV) else "node_modules/ in this folder or above"
+    where = str(candidates[0]) if given is not None or os.environ.get(env) else "node_modules/ in this folder or above"
     raise RuntimeInputError(
-        f"onnxruntime-web is not installed ({where}); install it once with `npm install {ORT_PACKAGE}@1.30.0` "
-        f"and pass --ort-web node_modules/{ORT_PACKAGE} (or set {ORT_ENV})"
+        f"{package} is not installed ({where}); install it once with `npm install {package}@{version}` "
+        f"and pass {option} node_modules/{package} (or set {env})"
     )
+
+
+def find_ort_web(given: str | os.PathLike | None = None) -> Path:
+    """The ``dist`` folder of an installed onnxruntime-web (``given``, $EDGELIN_ORT_WEB or node_modules)."""
+    return _find_npm(ORT_PACKAGE, ORT_FILES, given, ORT_ENV, "--ort-web", "1.30.0")
+
+
+def find_tokenizers_js(given: str | os.PathLike | None = None) -> Path:
+    """The ``dist`` folder of an installed @huggingface/tokenizers (``given``, $EDGELIN_TOKENIZERS_JS or node_modules):
+    what the page runs a Hugging Face tokenizer.json with."""
+    return _find_npm(TOK_PACKAGE, (TOK_FILE,), given, TOK_ENV, "--tokenizers-js", "0.2.0")
 
 
 def site_files(folder: Path) -> list[str] | str:
@@ -137,18 +153,41 @@ def _check_export(export_dir: Path) -> Manifest:
     if problems:
         raise ManifestError(f"{export_dir}: {'; '.join(problems)}")
     Golden.load(export_dir, m)  # golden.json, where the manifest names it: present, unchanged, readable (ManifestError)
+    for name, digest in _tokenizer_files(m).items():
+        path = export_dir / name
+        if not path.is_file():
+            raise ManifestError(f"{export_dir} lacks {name}, a tokenizer file named in {MANIFEST_FILE}; copy the whole export folder, or re-export the model")
+        if file_sha256(path) != digest:
+            raise ManifestError(f"{path} is not the file {MANIFEST_FILE} describes (its sha256 differs); re-export the model")
     return m
+
+
+def _tokenizer_files(m: Manifest) -> dict[str, str]:
+    """The tokenizer files of a Hugging Face tokenizer (name -> sha256), as the manifest lists them; {} for bytes/ids."""
+    from edgelin.runtime.tokenizer import HUGGINGFACE
+
+    spec = m.tokenizer or {}
+    files = spec.get("files") if spec.get("kind") == HUGGINGFACE else None
+    if not files:
+        return {}
+    for name in files:
+        if not isinstance(name, str) or Path(name).name != name or name.startswith("."):
+            raise ManifestError(f"{MANIFEST_FILE} names the tokenizer file {name!r}; it must be a plain file name in the export folder")
+    return dict(files)
 
 
 def write_site(
     export_dir: str | os.PathLike, out_dir: str | os.PathLike, *, ort_web: str | os.PathLike | None = None,
-    force: bool = False, progress: Callable[[str], None] | None = None,
+    force: bool = False, progress: Callable[[str], None] | None = None, tokenizers_js: str | os.PathLike | None = None,
 ) -> SiteResult:
-    """Write the static site of ``export_dir`` to ``out_dir`` (built beside it, moved into place when complete)."""
+    """Write the static site of ``export_dir`` to ``out_dir`` (built beside it, moved into place when complete). An
+    export with a Hugging Face tokenizer gets its tokenizer files and @huggingface/tokenizers (``tokenizers_js``)."""
     say = progress or (lambda _m: None)
     export_dir, out = Path(export_dir), Path(out_dir)
     manifest = _check_export(export_dir)
     dist = find_ort_web(ort_web)
+    tokenizer_files = _tokenizer_files(manifest)
+    tok_dist = find_tokenizers_js(tokenizers_js) if tokenizer_files else None
     check = dict(force=force, protect=(export_dir,), ours=site_files, kind="a site written by edgelin web", protected="the export")
     replacing = check_output_dir(out, what="site folder", **check)
     source = web_dir()
@@ -167,6 +206,11 @@ def write_site(
             shutil.copyfile(manifest.weights_path(export_dir), tmp / "export" / manifest.weights["file"])
         if manifest.extra.get("golden") is not None:  # fetched by the page's check (?check=1): Model.check()
             shutil.copyfile(export_dir / GOLDEN_FILE, tmp / "export" / GOLDEN_FILE)
+        for name in tokenizer_files:  # tokenizer.json (what the page reads) and its companions, as the manifest lists them
+            shutil.copyfile(export_dir / name, tmp / "export" / name)
+        if tok_dist is not None:
+            (tmp / TOK_SITE).parent.mkdir()
+            shutil.copyfile(tok_dist / TOK_FILE, tmp / TOK_SITE)
         site_manifest = manifest if manifest.sha256 is not None else manifest.with_hashes(tmp / "export")
         (tmp / "export" / MANIFEST_FILE).write_text(site_manifest.to_json(), encoding="utf-8")
         (tmp / "ort").mkdir()
@@ -210,4 +254,4 @@ def serve_in_thread(site: str | os.PathLike, port: int = 0, handler: type = _Han
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-__all__ = ["SiteResult", "find_ort_web", "make_server", "serve_in_thread", "site_files", "write_site"]
+__all__ = ["SiteResult", "find_ort_web", "find_tokenizers_js", "make_server", "serve_in_thread", "site_files", "write_site"]

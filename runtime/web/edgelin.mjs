@@ -131,10 +131,11 @@ export function fromHalf(h) {
 export class ByteTokenizer {
   constructor(spec, vocabSize) {
     if (spec.kind !== "bytes" || spec.encoding !== "utf-8") {
-      throw new EdgelinError(`tokenizer kind ${JSON.stringify(spec.kind)} is not known to this runtime (known: bytes); pass token ids instead of text`);
+      throw new EdgelinError(`tokenizer kind ${JSON.stringify(spec.kind)} is not known to this runtime (known: bytes, huggingface); pass token ids instead of text`);
     }
     this.offset = spec.offset ?? 0;
     this.eosId = spec.eos_id ?? null;
+    this.eosIds = eosIdsOf(spec);
     this.vocabSize = vocabSize;
   }
 
@@ -161,6 +162,149 @@ export class ByteTokenizer {
   decode(ids) {
     const d = this.decoder();
     return ids.map((i) => d.feed(i)).join("") + d.flush();
+  }
+}
+
+/** Every id that ends a sequence: the manifest's `eos_ids` (a chat model may stop at several), else `eos_id`. */
+function eosIdsOf(spec) {
+  const ids = Array.isArray(spec.eos_ids) ? spec.eos_ids : spec.eos_id !== null && spec.eos_id !== undefined ? [spec.eos_id] : [];
+  return new Set(ids);
+}
+
+export const HUGGINGFACE = "huggingface";
+export const TOKENIZER_FILE = "tokenizer.json";
+export const TOKENIZERS_PACKAGE = "@huggingface/tokenizers";
+const REPLACEMENT = "\ufffd";
+const BYTE_PIECE = /^<0x[0-9A-Fa-f]{2}>$/;
+
+/**
+ * A Hugging Face tokenizer.json (manifest kind "huggingface") run by the `@huggingface/tokenizers` package, as the
+ * Python runtime runs it with `tokenizers`: encode = the tokenizer's ids without its post-processor's special
+ * tokens, `bos_id` first when `add_bos`; decode = its decoding (`skip_special_tokens` as the manifest says, and
+ * no clean-up of spaces: the Rust library's `decode` does none). The streamed text is the decoding of the ids so
+ * far, released as it becomes final (HuggingFaceStreamDecoder in runtime/tokenizer.py, the same rules).
+ */
+export class HuggingFaceTokenizer {
+  constructor(tokenizer, spec, vocabSize, json) {
+    this.tok = tokenizer;
+    this.vocabSize = vocabSize;
+    this.bosId = spec.bos_id ?? null;
+    this.eosId = spec.eos_id ?? null;
+    this.eosIds = eosIdsOf(spec);
+    this.addBos = Boolean(spec.add_bos);
+    this.skipSpecialTokens = spec.skip_special_tokens ?? true;
+    if (this.addBos && this.bosId === null) throw new EdgelinError("the tokenizer says add_bos but names no bos_id; re-export the model");
+    // ids whose text may still change with the ids after them, held back while they end the sequence: byte-fallback
+    // pieces (<0xNN>: a run decodes as one group) and skipped special tokens (they decode to nothing)
+    this.held = new Set();
+    let top = -1;
+    for (const [token, id] of tokenizer.get_vocab(true)) {
+      top = Math.max(top, id);
+      if (json.includes('"ByteFallback"') && BYTE_PIECE.test(token)) this.held.add(id);
+    }
+    for (const [id, added] of tokenizer.get_added_tokens_decoder()) {
+      top = Math.max(top, id);
+      if (this.skipSpecialTokens && added.special) this.held.add(id);
+    }
+    if (top >= vocabSize) throw new EdgelinError(`${TOKENIZER_FILE}: a token has id ${top}, outside the model's vocabulary [0, ${vocabSize}); re-export the model`);
+  }
+
+  encode(text) {
+    if (typeof text !== "string") throw new EdgelinError(`the prompt must be text, got ${typeof text}`);
+    if (/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(text)) {
+      throw new EdgelinError("the prompt holds a lone UTF-16 surrogate, which is no character; pass valid text");
+    }
+    const ids = text ? this.tok.encode(text, { add_special_tokens: false }).ids : [];
+    return this.addBos ? [this.bosId, ...ids] : ids;
+  }
+
+  decode(ids) {
+    return ids.length ? this.tok.decode(ids, { skip_special_tokens: this.skipSpecialTokens, clean_up_tokenization_spaces: false }) : "";
+  }
+
+  decoder() {
+    const tok = this;
+    const ids = [];
+    let start = 0; // the window decoded each time begins here (a point with text before it)
+    let read = 0; // ids[0, read) have been released
+    const release = (k, final) => {
+      const before = tok.decode(ids.slice(start, read));
+      const text = tok.decode(ids.slice(start, k));
+      if (!text.startsWith(before) || (!final && text.endsWith(REPLACEMENT))) return "";
+      const out = text.slice(before.length);
+      if (out && tok.decode(ids.slice(read, k))) start = read;
+      read = k;
+      return out;
+    };
+    return {
+      feed(id) {
+        ids.push(id);
+        let k = ids.length;
+        while (k > read && tok.held.has(ids[k - 1])) k -= 1;
+        return k === read ? "" : release(k, false);
+      },
+      flush() {
+        return ids.length === read ? "" : release(ids.length, true);
+      },
+    };
+  }
+}
+
+/** The tokenizer of a manifest: bytes, or a Hugging Face tokenizer.json read with `read` (its sha256 checked when
+ * `verify`), run by the `tokenizers` module given (else imported by its package name, where the platform can). */
+async function loadTokenizer(manifest, read, verify, tokenizers) {
+  const spec = manifest.tokenizer;
+  if (spec.kind !== HUGGINGFACE) return null; // bytes: made on first use; ids: no text
+  const want = spec.files && spec.files[TOKENIZER_FILE];
+  if (!want) throw new EdgelinError(`edgelin.json: the tokenizer names no ${TOKENIZER_FILE}; re-export the model`);
+  let bytes;
+  try {
+    bytes = await read(TOKENIZER_FILE);
+  } catch (err) {
+    throw new EdgelinError(`cannot read ${TOKENIZER_FILE}, the tokenizer named in edgelin.json (${err.message}); copy the whole export folder`);
+  }
+  if (verify) {
+    const got = await sha256Hex(bytes);
+    if (got !== null && got !== want) throw new EdgelinError(`${TOKENIZER_FILE} is not the file edgelin.json describes (its sha256 differs); re-export the model`);
+  }
+  let lib = tokenizers;
+  if (!lib) {
+    try {
+      lib = await import(TOKENIZERS_PACKAGE);
+    } catch {
+      return new EdgelinError(`this export's tokenizer (${TOKENIZER_FILE}) needs the ${TOKENIZERS_PACKAGE} package: npm install ${TOKENIZERS_PACKAGE}@0.2.0, or pass its module as loadExport(..., {tokenizers}); or pass token ids instead of text`);
+    }
+  }
+  const json = new TextDecoder().decode(bytes);
+  let tok;
+  try {
+    tok = new lib.Tokenizer(JSON.parse(json), { clean_up_tokenization_spaces: false });
+  } catch (err) {
+    throw new EdgelinError(`${TOKENIZER_FILE} cannot be read by ${TOKENIZERS_PACKAGE} (${err.message}); re-export the model`);
+  }
+  rustByteFallback(tok.decoder);
+  return new HuggingFaceTokenizer(tok, spec, manifest.vocab_size, json);
+}
+
+/** Byte-fallback decoding as the Rust library does it: a run of <0xNN> pieces that is not valid UTF-8 becomes one
+ * U+FFFD per byte (@huggingface/tokenizers 0.2.0 decodes the run with a lenient TextDecoder, which keeps the valid
+ * bytes of an invalid run and replaces per sequence). Patches each ByteFallback step of the decoder (its
+ * `text_decoder`, as that version names it; the ByteLevel step's lenient decoding is the Rust library's too); the
+ * tests compare the result with the Python runtime's. */
+function rustByteFallback(decoder) {
+  if (!decoder) return;
+  for (const d of decoder.decoders ?? []) rustByteFallback(d);
+  if (decoder.config?.type === "ByteFallback" && decoder.text_decoder) {
+    const strict = new TextDecoder("utf-8", { fatal: true });
+    decoder.text_decoder = {
+      decode(bytes) {
+        try {
+          return strict.decode(bytes);
+        } catch {
+          return REPLACEMENT.repeat(bytes.length);
+        }
+      },
+    };
   }
 }
 
@@ -388,11 +532,13 @@ function reader(source) {
  * Load an export. `source`: the folder's URL (files are fetched), or an async function name -> Uint8Array.
  * options: `sessionOptions` (passed to ort.InferenceSession.create, e.g. {executionProviders: ["wasm"],
  * intraOpNumThreads: 1}), `verify` (default true: check each graph file's sha256 against the manifest
- * where crypto.subtle exists).
+ * where crypto.subtle exists), `tokenizers` (the `@huggingface/tokenizers` module, for an export with a Hugging Face
+ * tokenizer.json; default: imported by its package name, which node resolves from node_modules; a page passes the
+ * copy its site ships). Without it such a model still runs on token ids; asking it for text says what to install.
  * An export whose manifest names a `weights` file (ONNX external data shared by both graphs) has it read
  * once and handed to both sessions (ONNX Runtime's `externalData` option); its size is always checked.
  */
-export async function loadExport(ort, source, { sessionOptions = {}, verify = true } = {}) {
+export async function loadExport(ort, source, { sessionOptions = {}, verify = true, tokenizers = null } = {}) {
   const read = reader(source);
   let manifest;
   try {
@@ -434,7 +580,10 @@ export async function loadExport(ort, source, { sessionOptions = {}, verify = tr
       throw new EdgelinError(`${manifest.graphs[g]} does not match edgelin.json (missing ${missing.map((t) => t.name).join(", ") || "none"}, unexpected ${extra.join(", ") || "none"})`);
     }
   }
-  return new Model(ort, manifest, sessions, read, verify);
+  const model = new Model(ort, manifest, sessions, read, verify);
+  const tokenizer = await loadTokenizer(manifest, read, verify, tokenizers);
+  if (tokenizer !== null) model._tokenizer = tokenizer; // an EdgelinError: thrown where text is asked for
+  return model;
 }
 
 // ---- running ----------------------------------------------------------------------------------
@@ -463,6 +612,7 @@ export class Model {
 
   get tokenizer() {
     if (this._tokenizer === null) this._tokenizer = new ByteTokenizer(this.manifest.tokenizer, this.vocabSize);
+    if (this._tokenizer instanceof Error) throw this._tokenizer;
     return this._tokenizer;
   }
 
@@ -727,7 +877,7 @@ export class Conversation {
   /**
    * Stream the continuation of `prompt` (text, or an array of token ids): an async iterable of
    * {id, text} (text is "" while a character is incomplete). options: maxNewTokens (default 256),
-   * temperature (0 = greedy), topK (0 = off), topP (1 = off), seed, eosId (default: the tokenizer's),
+   * temperature (0 = greedy), topK (0 = off), topP (1 = off), seed, eosId (default: every eos id of the tokenizer),
    * piece (prefill piece). Afterwards: this.text, this.ids, this.stopReason ("eos" | "length"),
    * this.stats ({promptTokens, prefillMs, firstTokenMs, newTokens, decodeTokens, decodeMs, decodeTokensPerS}).
    * The returned object also has toArray() (all tokens) and done() (the text).
@@ -759,7 +909,7 @@ export class Conversation {
     model._checkIds(ids);
     let tokenizer = null;
     try { tokenizer = model.tokenizer; } catch (err) { if (textPrompt) throw err; }
-    const eos = eosId ?? (tokenizer ? tokenizer.eosId : null);
+    const eos = eosId !== undefined && eosId !== null ? new Set([eosId]) : tokenizer ? tokenizer.eosIds : new Set();
     const decoder = tokenizer ? tokenizer.decoder() : null;
     const random = rng(opts.seed);
     this.text = "";
@@ -786,7 +936,7 @@ export class Conversation {
       stats.decodeTokens = stats.newTokens - 1;
       stats.decodeTokensPerS = stats.decodeMs > 0 ? (stats.decodeTokens * 1000) / stats.decodeMs : NaN;
       this.state.pending = id;
-      if (id === eos) {
+      if (eos.has(id)) {
         this.stopReason = "eos";
         const rest = decoder ? decoder.flush() : "";
         this.text += rest;

@@ -1,0 +1,78 @@
+// The JavaScript runtime's Hugging Face tokenizer against the Python runtime's. Run by
+// tests/tokenizers/test_js_tokenizer.py, which sets EDGELIN_TOKENIZER_CASES (cases written by Python),
+// EDGELIN_ORT_NODE (onnxruntime-node) and EDGELIN_NODE_MODULES; without them every test is skipped, saying why.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { cp, readFile, rm, writeFile } from "node:fs/promises";
+import { createRequire } from "node:module";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+
+import * as edgelin from "../../runtime/web/edgelin.mjs";
+
+const casesPath = process.env.EDGELIN_TOKENIZER_CASES;
+const ortDir = process.env.EDGELIN_ORT_NODE;
+const why = !casesPath ? "EDGELIN_TOKENIZER_CASES is not set (run through tests/tokenizers/test_js_tokenizer.py)" : !ortDir ? "EDGELIN_ORT_NODE is not set" : null;
+const cases = why ? null : JSON.parse(await readFile(casesPath, "utf8"));
+const ort = why ? null : createRequire(join(ortDir, "package.json"))(ortDir);
+const tokenizers = why ? null : await import(pathToFileURL(join(process.env.EDGELIN_NODE_MODULES, "@huggingface/tokenizers/dist/tokenizers.mjs")).href);
+
+function open(dir, options = {}) {
+  return edgelin.loadExport(ort, (name) => readFile(join(dir, name)).then((b) => new Uint8Array(b)), {
+    sessionOptions: { executionProviders: ["cpu"], intraOpNumThreads: 1, interOpNumThreads: 1 },
+    tokenizers,
+    ...options,
+  });
+}
+
+test("encoding gives the Python runtime's ids, bos as the manifest says", { skip: why ?? false }, async () => {
+  for (const c of cases.exports) {
+    const model = await open(c.dir);
+    assert.ok(model.tokenizer instanceof edgelin.HuggingFaceTokenizer, c.kind);
+    for (const e of c.encode) assert.deepEqual(model.tokenizer.encode(e.text), e.ids, `${c.kind}: ${JSON.stringify(e.text)}`);
+  }
+});
+
+test("streamed text is released token for token as the Python runtime releases it", { skip: why ?? false }, async () => {
+  for (const c of cases.exports) {
+    const model = await open(c.dir);
+    for (const s of c.streams) {
+      const dec = model.tokenizer.decoder();
+      const pieces = s.ids.map((i) => dec.feed(i));
+      pieces.push(dec.flush());
+      assert.deepEqual(pieces, s.pieces, `${c.kind}: ids ${JSON.stringify(s.ids)}`);
+      assert.equal(model.tokenizer.decode(s.ids), s.text, `${c.kind}: ids ${JSON.stringify(s.ids)}`);
+    }
+  }
+});
+
+test("generation from a text prompt gives the Python runtime's ids and text", { skip: why ?? false }, async () => {
+  for (const c of cases.exports) {
+    const model = await open(c.dir);
+    const chat = model.conversation();
+    const text = await chat.generate(c.generate.prompt, { maxNewTokens: c.generate.n }).done();
+    assert.deepEqual(chat.ids, c.generate.ids, c.kind);
+    assert.equal(text, c.generate.text, c.kind);
+    assert.equal(chat.stopReason, c.generate.stop, c.kind);
+  }
+});
+
+test("the package is imported by name where node can resolve it", { skip: why ?? false }, async () => {
+  const c = cases.exports[0];
+  const model = await open(c.dir, { tokenizers: null }); // resolved from node_modules by its package name
+  assert.deepEqual(model.tokenizer.encode(c.encode[0].text), c.encode[0].ids);
+});
+
+test("a tokenizer.json that is not the manifest's is refused", { skip: why ?? false }, async () => {
+  const c = cases.exports[0];
+  const copy = join(tmpdir(), `edgelin-tok-${process.pid}`);
+  await cp(c.dir, copy, { recursive: true });
+  const file = join(copy, "tokenizer.json");
+  try {
+    await writeFile(file, (await readFile(file, "utf8")).replace("<|endoftext|>", "<|endoftexT|>"));
+    await assert.rejects(open(copy), (err) => err instanceof edgelin.EdgelinError && /tokenizer\.json is not the file edgelin\.json describes/.test(err.message));
+  } finally {
+    await rm(copy, { recursive: true, force: true });
+  }
+});
