@@ -1,7 +1,8 @@
 // edgelin.mjs: run an edgelin export (edgelin.json + prefill.onnx + decode.onnx + weights.data) in JavaScript.
 //
-// One ES module, no dependencies: the caller passes in the ONNX Runtime object -- onnxruntime-web in a
-// browser, onnxruntime-node in node. Everything (names, dtypes, shapes, state layout, tokenizer, the
+// One ES module: the caller passes in the ONNX Runtime object -- onnxruntime-web in a browser, onnxruntime-node
+// in node -- and, for an export with a Hugging Face tokenizer.json, the @huggingface/tokenizers module (node finds
+// it in node_modules by itself). Everything (names, dtypes, shapes, state layout, tokenizer, the
 // prefill piece size) comes from the manifest, format edgelin/2 (docs/manifest.md).
 //
 //   import * as ort from "./ort/ort.min.mjs";              // or: import ort from "onnxruntime-node"

@@ -204,6 +204,8 @@ CASES = {
     # validate
     "validate/missing-export": Case(["validate", "nope"], "is not a folder"),
     "validate/not-an-export": Case(["validate", "docs"], "no edgelin.json"),
+    "validate/upstream-unknown-mode": Case(["validate", EX, "--checkpoint", CK, "--upstream", "sometimes"], "'sometimes' is not one of"),
+    "validate/upstream-required-own-model": Case(["validate", EX, "--checkpoint", CK, "--upstream", "required"], "the checkpoint is edgelin's own model"),
     "validate/manifest-not-json": Case(["validate", EX], "not valid JSON", manifest_bytes(b"{")),
     "validate/manifest-not-utf8": Case(["validate", EX], "not UTF-8", manifest_bytes(b'{"format": "\xff"}')),
     "validate/manifest-a-list": Case(["validate", EX], "must hold a JSON object", manifest_bytes(b"[1, 2]")),
