@@ -309,6 +309,26 @@ function rustByteFallback(decoder) {
   }
 }
 
+// ---- Hugging Face generate's logits processors ------------------------------------------------
+/** Before sampling, as the Python runtime (runtime/generate.py: process_logits) and Hugging Face's generate do:
+ * the repetition penalty (CTRL: the logit of every id in `seen` divided by the penalty where positive, multiplied
+ * where negative, in float32) and min_new_tokens (every eos id masked while fewer tokens were generated). Returns
+ * `logits` itself where neither applies, else a processed copy. */
+export function processLogits(logits, seen, newTokens, { repetitionPenalty = 1, minNewTokens = 0, eosIds = new Set() } = {}) {
+  const penalise = seen && repetitionPenalty !== 1;
+  const mask = newTokens < minNewTokens && eosIds.size > 0;
+  if (!penalise && !mask) return logits;
+  const out = Float32Array.from(logits);
+  if (penalise) {
+    const p = Math.fround(repetitionPenalty);
+    for (const id of seen) {
+      if (id >= 0 && id < out.length) out[id] = out[id] < 0 ? out[id] * p : out[id] / p;
+    }
+  }
+  if (mask) for (const id of eosIds) if (id >= 0 && id < out.length) out[id] = -Infinity;
+  return out;
+}
+
 // ---- sampling ---------------------------------------------------------------------------------
 /** A small seeded generator (sfc32, state from splitmix32 of the seed): uniform floats in [0, 1). */
 export function rng(seed) {
@@ -879,7 +899,8 @@ export class Conversation {
    * Stream the continuation of `prompt` (text, or an array of token ids): an async iterable of
    * {id, text} (text is "" while a character is incomplete). options: maxNewTokens (default 256),
    * temperature (0 = greedy), topK (0 = off), topP (1 = off), seed, eosId (default: every eos id of the tokenizer),
-   * piece (prefill piece). Afterwards: this.text, this.ids, this.stopReason ("eos" | "length"),
+   * repetitionPenalty (1 = off), minNewTokens (0), stop (strings: the text ends before the first; stopReason "stop"),
+   * piece (prefill piece). Afterwards: this.text, this.ids, this.stopReason ("eos" | "length" | "stop"),
    * this.stats ({promptTokens, prefillMs, firstTokenMs, newTokens, decodeTokens, decodeMs, decodeTokensPerS}).
    * The returned object also has toArray() (all tokens) and done() (the text).
    */
@@ -900,10 +921,14 @@ export class Conversation {
     return iterable;
   }
 
-  async *_stream(prompt, { maxNewTokens = 256, eosId, piece, ...sampling } = {}) {
+  async *_stream(prompt, { maxNewTokens = 256, eosId, piece, repetitionPenalty = 1, minNewTokens = 0, stop = [], ...sampling } = {}) {
     const model = this.model;
     const opts = samplingOptions(sampling);
     if (!(Number.isInteger(maxNewTokens) && maxNewTokens >= 0)) throw new EdgelinError(`maxNewTokens must be an integer >= 0, got ${maxNewTokens}`);
+    if (!(Number.isFinite(repetitionPenalty) && repetitionPenalty > 0 && repetitionPenalty <= 100)) throw new EdgelinError(`repetitionPenalty must be in (0, 100] (1 = off; 1.1-1.3 discourages repeats), got ${repetitionPenalty}`);
+    if (!(Number.isInteger(minNewTokens) && minNewTokens >= 0)) throw new EdgelinError(`minNewTokens must be an integer >= 0 (eos is masked until this many tokens were generated), got ${minNewTokens}`);
+    const stops = typeof stop === "string" ? [stop] : Array.from(stop);
+    if (stops.some((x) => typeof x !== "string" || x === "")) throw new EdgelinError("stop must be a list of non-empty strings");
     const textPrompt = typeof prompt === "string";
     const ids = textPrompt ? model.tokenizer.encode(prompt) : Array.from(prompt ?? []);
     if (ids.length === 0) throw new EdgelinError("the prompt is empty: give at least one token");
@@ -912,7 +937,10 @@ export class Conversation {
     try { tokenizer = model.tokenizer; } catch (err) { if (textPrompt) throw err; }
     const eos = eosId !== undefined && eosId !== null ? new Set([eosId]) : tokenizer ? tokenizer.eosIds : new Set();
     const decoder = tokenizer ? tokenizer.decoder() : null;
+    if (stops.length && !decoder) throw new EdgelinError("stop strings need text: this export has no tokenizer");
     const random = rng(opts.seed);
+    const seen = repetitionPenalty !== 1 ? new Set(ids) : null; // the ids of this prompt and of what it generates
+    let held = ""; // decoded text not yet released (it may still be the start of a stop string)
     this.text = "";
     this.ids = [];
     this.stopReason = null;
@@ -929,7 +957,7 @@ export class Conversation {
     let first = null;
     for (;;) {
       if (!logits.every(Number.isFinite)) throw new EdgelinError("the logits became NaN/infinite; the model or its state has overflowed -- start from a fresh state");
-      const id = sample(logits, opts, random);
+      const id = sample(processLogits(logits, seen, stats.newTokens, { repetitionPenalty, minNewTokens, eosIds: eos }), opts, random);
       const t = now();
       if (first === null) { first = t; stats.firstTokenMs = t - start; }
       stats.decodeMs = t - first;
@@ -937,18 +965,30 @@ export class Conversation {
       stats.decodeTokens = stats.newTokens - 1;
       stats.decodeTokensPerS = stats.decodeMs > 0 ? (stats.decodeTokens * 1000) / stats.decodeMs : NaN;
       this.state.pending = id;
+      if (seen) seen.add(id);
       if (eos.has(id)) {
         this.stopReason = "eos";
-        const rest = decoder ? decoder.flush() : "";
+        const rest = held + (decoder ? decoder.flush() : "");
         this.text += rest;
         if (rest) yield { id: null, text: rest };
         return;
       }
       this.ids.push(id);
-      let text = decoder ? decoder.feed(id) : "";
-      if (this.ids.length >= maxNewTokens) {
-        this.stopReason = "length";
-        if (decoder) text += decoder.flush();
+      held += decoder ? decoder.feed(id) : "";
+      if (this.ids.length >= maxNewTokens) this.stopReason = "length";
+      let text;
+      const hit = stops.find((x) => held.includes(x));
+      if (hit !== undefined) { // the text ends before the stop string (the first of the list found, as in Python)
+        this.stopReason = "stop";
+        text = held.slice(0, held.indexOf(hit));
+        held = "";
+      } else if (this.stopReason !== null) { // length: everything goes out, a partial character too
+        text = held + (decoder ? decoder.flush() : "");
+        held = "";
+      } else { // keep back what may be the start of a stop string
+        const keep = Math.max(0, ...stops.flatMap((x) => Array.from({ length: x.length - 1 }, (_, k) => (held.endsWith(x.slice(0, k + 1)) ? k + 1 : 0))));
+        text = held.slice(0, held.length - keep);
+        held = held.slice(held.length - keep);
       }
       this.text += text;
       yield { id, text };

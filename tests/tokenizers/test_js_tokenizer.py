@@ -5,7 +5,8 @@ Python writes the cases; ``node --test tests/tokenizers/tokenizer.test.mjs`` che
 prepended as the manifest says) gives the Python ids; streaming id sequences gives Python's pieces, token for token
 (byte-level tokens that split a character, SentencePiece byte-fallback runs, skipped special tokens held back and
 released as Python releases them); greedy generation from a text prompt gives Python's ids and text, stopping at the
-same eos; a tokenizer.json changed behind the manifest's back is refused. Then `edgelin web` ships the tokenizer and
+same eos, with Hugging Face generate's controls (repetition penalty, min_new_tokens, a stop string) as the Python
+runtime applies them; a tokenizer.json changed behind the manifest's back is refused. Then `edgelin web` ships the tokenizer and
 @huggingface/tokenizers with the site, and headless Chromium generates Python's text from a text prompt.
 """
 
@@ -27,6 +28,9 @@ KINDS = ("bytelevel", "sentencepiece", "ascii")
 TEXTS = ["Hello world, this is a test.", " leading space and  two", "Emoji 😀🦀👍🏽 and CJK 漢字かな한국어, e\u0301 café naïve.",
          "def f(x):\n\treturn x  # done\n", ""]
 PROMPT, N = "The quick brown", 24
+# Hugging Face generate's controls, as the Python runtime takes them; JS_NAMES: the JavaScript runtime's names
+CONTROLS = [{}, {"repetition_penalty": 1.3}, {"repetition_penalty": 0.7, "min_new_tokens": 20}, {"min_new_tokens": N}]
+JS_NAMES = {"repetition_penalty": "repetitionPenalty", "min_new_tokens": "minNewTokens", "stop": "stop"}
 
 
 def _streams(tok, rng) -> list[list[int]]:
@@ -50,10 +54,22 @@ def _cases(hf_export, tmp_path) -> dict:
         for ids in _streams(tok, rng):
             dec = tok.decoder()
             streams.append({"ids": ids, "pieces": [dec.feed(i) for i in ids] + [dec.flush()], "text": tok.decode(ids)})
-        gen = generate_text(out, PROMPT, max_new_tokens=N, provider="cpu", threads=1)
+        runs = []
+        for options in CONTROLS:
+            gen = generate_text(out, PROMPT, max_new_tokens=N, provider="cpu", threads=1, **options)
+            runs.append({"options": {JS_NAMES[k]: v for k, v in options.items()}, "ids": gen["ids"], "text": gen["text"],
+                         "stop": gen["stop_reason"]})
+        # a stop string that this generation reaches: a piece of its text past the first few tokens (where that text
+        # is whole characters: text ending in U+FFFD is held back until the end, where no stop string is looked for)
+        plain = runs[0]["text"]
+        if len(plain) > 12 and "\ufffd" not in plain[:11]:
+            stop = plain[8:11]
+            gen = generate_text(out, PROMPT, max_new_tokens=N, provider="cpu", threads=1, stop=[stop])
+            assert gen["stop_reason"] == "stop"
+            runs.append({"options": {"stop": [stop]}, "ids": gen["ids"], "text": gen["text"], "stop": gen["stop_reason"]})
         exports.append({"kind": kind, "dir": str(out), "encode": [{"text": t, "ids": tok.encode(t).tolist()} for t in TEXTS],
-                        "streams": streams, "generate": {"prompt": PROMPT, "n": N, "ids": gen["ids"], "text": gen["text"],
-                                                          "stop": gen["stop_reason"]}})
+                        "streams": streams, "prompt": PROMPT, "n": N, "generate": runs})
+    assert any("stop" in r["options"] for e in exports for r in e["generate"]), "no generation reached a stop string"
     return {"exports": exports}
 
 
@@ -72,7 +88,8 @@ def test_the_javascript_tokenizer_is_the_python_one(hf_export, tmp_path):
     assert counts.get("fail") == 0 and counts.get("skipped") == 0 and counts.get("pass", 0) >= 4, report[-3000:]
 
 
-def test_the_site_ships_the_tokenizer_and_generates_pythons_text(hf_export, tmp_path):
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_site_ships_the_tokenizer_and_generates_pythons_text(kind, hf_export, tmp_path):
     """`edgelin web` copies tokenizer.json (and its companions) and @huggingface/tokenizers; the page, in headless
     Chromium, generates the Python runtime's text from a text prompt."""
     from edgelin.runtime import generate_text
@@ -81,7 +98,7 @@ def test_the_site_ships_the_tokenizer_and_generates_pythons_text(hf_export, tmp_
 
     ort_web = npm_package("onnxruntime-web")
     tokenizers_js = npm_package("@huggingface/tokenizers")
-    out = hf_export("sentencepiece")
+    out = hf_export(kind)
     site = write_site(out, tmp_path / "site", ort_web=ort_web, tokenizers_js=tokenizers_js).out_dir
     listed = Manifest.load(out).tokenizer["files"]
     assert (site / TOK_SITE).is_file() and all((site / "export" / name).read_bytes() == (out / name).read_bytes() for name in listed)

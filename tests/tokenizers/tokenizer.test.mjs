@@ -47,15 +47,28 @@ test("streamed text is released token for token as the Python runtime releases i
   }
 });
 
-test("generation from a text prompt gives the Python runtime's ids and text", { skip: why ?? false }, async () => {
+test("generation from a text prompt gives the Python runtime's ids and text, with generate's controls", { skip: why ?? false }, async () => {
+  let penalised = 0;
   for (const c of cases.exports) {
     const model = await open(c.dir);
-    const chat = model.conversation();
-    const text = await chat.generate(c.generate.prompt, { maxNewTokens: c.generate.n }).done();
-    assert.deepEqual(chat.ids, c.generate.ids, c.kind);
-    assert.equal(text, c.generate.text, c.kind);
-    assert.equal(chat.stopReason, c.generate.stop, c.kind);
+    for (const run of c.generate) {
+      const chat = model.conversation();
+      const what = `${c.kind} ${JSON.stringify(run.options)}`;
+      const text = await chat.generate(c.prompt, { maxNewTokens: c.n, ...run.options }).done();
+      assert.deepEqual(chat.ids, run.ids, what);
+      assert.equal(text, run.text, what);
+      assert.equal(chat.stopReason, run.stop, what);
+      if (run.options.repetitionPenalty && JSON.stringify(run.ids) !== JSON.stringify(c.generate[0].ids)) penalised += 1;
+    }
   }
+  assert.ok(penalised > 0, "no repetition penalty changed a generation: the cases test nothing");
+});
+
+test("processLogits is Hugging Face's repetition penalty and min_new_tokens", { skip: false }, () => {
+  const logits = Float32Array.from([2, -2, 0.5, -0.5, 3]);
+  const out = edgelin.processLogits(logits, new Set([0, 1, 4]), 0, { repetitionPenalty: 2, minNewTokens: 1, eosIds: new Set([4]) });
+  assert.deepEqual(Array.from(out), [1, -4, 0.5, -0.5, -Infinity]);
+  assert.equal(edgelin.processLogits(logits, null, 5, { minNewTokens: 1, eosIds: new Set([4]) }), logits); // nothing to do: the same array
 });
 
 test("the package is imported by name where node can resolve it", { skip: why ?? false }, async () => {
