@@ -73,9 +73,13 @@ def _summary(r: dict) -> str:
               help="Let --state-out replace a file that is not an edgelin state file, or one that is part of an export "
                    "(an earlier state file is replaced without it).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text + timings) instead of streaming.")
+@click.option("--chat", is_flag=True,
+              help="Treat --prompt as a user's message: render it with the tokenizer's chat template (tokenizer_config.json), "
+                   "the assistant's turn opened, as transformers' apply_chat_template does. Several turns: edgelin.runtime.Chat.")
+@click.option("--system", default=None, help="With --chat: a system message before the user's.")
 @user_errors
 def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, repetition_penalty, temperature, top_k, top_p, seed, stop,
-             provider, threads, state_in, state_out, force, as_json):
+             provider, threads, state_in, state_out, force, as_json, chat, system):
     """Generate text from an export folder (prefill.onnx + decode.onnx + edgelin.json).
 
     Text streams to stdout as it is produced; a summary line with the provider actually used and the
@@ -93,6 +97,7 @@ def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, rep
       edgelin generate out/ -p "def add(" -p "import " -n 40         # a batch of two prompts
       edgelin generate out/ -p "class Stack:" --repetition-penalty 1.2
       edgelin generate out/ --prompt-ids 1,2,3 -n 20                 # token ids in (and out, without a tokenizer)
+      edgelin generate out/ --chat -p "What is a stack?" --system "Be brief."   # the chat template's turn
     """
     from edgelin.runtime import ProviderWarning, generate_text
 
@@ -107,7 +112,16 @@ def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, rep
             raise RuntimeInputError("give --prompt or --prompt-ids, not both")
         if not prompt and not prompt_ids:
             raise RuntimeInputError("no prompt given; give some text with --prompt, or token ids with --prompt-ids 1,2,3")
-        ids = [_parse_ids(p, i, len(prompt_ids)) for i, p in enumerate(prompt_ids)]
+        if system is not None and not chat:
+            raise RuntimeInputError("--system goes with --chat (a system message of a chat)")
+        if chat:
+            if prompt_ids or len(prompt) != 1:
+                raise RuntimeInputError("--chat takes one --prompt: the user's message (several turns: edgelin.runtime.Chat in Python)")
+            from edgelin.runtime.chat import chat_ids
+
+            messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": prompt[0]}]
+            prompt_ids, prompt = (chat_ids(export_dir, messages),), ()
+        ids = [ids_ if isinstance(ids_, list) else _parse_ids(ids_, i, len(prompt_ids)) for i, ids_ in enumerate(prompt_ids)]
         batch = len(prompt or ids) > 1
         texts = (list(prompt) if batch else prompt[0]) if prompt else None
         result = generate_text(

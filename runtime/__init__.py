@@ -9,6 +9,7 @@ Session (load): new_state / prefill / prefill_batch (prompts of different length
 Generator: streaming tokens for one prompt or a batch; generate_text: the function behind `edgelin generate`.
 """
 
+from edgelin.runtime.chat import Chat, ChatTemplate
 from edgelin.runtime.generate import DEFAULT_PREFILL_CHUNK, MAX_NEW_TOKENS, Generator, Result, Stats, Token, generate_text
 from edgelin.runtime.manifest import FORMAT, MANIFEST_FILE, Manifest, StateSpec
 from edgelin.runtime.sampling import Sampler, top_k_mask, top_p_mask
@@ -17,6 +18,7 @@ from edgelin.runtime.state import State
 from edgelin.runtime.tokenizer import ByteTokenizer, make_tokenizer
 
 __all__ = [
+    "Chat", "ChatTemplate",
     "DEFAULT_PREFILL_CHUNK", "FORMAT", "MANIFEST_FILE", "MAX_NEW_TOKENS", "PROVIDERS",
     "ByteTokenizer", "Generator", "Manifest", "ProviderWarning", "Result", "Sampler", "Session", "State",
     "StateSpec", "Stats", "Token", "generate_text", "load", "make_tokenizer", "top_k_mask", "top_p_mask",

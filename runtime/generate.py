@@ -88,6 +88,7 @@ class Result:
     text: str = ""
     ids: list[int] = field(default_factory=list)  # every token produced (an eos is not included)
     stop_reason: str | None = None  # "eos", "stop" (a stop sequence) or "length"
+    eos_id: int | None = None  # the eos id that ended it (the state has seen it; ids do not hold it)
 
 
 class _Sequence:
@@ -114,7 +115,7 @@ class _Sequence:
             self._seen[token_id] = None
             self._seen_array = None
         if token_id in eos_ids:
-            r.stop_reason = "eos"
+            r.stop_reason, r.eos_id = "eos", token_id
             if self.decoder is not None:
                 self.held += self.decoder.flush()
             return self._release(len(self.held))
