@@ -287,6 +287,75 @@ async function loadTokenizer(manifest, read, verify, tokenizers) {
   return new HuggingFaceTokenizer(tok, spec, manifest.vocab_size, json);
 }
 
+export const CHAT_CONFIG = "tokenizer_config.json";
+export const JINJA_PACKAGE = "@huggingface/jinja";
+
+/** The chat template of an export's tokenizer (tokenizer_config.json's chat_template, its sha256 checked), rendered
+ * by `@huggingface/jinja` (`jinja`, else imported by its package name); null where there is none, an EdgelinError
+ * (thrown where a chat is asked for) where the package cannot be had. */
+async function loadChatTemplate(manifest, read, verify, jinja) {
+  const want = manifest.tokenizer.kind === HUGGINGFACE && manifest.tokenizer.files && manifest.tokenizer.files[CHAT_CONFIG];
+  if (!want) return null;
+  const bytes = await read(CHAT_CONFIG);
+  if (verify) {
+    const got = await sha256Hex(bytes);
+    if (got !== null && got !== want) throw new EdgelinError(`${CHAT_CONFIG} is not the file edgelin.json describes (its sha256 differs); re-export the model`);
+  }
+  let config;
+  try {
+    config = JSON.parse(new TextDecoder().decode(bytes));
+  } catch (err) {
+    throw new EdgelinError(`${CHAT_CONFIG} is not JSON (${err.message}); re-export the model`);
+  }
+  let source = config && config.chat_template;
+  if (Array.isArray(source)) source = (source.find((t) => t && t.name === "default") || {}).template;
+  if (typeof source !== "string" || !source) return null;
+  let lib = jinja;
+  if (!lib) {
+    try {
+      lib = await import(JINJA_PACKAGE);
+    } catch {
+      return new EdgelinError(`this export's chat template needs the ${JINJA_PACKAGE} package: npm install ${JINJA_PACKAGE}@0.5.11, or pass its module as loadExport(..., {jinja})`);
+    }
+  }
+  return new ChatTemplate(lib, source, config);
+}
+
+/** A chat template rendered as the Python runtime (edgelin.runtime.chat) and transformers' apply_chat_template
+ * render it: the conversation's messages, add_generation_prompt, the tokenizer's special tokens as variables. */
+export class ChatTemplate {
+  constructor(jinja, source, config = {}) {
+    try {
+      this.template = new jinja.Template(source);
+    } catch (err) {
+      throw new EdgelinError(`${CHAT_CONFIG}: the chat template does not parse (${err.message}); re-export with a fixed ${CHAT_CONFIG}`);
+    }
+    this.special = {};
+    for (const [k, v] of Object.entries(config)) {
+      if (!k.endsWith("_token")) continue;
+      const text = typeof v === "string" ? v : v && typeof v.content === "string" ? v.content : null;
+      if (text !== null) this.special[k] = text;
+    }
+  }
+
+  render(messages, { addGenerationPrompt = true } = {}) {
+    checkMessages(messages);
+    try {
+      return this.template.render({ ...this.special, messages, add_generation_prompt: addGenerationPrompt });
+    } catch (err) {
+      throw new EdgelinError(`the chat template refused the conversation: ${err.message}`);
+    }
+  }
+}
+
+const ROLES = ["system", "user", "assistant", "tool"];
+function checkMessages(messages) {
+  if (!Array.isArray(messages) || messages.length === 0) throw new EdgelinError("a conversation is a non-empty list of {role, content} messages");
+  messages.forEach((m, i) => {
+    if (!m || !ROLES.includes(m.role) || typeof m.content !== "string") throw new EdgelinError(`message ${i} must be {role: one of ${ROLES.join(", ")}, content: text}`);
+  });
+}
+
 /** Byte-fallback decoding as the Rust library does it: a run of <0xNN> pieces that is not valid UTF-8 becomes one
  * U+FFFD per byte (@huggingface/tokenizers 0.2.0 decodes the run with a lenient TextDecoder, which keeps the valid
  * bytes of an invalid run and replaces per sequence). Patches each ByteFallback step of the decoder (its
@@ -559,7 +628,7 @@ function reader(source) {
  * An export whose manifest names a `weights` file (ONNX external data shared by both graphs) has it read
  * once and handed to both sessions (ONNX Runtime's `externalData` option); its size is always checked.
  */
-export async function loadExport(ort, source, { sessionOptions = {}, verify = true, tokenizers = null } = {}) {
+export async function loadExport(ort, source, { sessionOptions = {}, verify = true, tokenizers = null, jinja = null } = {}) {
   const read = reader(source);
   let manifest;
   try {
@@ -604,6 +673,7 @@ export async function loadExport(ort, source, { sessionOptions = {}, verify = tr
   const model = new Model(ort, manifest, sessions, read, verify);
   const tokenizer = await loadTokenizer(manifest, read, verify, tokenizers);
   if (tokenizer !== null) model._tokenizer = tokenizer; // an EdgelinError: thrown where text is asked for
+  model._chatTemplate = await loadChatTemplate(manifest, read, verify, jinja);
   return model;
 }
 
@@ -721,6 +791,18 @@ export class Model {
   /** A conversation: generate() calls that continue one another through the kept state. */
   conversation(state = this.newState()) {
     return new Conversation(this, state);
+  }
+
+  /** The tokenizer's chat template (ChatTemplate), or null where it has none. */
+  get chatTemplate() {
+    if (this._chatTemplate instanceof Error) throw this._chatTemplate;
+    return this._chatTemplate ?? null;
+  }
+
+  /** A chat rendered with the tokenizer's chat template that keeps its state between turns (Chat). */
+  chat({ system = null } = {}) {
+    if (this.chatTemplate === null) throw new EdgelinError("this export's tokenizer has no chat template (tokenizer_config.json's chat_template); prompt it with plain text");
+    return new Chat(this, system);
   }
 
   /** Generate from a fresh state (see Conversation.generate). */
@@ -885,6 +967,45 @@ function now() {
   return globalThis.performance ? globalThis.performance.now() : Date.now();
 }
 
+/**
+ * A chat (the Python runtime's Chat): each send() renders the whole conversation with the chat template and feeds
+ * the model only the ids after those its state has seen, where the rendering starts with them; otherwise the
+ * conversation is prefilled again from a fresh state (same result; `refills` counts). The rendered text holds its
+ * own special tokens: it is encoded without a bos.
+ */
+export class Chat {
+  constructor(model, system = null) {
+    this.model = model;
+    this.messages = system ? [{ role: "system", content: system }] : [];
+    this.conv = null;
+    this.fed = [];
+    this.refills = 0;
+    this.lastPrefill = 0;
+  }
+
+  promptIds(messages = this.messages) {
+    const text = this.model.chatTemplate.render(messages, { addGenerationPrompt: true });
+    return text ? this.model.tokenizer.tok.encode(text, { add_special_tokens: false }).ids : [];
+  }
+
+  async send(content, options = {}) {
+    this.messages.push({ role: "user", content });
+    const ids = this.promptIds();
+    const prefix = this.fed.length < ids.length && this.fed.every((id, i) => ids[i] === id);
+    if (this.conv === null || !prefix) {
+      if (this.conv !== null) this.refills += 1;
+      this.conv = this.model.conversation();
+      this.fed = [];
+    }
+    const fresh = ids.slice(this.fed.length);
+    this.lastPrefill = fresh.length;
+    const reply = await this.conv.generate(fresh, options).done();
+    this.fed = [...ids, ...this.conv.ids, ...(this.conv.eosId !== null ? [this.conv.eosId] : [])];
+    this.messages.push({ role: "assistant", content: reply });
+    return reply;
+  }
+}
+
 export class Conversation {
   constructor(model, state) {
     this.model = model;
@@ -893,6 +1014,7 @@ export class Conversation {
     this.text = "";
     this.ids = [];
     this.stopReason = null;
+    this.eosId = null; // the eos id that ended the last call (the state takes it in first on the next)
   }
 
   /**
@@ -944,6 +1066,7 @@ export class Conversation {
     this.text = "";
     this.ids = [];
     this.stopReason = null;
+    this.eosId = null;
     const stats = (this.stats = { promptTokens: ids.length, prefillMs: 0, firstTokenMs: NaN, newTokens: 0, decodeTokens: 0, decodeMs: 0, decodeTokensPerS: NaN });
     const start = now();
     if (this.state.pending !== null) { // the last token of the previous call, not yet through the model
@@ -968,6 +1091,7 @@ export class Conversation {
       if (seen) seen.add(id);
       if (eos.has(id)) {
         this.stopReason = "eos";
+        this.eosId = id;
         const rest = held + (decoder ? decoder.flush() : "");
         this.text += rest;
         if (rest) yield { id: null, text: rest };

@@ -6,7 +6,8 @@ prepended as the manifest says) gives the Python ids; streaming id sequences giv
 (byte-level tokens that split a character, SentencePiece byte-fallback runs, skipped special tokens held back and
 released as Python releases them); greedy generation from a text prompt gives Python's ids and text, stopping at the
 same eos, with Hugging Face generate's controls (repetition penalty, min_new_tokens, a stop string) as the Python
-runtime applies them; a tokenizer.json changed behind the manifest's back is refused. Then `edgelin web` ships the tokenizer and
+runtime applies them; a tokenizer.json changed behind the manifest's back is refused; chat templates render as in Python
+(= transformers) through @huggingface/jinja, and a four-turn chat gives Python's replies, refills and prefills. Then `edgelin web` ships the tokenizer and
 @huggingface/tokenizers with the site, and headless Chromium generates Python's text from a text prompt.
 """
 
@@ -73,12 +74,32 @@ def _cases(hf_export, tmp_path) -> dict:
     return {"exports": exports}
 
 
-def test_the_javascript_tokenizer_is_the_python_one(hf_export, tmp_path):
+def _chat_cases(chat_export) -> dict:
+    """The chat templates' renderings (Python = transformers: test_chat.py) and a four-turn chat on the ChatML export."""
+    from edgelin.runtime import Chat, load
+    from edgelin.runtime.chat import ChatTemplate
+    from testkit.chat import CONVERSATIONS, TEMPLATES
+
+    templates = []
+    for name, source in TEMPLATES.items():
+        config = {"bos_token": "<|end|>", "eos_token": {"content": "<|endoftext|>"}, "chat_template": source}
+        template = ChatTemplate.of_config(config)
+        templates.append({"name": name, "config": config, "renders": [template.render(c) for c in CONVERSATIONS]})
+    chat = Chat(load(chat_export, provider="cpu", threads=1), system="Be brief.")
+    turns = []
+    for turn, n in enumerate((0, 6, 6, 6)):
+        reply = chat.send(f"Question {turn}: what next?", max_new_tokens=n)
+        turns.append({"content": f"Question {turn}: what next?", "n": n, "reply": reply, "refills": chat.refills, "prefill": chat.last_prefill})
+    return {"templates": templates, "conversations": CONVERSATIONS, "export": str(chat_export), "system": "Be brief.", "turns": turns}
+
+
+def test_the_javascript_tokenizer_is_the_python_one(hf_export, chat_export, tmp_path):
     node = executable("node", "nodejs")
     ort_node = npm_package("onnxruntime-node")
     npm_package("@huggingface/tokenizers")
+    npm_package("@huggingface/jinja")
     path = tmp_path / "cases.json"
-    path.write_text(json.dumps(_cases(hf_export, tmp_path)))
+    path.write_text(json.dumps({**_cases(hf_export, tmp_path), "chat": _chat_cases(chat_export)}))
     env = dict(os.environ, EDGELIN_TOKENIZER_CASES=str(path), EDGELIN_ORT_NODE=str(ort_node), EDGELIN_NODE_MODULES=str(node_modules()))
     result = subprocess.run([node, "--test", "--test-reporter=spec", str(TEST_FILE)], capture_output=True, text=True, env=env,
                             timeout=600, cwd=ROOT)

@@ -17,11 +17,13 @@ const why = !casesPath ? "EDGELIN_TOKENIZER_CASES is not set (run through tests/
 const cases = why ? null : JSON.parse(await readFile(casesPath, "utf8"));
 const ort = why ? null : createRequire(join(ortDir, "package.json"))(ortDir);
 const tokenizers = why ? null : await import(pathToFileURL(join(process.env.EDGELIN_NODE_MODULES, "@huggingface/tokenizers/dist/tokenizers.mjs")).href);
+const jinja = why ? null : await import(pathToFileURL(join(process.env.EDGELIN_NODE_MODULES, "@huggingface/jinja/dist/index.js")).href);
 
 function open(dir, options = {}) {
   return edgelin.loadExport(ort, (name) => readFile(join(dir, name)).then((b) => new Uint8Array(b)), {
     sessionOptions: { executionProviders: ["cpu"], intraOpNumThreads: 1, interOpNumThreads: 1 },
     tokenizers,
+    jinja,
     ...options,
   });
 }
@@ -87,5 +89,27 @@ test("a tokenizer.json that is not the manifest's is refused", { skip: why ?? fa
     await assert.rejects(open(copy), (err) => err instanceof edgelin.EdgelinError && /tokenizer\.json is not the file edgelin\.json describes/.test(err.message));
   } finally {
     await rm(copy, { recursive: true, force: true });
+  }
+});
+
+test("chat templates render as the Python runtime (and transformers) render them", { skip: why ?? false }, () => {
+  for (const t of cases.chat.templates) {
+    const template = new edgelin.ChatTemplate(jinja, typeof t.config.chat_template === "string" ? t.config.chat_template : t.config.chat_template[0].template, t.config);
+    cases.chat.conversations.forEach((c, i) => assert.equal(template.render(c), t.renders[i], `${t.name} conversation ${i}`));
+  }
+  const llama = cases.chat.templates.find((t) => t.name === "llama2");
+  const template = new edgelin.ChatTemplate(jinja, llama.config.chat_template, llama.config);
+  assert.throws(() => template.render([{ role: "assistant", content: "hi" }]), (err) => err instanceof edgelin.EdgelinError && /refused the conversation/.test(err.message));
+  assert.throws(() => template.render([{ role: "robot", content: "hi" }]), /message 0 must be/);
+});
+
+test("a chat keeps its state between turns as the Python runtime's Chat does", { skip: why ?? false }, async () => {
+  const model = await open(cases.chat.export);
+  const chat = model.chat({ system: cases.chat.system });
+  for (const t of cases.chat.turns) {
+    const reply = await chat.send(t.content, { maxNewTokens: t.n });
+    assert.equal(reply, t.reply, t.content);
+    assert.equal(chat.refills, t.refills, t.content);
+    assert.equal(chat.lastPrefill, t.prefill, t.content);
   }
 });
