@@ -15,13 +15,15 @@ SPEC (JSON): {"framework", "checkpoint", "prompt": [[ids]] (B x T), "steps": [[i
 "threads", "out"}. Writes ``out`` (safetensors, float32 / int64): "prefill" [B, T, V] logits of one forward over the
 prompt (cache kept); "decode" [N, B, V], each column of ``steps`` fed one token at a time through the framework's
 cache; "greedy" [B, k] greedy ids continuing each row after the prompt and the steps, through the same cache;
-"hidden.{i}" [B, T, d] the output of decoder layer i over the prompt (a forward hook on the framework's own layer module). Beside it,
-``out`` + ".json": {"model_class", "how", "layers", "seconds": {"load", "prefill", "decode", "greedy"}}.
+"hidden.{i}" [B, T, d] the output of decoder layer i over the prompt (a forward hook on the framework's own layer
+module). Beside it, ``out`` + ".json": {"model_class", "how", "layers", "seconds": {"load", "prefill", "decode",
+"greedy"}}.
 Exit 0 on success; on failure the last line on stderr says why.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -114,8 +116,6 @@ def main(spec_file: str) -> None:
     with_cache = spec["framework"] == "transformers"  # transformers: a DynamicCache object, updated in place
     model_type = getattr(text, "model_type", "")
     import transformers
-
-    import inspect
 
     # transformers 5 names the cache argument ``cache``; earlier versions and fla ``past_key_values``
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
