@@ -70,8 +70,12 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
 @click.option("--embedding", type=click.Choice(["int8", "int4", "fp32"]), default=None,
               help="int8/int4 exports: how the token embedding and a tied head are stored, block-quantised (block 32) or "
                    "exact [default: int8; a 250k x 1024 table is 1 GB in fp32, 0.29 GB in int8, 0.16 GB in int4].")
+@click.option("--ops", type=click.Choice(["portable", "fused"]), default="portable", show_default=True,
+              help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
+                   "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer; ONNX Runtime >= 1.31 and "
+                   "onnxruntime-web only). The state is the same either way. The README's Performance section says which is faster where.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, ops):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -89,6 +93,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
       edgelin export -o out-ragged/ --ragged
       edgelin export fla-ckpt/ -o out/ --tokenizer path/to/tokenizer/
       edgelin export my-ckpt/ -o out/ --budget logits.max_rel=3e-5
+      edgelin export -o out-fused/ --ops fused
     """
     from edgelin import parity
     from edgelin.exporters import export
@@ -96,7 +101,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
         force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
-        tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding,
+        tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding, ops=ops,
     )
     click.echo(result.summary())
 

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import torch
 
-from edgelin import __version__, parity, protocol
+from edgelin import __version__, fused, parity, protocol
 from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
@@ -159,17 +159,21 @@ def _quiet():
 
 def export_graph(
     module: torch.nn.Module, example: tuple, names: tuple[list[str], list[str]], dynamic, opset: int, path: Path, *, external: bool = False,
+    ops: str = fused.DEFAULT_LOWERING,
 ) -> None:
     """One torch module -> one ONNX file with edgelin's exporter settings (dynamo, optimised, quiet).
 
     names: (input names, output names); dynamic: torch.export dynamic_shapes for ``example``. ``external``: the
-    weights go to ``<file>.data`` beside it (always so for a graph over protobuf's 2 GB).
+    weights go to ``<file>.data`` beside it (always so for a graph over protobuf's 2 GB). ``ops``: the lowering
+    (``edgelin.fused``): "portable" (ONNX standard operators) or "fused" (ONNX Runtime's LinearAttention node).
     """
     inputs, outputs = names
-    with _quiet(), torch.no_grad():
+    table = fused.translation_table() if ops == "fused" else None
+    with _quiet(), torch.no_grad(), fused.lowering(ops):
         program = torch.onnx.export(
             module.eval(), example, input_names=inputs, output_names=outputs,
             dynamic_shapes=dynamic, dynamo=True, opset_version=opset, optimize=True, verbose=False,
+            custom_translation_table=table,
         )
         program.save(str(path), external_data=external or None)
 
@@ -266,6 +270,7 @@ def export(
     tokenizer: str | Path | None = None,
     budget: dict[str, dict[str, float]] | None = None,
     embedding: str | None = None,
+    ops: str = fused.DEFAULT_LOWERING,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -287,9 +292,15 @@ def export(
     (``parity_budgets``), so that ``edgelin validate`` holds the export to the same.
 
     ``embedding``: how an int8 or int4 export stores the token embedding and a tied head: "int8" (the
-    default), "int4" or "fp32" (``edgelin.exporters.precision``); None for other precisions."""
+    default), "int4" or "fp32" (``edgelin.exporters.precision``); None for other precisions.
+
+    ``ops``: the graphs' lowering (``edgelin.fused``): "portable" (the default: ONNX standard operators, every
+    runtime) or "fused" (linear attention's recurrence as ONNX Runtime's com.microsoft.LinearAttention node;
+    recorded as the manifest's ``ops``). The state contract is the same either way."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size)
+    if ops not in fused.LOWERINGS:
+        raise ExportError(f"ops {ops!r} is not a lowering; choose one of {', '.join(fused.LOWERINGS)}")
     check_precision(precision, state_dtype)
     embedding_choice(precision, embedding)  # one that does not apply is refused before any work
     budget = {k: dict(v) for k, v in (budget or {}).items()}
@@ -320,7 +331,7 @@ def export(
             say(f"exporting the {graph} graph (opset {opset}) ...")
             t0 = time.perf_counter()
             spec = graph_spec(model, graph, lengths=ragged)
-            export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname, external=True)
+            export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname, external=True, ops=ops)
             seconds[graph] = time.perf_counter() - t0
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
@@ -335,6 +346,8 @@ def export(
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
         if budget:
             manifest.extra["parity_budgets"] = budget
+        if ops != fused.DEFAULT_LOWERING:  # absent: the portable graphs every earlier export has
+            manifest.extra["ops"] = ops
         say("golden outputs: the PyTorch model on fixed inputs ...")
         manifest.extra["golden"] = _write_golden(model, manifest, budget, tmp)
         if precision != "fp32":  # torch's graphs are checked before they are converted

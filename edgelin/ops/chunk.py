@@ -45,8 +45,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgelin import fused
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, check_decay, featurize, relative_log_decay, stable_divide
+from edgelin.ops.common import State, advance, check_decay, featurize, fused_additive, relative_log_decay, stable_divide
 from edgelin.ops.lengths import mask_padding, steps
 
 
@@ -72,6 +73,8 @@ def chunk_linear_attention(
 ) -> tuple[torch.Tensor, State]:
     g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
+    if fused.active() and lengths is None:  # the fused lowering (edgelin.fused); a ragged batch stays portable
+        return fused_additive(state, fq, fk, v, g, eps, normalize, feature_map.signed)
     fk, v, g = mask_padding(fk, v, g, lengths)  # padded positions add nothing and do not decay
     if g is not None:
         return _chunk_decayed(fq, fk, v, g, state, chunk_size, eps, normalize, steps(q.shape[2], lengths))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgelin import fused
 from edgelin.ops.common import State, relative_log_decay
 from edgelin.ops.lengths import padding_mask
 
@@ -136,6 +137,9 @@ def delta_step(
     if lengths is not None:
         raise ValueError("delta_step takes one token per row: no lengths")
     q, k, beta, g, S = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, None)
+    if fused.active():  # the fused lowering (edgelin.fused)
+        o, S = fused.delta(q, k, v, beta, g, S)
+        return o, {"S": S}
     if g is not None:
         S = g.exp()[..., None] * S  # [B, H, 1, 1] x [B, H, K, V]
     u = beta[..., None] * (v - k @ S)  # [B, H, 1, V]: what the state writes for this key
@@ -286,6 +290,9 @@ def chunk_delta_rule(
     (a reflection, nothing decays), float32 7e-6 (the recurrent form 3e-6).
     """
     q, k, beta, g, S0 = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths)
+    if fused.active() and lengths is None:  # the fused lowering (edgelin.fused); a ragged batch stays portable
+        o, S = fused.delta(q, k, v, beta, g, S0)
+        return o, {"S": S}
     B, H, T, K = q.shape
     V = v.shape[-1]
     C = chunk_size

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, check_decay, featurize, padded_denominator
+from edgelin import fused
+from edgelin.ops.common import State, advance, check_decay, featurize, fused_additive, padded_denominator
 
 
 def recurrent_step(
@@ -34,6 +35,8 @@ def recurrent_step(
         raise ValueError(f"recurrent_step takes one token, got a sequence of {q.shape[2]}")
     g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # [B, H, 1, F]
+    if fused.active():  # the fused lowering (edgelin.fused)
+        return fused_additive(state, fq, fk, v, g, eps, normalize, feature_map.signed)
     S, z = state["S"], state.get("z")
     if g is not None:
         a = g.exp()  # [B, H, 1] or [B, H, 1, F]

@@ -14,7 +14,6 @@ it for K = 64 and 128).
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import logging
 from pathlib import Path
@@ -22,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import edgelin.ops.delta as delta
 from edgelin.ops import (
@@ -35,44 +33,9 @@ from edgelin.ops import (
     recurrent_delta_rule,
     unit_lower_inverse,
 )
+from testkit.delta import B, BETAS, C, H, K, LENGTHS, PREFIX, RULES, V, make_inputs, reference, rel_err
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 5e-6}
-B, H, K, V, C = 2, 2, 8, 12, 16
-PREFIX = 7
-LENGTHS = (1, C - 1, C, C + 1, 500)
-RULES = ("delta", "gated")
-BETAS = ("near0", "uniform", "near1", "neg")
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
-
-
-def make_inputs(T: int, rule: str, betas: str, seed: int, batch: int = B):
-    """q, k (unit), v, beta, g (None for DeltaNet), float64."""
-    gen = torch.Generator().manual_seed(seed)
-    q = l2norm(torch.randn(batch, H, T, K, generator=gen, dtype=torch.float64))
-    k = l2norm(torch.randn(batch, H, T, K, generator=gen, dtype=torch.float64))
-    v = torch.randn(batch, H, T, V, generator=gen, dtype=torch.float64)
-    u = torch.rand(batch, H, T, generator=gen, dtype=torch.float64)
-    beta = {"near0": 1e-3 * u, "uniform": u, "near1": 1 - 1e-3 * u, "neg": 1 + u}[betas]
-    g = None
-    if rule == "gated":
-        g = F.logsigmoid(torch.randn(batch, H, T, generator=gen, dtype=torch.float64) * 2 + 1)
-        r = torch.rand(batch, H, T, generator=gen, dtype=torch.float64)
-        g = torch.where(r < 0.1, -20.0, torch.where(r > 0.8, -1e-6, g))
-    return q, k, v, beta, g
-
-
-@functools.lru_cache(maxsize=None)
-def reference(T: int, rule: str, betas: str):
-    """(inputs, initial state, o, final state) from the naive form, float64. Callers must not mutate."""
-    p = make_inputs(PREFIX, rule, betas, seed=1)
-    _, initial = naive_delta_rule(*p[:4], g=p[4])
-    x = make_inputs(T, rule, betas, seed=100 + T)
-    o, final = naive_delta_rule(*x[:4], g=x[4], initial_state=initial)
-    return x, initial, o, final
 
 
 def cast(x, dtype):
