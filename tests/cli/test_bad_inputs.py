@@ -171,6 +171,7 @@ CASES = {
     "export/corrupt-weights": Case(["export", CK, "-o", "out"], "not a readable safetensors file", corrupt_weights),
     "export/config-not-json": Case(["export", CK, "-o", "out"], "not valid JSON", config_bytes(b"{nope")),
     "export/budget-bound-of-another-kind": Case(["export", CK, "-o", "out", "--budget", "state.max_abs=1"], "state has no bound 'max_abs'"),
+    "export/unknown-lowering": Case(["export", CK, "-o", "out", "--ops", "fast"], "'fast' is not one of 'portable', 'fused'"),
     "export/budget-not-a-number": Case(["export", CK, "-o", "out", "--budget", "logits.max_rel=tight"], "'tight' is not a number"),
     "export/config-not-utf8": Case(["export", CK, "-o", "out"], "not UTF-8", config_bytes(b'{"d_model": "\xff\xfe"}')),
     "export/config-unknown-field": Case(["export", CK, "-o", "out"], "unknown config field", edit_config(colour="red")),
