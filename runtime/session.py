@@ -556,6 +556,10 @@ def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.Inferen
         return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as exc:  # ORT raises several exception types (Fail, InvalidGraph, InvalidProtobuf, ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        if "LinearAttention" in first:  # a fused export (edgelin export --ops fused) on an ONNX Runtime without the node
+            raise ManifestError(f"ONNX Runtime {ort.__version__} cannot load {path}: {first[:300]}; the graph holds the "
+                                "com.microsoft.LinearAttention node of a fused export: install onnxruntime >= 1.30, or "
+                                "re-export with --ops portable") from None
         raise ManifestError(f"ONNX Runtime cannot load {path}: {first[:300]}; re-export the model") from None
 
 

@@ -140,3 +140,23 @@ def test_the_api_refuses_an_unknown_lowering(tmp_path):
     with pytest.raises(ExportError, match="ops 'fast' is not a lowering; choose one of portable, fused"):
         export(tiny_model(), tmp_path / "x", ops="fast")
     assert not (tmp_path / "x").exists()
+
+
+def test_a_runtime_without_the_node_says_what_to_do(bundled_fused, tmp_path):
+    """An ONNX Runtime that lacks the node (older than 1.30; simulated by renaming the node's type in a copy) is
+    refused in one line naming the node, the version to install and the portable lowering."""
+    import shutil
+
+    from edgelin.errors import EdgelinError
+    from edgelin.runtime.session import open_session
+
+    _, fused_dir = bundled_fused
+    shutil.copy(fused_dir / "weights.data", tmp_path / "weights.data")
+    proto = onnx.load(str(fused_dir / "decode.onnx"), load_external_data=False)
+    for node in proto.graph.node:
+        if node.op_type == "LinearAttention":
+            node.op_type = "LinearAttentionV0"
+    onnx.save(proto, str(tmp_path / "decode.onnx"))
+    with pytest.raises(EdgelinError, match=r"com\.microsoft\.LinearAttention node of a fused export: install onnxruntime >= 1\.30, or re-export with --ops portable") as err:
+        open_session(tmp_path / "decode.onnx")
+    assert "\n" not in str(err.value)
