@@ -171,6 +171,7 @@ def build_model(args):
         head_dim=args.head_dim, feature_map=args.feature_map, normalisation=args.normalisation,
         chunk_size=args.chunk_size, conv_size=0 if args.softmax else args.conv_size, cosformer_horizon=args.cosformer_horizon,
         decay="none" if args.softmax else args.decay, gate_rank=args.gate_rank,
+        update="additive" if args.softmax else args.update,
     )
     if args.softmax:
         from edgelin.softmax import SoftmaxLM
@@ -274,6 +275,8 @@ def parse_args(argv=None):
     p.add_argument("--conv-size", type=int, default=4, help="short causal conv before each linear attention (0 = off)")
     p.add_argument("--decay", default="none", help="decay of the state: none, fixed (RetNet), scalar (Mamba2), gla (GLA)")
     p.add_argument("--gate-rank", type=int, default=16, help="decay gla: rank of the low-rank gate projection")
+    p.add_argument("--update", default="additive",
+                   help="how the state is written: additive, or delta (the delta rule; with --decay scalar: Gated DeltaNet; needs --normalisation none)")
     p.add_argument("--cosformer-horizon", type=int, default=16384, help="cosformer: M in cos(pi/2 (i - j) / M)")
     p.add_argument("--topics-weight", type=float, default=0.1, help="share of training windows drawn from the pydoc topics")
     p.add_argument("--steps", type=int, default=2000)

@@ -90,3 +90,13 @@ def test_directory_text_joins_python_files(tmp_path):
     assert directory_text(tmp_path) == b"a = 1\n" + corpus.SEPARATOR + b"b = 2\n" + corpus.SEPARATOR
     with pytest.raises(FileNotFoundError, match="no \\*.py file"):
         directory_text(tmp_path / "pkg" / "missing")
+
+
+def test_the_recipe_builds_a_delta_rule_model():
+    """``--update delta`` (the kernel-choice table's Gated DeltaNet row) reaches the model's config."""
+    from edgelin.models.train import build_model, parse_args
+
+    model = build_model(parse_args(["--feature-map", "relu", "--normalisation", "none", "--decay", "scalar", "--update", "delta",
+                                    "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--head-dim", "16"]))
+    assert model.cfg.update == "delta" and model.cfg.decay == "scalar"
+    assert build_model(parse_args(["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--head-dim", "16"])).cfg.update == "additive"
