@@ -10,7 +10,7 @@ with a per-head gate).
 Runtimes, each in one process with the two lowerings interleaved (order swapped every round; the figure is the
 median over rounds):
     python   edgelin's Python runtime (ONNX Runtime CPU): decode ms per token at batch 1 and 8 (100 steps, the
-             state fed back), prefill tokens/s of one prompt per length (the runtime's pieces of prefill_piece)
+             state fed back), prefill tokens/s of one prompt per length (``Session.prefill``: one call of T tokens)
     node     runtime/web/edgelin.mjs on onnxruntime-node (native CPU), batch 1        (scripts/lowering_bench.mjs)
     wasm     runtime/web/edgelin.mjs on onnxruntime-web's WASM backend under node, batch 1: the kernels a
              browser runs with the wasm execution provider (not measured inside Chromium)
