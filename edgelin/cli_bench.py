@@ -6,7 +6,7 @@ import click
 
 from edgelin.cli_common import fail, progress, user_errors
 
-SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision"
+SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp"
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -52,6 +52,11 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
       precision SOURCE (a checkpoint; default the bundled model) exported as fp32, fp16, int8 and
                 int4: size on disk, decode ms per token at batch 1 and 8, prefill tokens/s and peak
                 memory at 1k and 4k, the weight-bytes floor per token; ratios against fp32
+      llamacpp  an LFM2 and a Mamba2 transformers checkpoint (hidden 256, 4 layers) as GGUF
+                F32/F16/Q8_0/Q4_0 and edgelin fp32/fp16/int8/int4, threads 1 and 2: decode
+                (llama-bench tg128) and prefill (pp512, pp4096) tokens/s, alternating rounds;
+                greedy ids of both vs transformers. Needs EDGELIN_LLAMA_CPP=DIR/llama.cpp from
+                `bash scripts/llamacpp_build.sh DIR` (minutes); skipped, with why, without it
 
     Writes OUT/bench.json (atomically) and OUT/*.png (if matplotlib is installed: pip install
     'edgelin[plots]'); prints the table to stdout and progress to stderr. The table opens with
@@ -67,6 +72,7 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
       edgelin bench --section fla
       edgelin bench --section decay
       edgelin bench --section precision --provider cuda
+      EDGELIN_LLAMA_CPP=/opt/llama/llama.cpp edgelin bench --section llamacpp
     """
     from edgelin.bench import run_bench
 

@@ -3,6 +3,8 @@
     python -m edgelin.bench --worker SPEC_JSON   one prefill case; prints its result as JSON (torch-free)
     python -m edgelin.bench --export JOBS_JSON   export a list of graphs (torch)
     python -m edgelin.bench --foreign SPEC_JSON  the fla section (torch, fla under Triton's interpreter)
+    python -m edgelin.bench --hf-build SPEC_JSON the llamacpp section's checkpoints (transformers, triton and fla hidden)
+    python -m edgelin.bench --llama-greedy SPEC_JSON  the llamacpp section's greedy ids of a GGUF (llama.cpp's ctypes bindings)
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import sys
 
 from edgelin.bench.measure import worker_main  # torch-free
 
-USAGE = "usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON | --foreign SPEC_JSON (internal; use `edgelin bench`)"
+USAGE = ("usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON | --foreign SPEC_JSON | --hf-build SPEC_JSON | "
+         "--llama-greedy SPEC_JSON (internal; use `edgelin bench`)")
 
 
 def main(argv: list[str]) -> None:
@@ -27,6 +30,10 @@ def main(argv: list[str]) -> None:
         from edgelin.bench.foreign import foreign_worker_main
 
         foreign_worker_main(json.loads(argv[1]))
+    elif len(argv) == 2 and argv[0] in ("--hf-build", "--llama-greedy"):
+        from edgelin.bench import llamacpp
+
+        (llamacpp.hf_build_main if argv[0] == "--hf-build" else llamacpp.llama_greedy_main)(json.loads(argv[1]))
     else:
         sys.exit(USAGE)
 

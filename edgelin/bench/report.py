@@ -285,6 +285,8 @@ def format_table(d: dict) -> str:
         lines += ["", *decay_lines(d["decay"])]
     if "precision" in d:
         lines += ["", *precision_lines(d["precision"])]
+    if "llamacpp" in d:
+        lines += ["", *llamacpp_lines(d["llamacpp"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]
@@ -400,4 +402,24 @@ def precision_lines(x: dict) -> list[str]:
     return lines
 
 
-__all__ = ["BENCH_JSON", "BENCH_PLOT", "PLOT_FILES", "BenchReport", "decay_lines", "fla_lines", "format_table", "mb", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]
+def llamacpp_lines(x: dict) -> list[str]:
+    """The llamacpp section's rows of the table."""
+    head = "8. llamacpp: edgelin vs llama.cpp on the same transformers checkpoints (tokens/s, medians over alternating rounds)"
+    if x.get("status") != "ok":
+        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+    v = x["versions"]
+    lines = [head, f"  llama.cpp from llama-cpp-python {v.get('llama_cpp_python_sdist')} (build {v.get('build_commit')}), onnxruntime "
+                   f"{v.get('onnxruntime')}; x = edgelin / llama.cpp (above 1: edgelin faster)",
+             f"  {'model':7s} {'prec':5s} {'gguf':5s} {'thr':>3s}  " + "  ".join(f"{t + ' llama.cpp / edgelin':>28s} {'x':>6s}" for t in x["tests"])]
+    for r in x["rows"]:
+        cells = [f"{r[t]['llama_cpp_tokens_per_s']:>13,.0f} / {r[t]['edgelin_tokens_per_s']:>12,.0f} {r[t]['edgelin_over_llama_cpp']:>5.2f}x" for t in x["tests"]]
+        lines.append(f"  {r['model']:7s} {r['precision']:5s} {r['gguf']:5s} {r['threads']:>3d}  " + "  ".join(cells))
+    lines.append("  greedy ids vs transformers': same before the first difference / top-1 same per step with transformers' ids fed")
+    for name, g in x["greedy"].items():
+        for side in ("edgelin", "llama.cpp"):
+            cells = [f"{p} {e['agreement']:.2f} / {e['forced_top1']:.2f}" if e["status"] == "ok" else f"{p} {e['status']}" for p, e in g[side].items()]
+            lines.append(f"  greedy ids vs transformers, {name}, {side}: " + ", ".join(cells))
+    return lines
+
+
+__all__ = ["BENCH_JSON", "BENCH_PLOT", "PLOT_FILES", "BenchReport", "decay_lines", "fla_lines", "format_table", "llamacpp_lines", "mb", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]

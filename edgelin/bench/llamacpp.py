@@ -1,0 +1,372 @@
+"""The ``llamacpp`` section: edgelin against llama.cpp, the CPU competitor, on the same transformers checkpoints.
+
+Opt-in twice over: named with ``--section llamacpp``, and found through ``EDGELIN_LLAMA_CPP`` = a llama.cpp source
+folder built by ``scripts/llamacpp_build.sh DIR`` (``DIR/llama.cpp``: the source vendored in PyPI's llama-cpp-python
+sdist, its ``build/bin/llama-bench`` and ``llama-quantize``, its ``convert_hf_to_gguf.py``); without it the section is
+skipped, with the reason. The build takes minutes: never part of ``make test``.
+
+For each model of ``MODELS`` (an LFM2 hybrid and a Mamba2, both of the bundled model's weight size: hidden 256,
+4 layers; random weights, perturbed so the logits spread, with a byte-level BPE tokenizer of 512 tokens, built and saved by
+transformers' own classes in a subprocess) and each precision of ``PRECISIONS``:
+
+    llama.cpp  the checkpoint converted by llama.cpp's own converter to GGUF F32 and F16 (a locally made tokenizer's
+               pre-tokenizer hash is unknown to it: declared "gpt-2", which changes nothing for speed), Q8_0 and Q4_0
+               quantised from F32 by llama-quantize (its default tensor mix for the type)
+    edgelin    the checkpoint exported (``edgelin.exporters.export``) at fp32 / fp16 / int8 / int4, with the exporter's
+               check against PyTorch (where it fails: exported unchecked, and the failure recorded)
+
+then, per thread count (1 and 2, and --threads), in ``plan.llama_rounds`` rounds that alternate which goes first:
+llama-bench once (``-p L1,L2 -n N -r 1``: prefill tokens/s ``ppL`` and decode tokens/s ``tgN``, each after its own
+warm-up run) and edgelin once (N decode calls from an empty state through the runtime Session, IO binding where the
+state does not grow: tokens/s = N / their total time; one Session.prefill of L tokens per length: L / its time).
+Reported: medians over the rounds and edgelin / llama.cpp (tokens/s ratio: above 1, edgelin is faster).
+
+Greedy agreement: ``GREEDY`` greedy ids after the same ``PROMPT`` prompt ids, from transformers (``edgelin.upstream``:
+its own model, fp32, cached decode), from each edgelin export (Session prefill + decode, argmax), and from each GGUF
+(the sdist's own ctypes bindings ``llama_cpp.llama_cpp`` on the build's ``libllama``: ``llama_decode`` of the prompt
+ids in one batch, then the argmax of ``llama_get_logits_ith(ctx, -1)`` fed back one token at a time); each compared
+with transformers' ids (``upstream.greedy_agreement``: the fraction before the first difference); and, with transformers'
+ids fed instead of each engine's own, the fraction of steps whose argmax is transformers' id ("forced_top1").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime
+
+from edgelin.runtime.session import Session
+
+from .measure import load_average
+from .plan import DATA_SEED, MODEL_SEED, BenchError, Plan, Progress
+
+ENV = "EDGELIN_LLAMA_CPP"
+BUILD = "bash scripts/llamacpp_build.sh DIR (minutes), then EDGELIN_LLAMA_CPP=DIR/llama.cpp"
+PRECISIONS = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}  # edgelin precision -> GGUF type
+CONVERTED = {"F32": "f32", "F16": "f16"}  # written by the converter; the others quantised from F32 by llama-quantize
+VOCAB = 512  # a byte-level tokenizer: the 256 bytes, then 256 merges of two letters (llama.cpp refuses a BPE without merges)
+MODELS = {  # name -> (transformers model_type, config): the bundled model's weight size (hidden 256, 4 layers)
+    "lfm2": ("lfm2", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                      "num_attention_heads": 4, "num_key_value_heads": 2, "layer_types": ["conv", "conv", "full_attention", "conv"],
+                      "tie_word_embeddings": False}),  # tied random weights: greedy would repeat the last token
+    "mamba2": ("mamba2", {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "expand": 2, "num_heads": 8,
+                          "head_dim": 64, "n_groups": 1, "state_size": 64, "conv_kernel": 4}),
+}
+PROMPT, GREEDY = 32, 16
+TIMEOUT = 1800.0  # seconds for one conversion, quantisation or llama-bench run
+
+
+def binaries(src: Path) -> dict[str, Path]:
+    return {"llama-bench": src / "build" / "bin" / "llama-bench", "llama-quantize": src / "build" / "bin" / "llama-quantize",
+            "converter": src / "convert_hf_to_gguf.py"}
+
+
+def find_llama_cpp(environ=os.environ) -> tuple[Path | None, str]:
+    """(the llama.cpp source folder, "") or (None, why it cannot be used: one line naming the build step)."""
+    value = environ.get(ENV, "").strip()
+    if not value:
+        return None, f"{ENV} is not set; to compare with llama.cpp: {BUILD}"
+    src = Path(value).expanduser()
+    missing = [str(path.relative_to(src)) for path in binaries(src).values() if not path.is_file()]
+    if missing:
+        return None, f"{ENV}={value} lacks {', '.join(missing)}; build it: {BUILD}"
+    return src, ""
+
+
+def parse_llama_bench(text: str) -> dict[str, float]:
+    """llama-bench's ``-o json`` output -> {"pp512": tokens/s, "tg128": tokens/s, ...} (its avg_ts per test)."""
+    rows = json.loads(text)
+    out = {}
+    for r in rows:
+        name = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}" if r["n_prompt"] == 0 else f"pp{r['n_prompt']}+tg{r['n_gen']}"
+        out[name] = float(r["avg_ts"])
+    return out
+
+
+def _run(cmd: list, what: str, **kw) -> str:
+    try:
+        done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL, **kw)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{what} did not finish within {TIMEOUT:.0f} s") from None
+    if done.returncode != 0:
+        lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
+        raise BenchError(f"{what} failed: {(lines or [f'exit status {done.returncode}'])[-1][:300]}")
+    return done.stdout
+
+
+def versions(src: Path) -> dict[str, Any]:
+    """llama.cpp as built (llama-bench's own build fields are read from its JSON) and the sdist it came from."""
+    info = next(src.parent.glob("llama_cpp_python-*/PKG-INFO"), None)
+    lines = info.read_text(encoding="utf-8").splitlines() if info else []
+    sdist = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Version:")), None)
+    return {"llama_cpp_python_sdist": sdist, "source": str(src)}
+
+
+# ---- the checkpoints (transformers, in a subprocess) ------------------------------------------------
+def hf_build_main(spec: dict[str, Any]) -> None:
+    """In ``python -m edgelin.bench --hf-build SPEC``: transformers' own model from the config, weights perturbed so
+    the logits spread, saved with a byte-level BPE tokenizer of VOCAB tokens beside it."""
+    sys.modules["triton"] = None  # type: ignore[assignment]  # transformers' PyTorch paths (NOTES: CPU-only machine)
+    sys.modules["fla"] = None  # type: ignore[assignment]
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    cfg = transformers.AutoConfig.for_model(spec["model_type"], **spec["config"])
+    torch.manual_seed(MODEL_SEED)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    gen = torch.Generator().manual_seed(MODEL_SEED + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+            elif "embed" in name or "lm_head" in name or name.endswith(("A_log", "dt_bias")):
+                p.add_(0.3 * torch.randn(p.shape, generator=gen))
+            else:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(spec["folder"])
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    letters = "abcdefghijklmnop"
+    merges = [(a, b) for a in letters for b in letters][: VOCAB - len(alphabet)]
+    vocab = {c: i for i, c in enumerate(alphabet + [a + b for a, b in merges])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(spec["folder"])
+
+
+def build_checkpoint(name: str, folder: Path) -> Path:
+    model_type, config = MODELS[name]
+    spec = {"model_type": model_type, "config": config, "folder": str(folder)}
+    _run([sys.executable, "-m", "edgelin.bench", "--hf-build", json.dumps(spec)], f"building the {name} checkpoint")
+    return folder
+
+
+# ---- llama.cpp: conversion, greedy ids --------------------------------------------------------------
+CONVERT = """
+import sys
+sys.path[:0] = ["gguf-py", "."]
+sys.modules["triton"] = None; sys.modules["fla"] = None
+import convert_hf_to_gguf as c, conversion.base as cb
+known = cb.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try: return known(self, tokenizer)
+    except NotImplementedError: return "gpt-2"   # a locally made tokenizer: its pre-tokenizer hash is unknown
+cb.TextModel.get_vocab_base_pre = pre
+sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
+c.main()
+"""
+
+
+def to_gguf(src: Path, ckpt: Path, out: Path) -> dict[str, Path]:
+    """GGUF files of ``ckpt`` per GGUF type of PRECISIONS, in ``out``."""
+    files = {}
+    for kind, outtype in CONVERTED.items():
+        files[kind] = out / f"{kind}.gguf"
+        _run([sys.executable, "-c", CONVERT, ckpt.resolve(), "--outfile", files[kind].resolve(), "--outtype", outtype],
+             f"llama.cpp's converter ({outtype})", cwd=src)
+    for kind in PRECISIONS.values():
+        if kind not in files:
+            files[kind] = out / f"{kind}.gguf"
+            _run([binaries(src)["llama-quantize"], files["F32"], files[kind], kind, "1"], f"llama-quantize {kind}")
+    return files
+
+
+def llama_greedy_main(spec: dict[str, Any]) -> None:
+    """In ``python -m edgelin.bench --llama-greedy SPEC``: the greedy ids of a GGUF through the llama-cpp-python sdist's
+    ctypes bindings (its package ``__init__`` needs more than ctypes: only the bindings module is loaded), printed as JSON."""
+    import types
+
+    package = types.ModuleType("llama_cpp")
+    package.__path__ = [spec["bindings"]]
+    sys.modules["llama_cpp"] = package
+    os.environ["LLAMA_CPP_LIB_PATH"] = spec["lib"]
+    import llama_cpp.llama_cpp as ll  # noqa: E402 -- after the package stub
+
+    ll.llama_backend_init()
+    model = ll.llama_model_load_from_file(spec["gguf"].encode(), ll.llama_model_default_params())
+    n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
+
+    def argmaxes(forced: list[int] | None) -> list[int]:
+        params = ll.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_threads, params.n_threads_batch = 512, 512, 1, 1
+        ctx = ll.llama_init_from_model(model, params)
+        ids, out = list(spec["prompt"]), []
+        for t in range(spec["greedy"]):
+            tokens = (ll.llama_token * len(ids))(*ids)
+            if ll.llama_decode(ctx, ll.llama_batch_get_one(tokens, len(ids))) != 0:
+                raise RuntimeError("llama_decode failed")
+            out.append(int(np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).argmax()))
+            ids = [out[-1] if forced is None else forced[t]]
+        ll.llama_free(ctx)
+        return out
+
+    print(json.dumps({"ids": argmaxes(None), "forced_argmax": argmaxes(spec["forced"])}))
+    ll.llama_model_free(model)
+
+
+def llama_greedy(src: Path, gguf: Path, prompt: np.ndarray, forced: list[int]) -> dict[str, Any]:
+    bindings = next(src.parent.glob("llama_cpp_python-*/llama_cpp"), None)
+    lib = next((p.parent for p in (src / "build").glob("bin/libllama.*")), None)
+    if bindings is None or lib is None:
+        return {"status": "unavailable", "reason": f"needs the llama-cpp-python sdist's llama_cpp/ beside {src} and {src}/build/bin/libllama "
+                                                   "(scripts/llamacpp_build.sh leaves both)"}
+    spec = {"bindings": str(bindings), "lib": str(lib), "gguf": str(gguf), "prompt": prompt.tolist(), "greedy": GREEDY, "forced": forced}
+    try:
+        out = json.loads(_run([sys.executable, "-m", "edgelin.bench", "--llama-greedy", json.dumps(spec)], "llama.cpp's greedy ids").splitlines()[-1])
+    except (BenchError, ValueError, IndexError) as exc:
+        return {"status": "failed", "reason": str(exc)}
+    return {"status": "ok", **out}
+
+
+# ---- edgelin -----------------------------------------------------------------------------------------
+def edgelin_greedy(sess: Session, prompt: np.ndarray, forced: list[int]) -> dict[str, Any]:
+    """Like ``llama_greedy``: {"ids": greedy ids, "forced_argmax": the argmax at each step when ``forced`` is fed instead}."""
+
+    def argmaxes(forced: list[int] | None) -> list[int]:
+        state = sess.new_state(1)
+        logits, out = sess.prefill(prompt[None], state, last_only=True), []
+        for t in range(GREEDY):
+            out.append(int(logits[0].argmax()))
+            logits = sess.decode(np.asarray([[out[-1] if forced is None else forced[t]]]), state)[:, -1]
+        return out
+
+    return {"status": "ok", "ids": argmaxes(None), "forced_argmax": argmaxes(forced)}
+
+
+def edgelin_round(sess: Session, n_decode: int, lengths: tuple[int, ...], rng: np.random.Generator) -> dict[str, float]:
+    """One edgelin measurement: {"tgN": decode tokens/s over N calls from an empty state, "ppL": prefill tokens/s}."""
+    clock = time.perf_counter
+    state, ids = sess.new_state(1), rng.integers(0, VOCAB, (1, n_decode), dtype=np.int64)
+    total = 0.0
+    for t in range(n_decode):
+        t0 = clock()
+        sess.decode(ids[:, t : t + 1], state)
+        total += clock() - t0
+    out = {f"tg{n_decode}": n_decode / total}
+    for L in lengths:
+        ids, state = rng.integers(0, VOCAB, (1, L), dtype=np.int64), sess.new_state(1)
+        t0 = clock()
+        sess.prefill(ids, state, last_only=True)
+        out[f"pp{L}"] = L / (clock() - t0)
+    return out
+
+
+def export_checked(ckpt: Path, out: Path, precision: str) -> str:
+    """Export with the exporter's check against PyTorch; where the check fails, export unchecked and say so (the
+    greedy ids then show what the difference does): "passed" or the check's failure."""
+    from edgelin.errors import ExportError
+    from edgelin.exporters import export
+
+    try:
+        export(ckpt, out, precision=precision)
+        return "passed"
+    except ExportError as exc:
+        export(ckpt, out, precision=precision, check=False)
+        return f"failed, exported unchecked: {exc}"
+
+
+def _median(rounds: list[dict[str, float]], key: str) -> float:
+    return float(np.median([r[key] for r in rounds]))
+
+
+# ---- the section -------------------------------------------------------------------------------------
+def llamacpp_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
+    src, why = find_llama_cpp()
+    if src is None:
+        return {"status": "skipped", "reason": why}
+    from edgelin.upstream import greedy_agreement, run, unavailable
+
+    if unavailable("transformers"):
+        return {"status": "skipped", "reason": f"the checkpoints are built with transformers: {unavailable('transformers')}"}
+    thread_counts = sorted({1, 2, threads})
+    bench_bin = binaries(src)["llama-bench"]
+    tests = [f"tg{plan.llama_decode}", *(f"pp{L}" for L in plan.llama_lengths)]
+    rng = np.random.default_rng(DATA_SEED)
+    prompt = rng.integers(0, VOCAB, PROMPT, dtype=np.int64)
+    rows, greedy, models, build_info = [], {}, {}, {}
+    load = {"start": load_average()}
+    with tempfile.TemporaryDirectory(prefix="edgelin-bench-llamacpp-") as tmp:
+        work = Path(tmp)
+        for name, (model_type, config) in MODELS.items():
+            say(f"llamacpp: {name}: transformers checkpoint, GGUF F32/F16/Q8_0/Q4_0, edgelin fp32/fp16/int8/int4 ...")
+            ckpt = build_checkpoint(name, work / name / "ckpt")
+            ggufs = to_gguf(src, ckpt, work / name)
+            checks = {p: export_checked(ckpt, work / name / p, p) for p in PRECISIONS}
+            ref = run(ckpt, "transformers", prompt[None], np.zeros((1, 0), np.int64), greedy=GREEDY).greedy  # [1, GREEDY]
+            models[name] = {"model_type": model_type, "config": config,
+                            "parameters": sum(int(np.prod(s)) for s in _shapes(ckpt)),
+                            "edgelin_export_check": checks, "gguf_bytes": {k: p.stat().st_size for k, p in ggufs.items()},
+                            "edgelin_bytes": {p: sum(f.stat().st_size for f in (work / name / p).iterdir() if f.suffix in (".onnx", ".data")) for p in PRECISIONS}}
+            greedy[name] = {"prompt": prompt.tolist(), "transformers": ref[0].tolist(), "edgelin": {}, "llama.cpp": {}}
+            for p, kind in PRECISIONS.items():
+                say(f"  {name} {p} / {kind}: greedy ids ...")
+                sess = Session(work / name / p, "cpu", 1, session_options={"inter_op_num_threads": 1}, io_binding=True)
+                for side, ids in (("edgelin", edgelin_greedy(sess, prompt, ref[0].tolist())),
+                                  ("llama.cpp", llama_greedy(src, ggufs[kind], prompt, ref[0].tolist()))):
+                    if ids["status"] == "ok":
+                        frac, where = greedy_agreement(np.asarray([ids["ids"]]), ref)
+                        ids = {**ids, "agreement": frac, "first_difference": where,
+                               "forced_top1": float(np.mean(np.asarray(ids["forced_argmax"]) == ref[0]))}
+                    greedy[name][side][p] = ids
+                for T in thread_counts:
+                    say(f"  {name} {p} / {kind}, {T} thread(s): {plan.llama_rounds} round(s) of llama-bench and edgelin, alternating ...")
+                    sess = Session(work / name / p, "cpu", T, session_options={"inter_op_num_threads": 1}, io_binding=True)
+                    cmd = [bench_bin, "-m", ggufs[kind], "-t", T, "-p", ",".join(map(str, plan.llama_lengths)), "-n", plan.llama_decode,
+                           "-r", 1, "-o", "json"]
+                    edgelin_round(sess, plan.llama_decode, plan.llama_lengths, rng)  # warm-up (llama-bench warms up itself)
+                    theirs, ours = [], []
+                    for r in range(plan.llama_rounds):
+                        for side in (("llama", "edgelin") if r % 2 == 0 else ("edgelin", "llama")):
+                            if side == "llama":
+                                text = _run(cmd, "llama-bench")
+                                theirs.append(parse_llama_bench(text))
+                                build_info = build_info or {k: json.loads(text)[0].get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
+                            else:
+                                ours.append(edgelin_round(sess, plan.llama_decode, plan.llama_lengths, rng))
+                    row = {"model": name, "precision": p, "gguf": kind, "threads": T, "rounds": plan.llama_rounds,
+                           "io_binding": sess.io_binding, "load_average": load_average()}
+                    for test in tests:
+                        a, b = _median(ours, test), _median(theirs, test)
+                        row[test] = {"edgelin_tokens_per_s": a, "llama_cpp_tokens_per_s": b, "edgelin_over_llama_cpp": a / b,
+                                     "edgelin_rounds": [r[test] for r in ours], "llama_cpp_rounds": [r[test] for r in theirs]}
+                    rows.append(row)
+                    say("    " + ", ".join(f"{t} {row[t]['edgelin_over_llama_cpp']:.2f}x" for t in tests) + " (edgelin / llama.cpp tokens/s)")
+                sess = None
+    load["end"] = load_average()
+    return {
+        "status": "ok",
+        "what": "edgelin vs llama.cpp on the same transformers checkpoints (random weights, perturbed; byte-level tokenizer): "
+                "tokens/s of decode (llama-bench tgN; edgelin: N Session.decode calls from an empty state, batch 1, IO binding "
+                "where the state does not grow) and of prefill (llama-bench ppL; edgelin: one Session.prefill of L tokens), "
+                "medians over rounds that alternate which goes first; ratio edgelin / llama.cpp (above 1: edgelin faster); "
+                f"greedy ids after {PROMPT} prompt ids vs transformers' own model",
+        "precisions": PRECISIONS, "threads": thread_counts, "tests": tests, "models": models, "rows": rows, "greedy": greedy,
+        "greedy_method": {"transformers": "edgelin.upstream.run: transformers' own model (fp32, triton/fla hidden), prefill then cached greedy decode",
+                          "edgelin": "runtime Session: prefill of the prompt, then argmax of each decode call's logits, fed back",
+                          "agreement": "fraction of the greedy ids before the first difference from transformers'",
+                          "forced_top1": "fraction of steps whose argmax is transformers' id when transformers' greedy ids are fed "
+                                         "instead of the engine's own (one early difference does not decide the rest)",
+                          "llama.cpp": "the llama-cpp-python sdist's ctypes bindings on the build's libllama: llama_decode of the prompt ids "
+                                       "in one batch, then argmax of llama_get_logits_ith(ctx, -1), fed back one token per llama_decode (1 thread)"},
+        "conversion": "llama.cpp's convert_hf_to_gguf.py (pre-tokenizer declared gpt-2) to F32 and F16; llama-quantize F32 -> Q8_0, Q4_0 (default mix)",
+        "versions": {**versions(src), **build_info, "onnxruntime": onnxruntime.__version__},
+        "load_average": load,
+    }
+
+
+def _shapes(ckpt: Path) -> list[tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "np") as f:
+        return [tuple(f.get_slice(k).get_shape()) for k in f.keys()]
+
+
+__all__ = ["ENV", "MODELS", "PRECISIONS", "find_llama_cpp", "llamacpp_section", "parse_llama_bench"]

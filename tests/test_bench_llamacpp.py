@@ -1,0 +1,73 @@
+"""The bench's opt-in ``llamacpp`` section, without llama.cpp: how it is found (or skipped, with why), llama-bench's JSON
+read, the precision mapping, the table. The comparison itself needs a llama.cpp build (minutes): never in this suite."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from edgelin.bench import llamacpp
+from edgelin.bench.plan import OPT_IN_SECTIONS, QUICK, SECTIONS
+from edgelin.bench.report import llamacpp_lines
+from edgelin.cli_bench import bench
+from edgelin.exporters.precision import CONVERTERS
+
+# two rows of `llama-bench -p 64 -n 16 -r 1 -o json` (fields trimmed), and a combined pp+tg test
+SAMPLE = json.dumps([
+    {"build_commit": "unknown", "build_number": 0, "cpu_info": "AMD EPYC", "backends": "CPU", "model_type": "lfm2 ?B all F32",
+     "n_threads": 1, "n_prompt": 64, "n_gen": 0, "n_depth": 0, "avg_ns": 4613555, "avg_ts": 13872.165824, "samples_ts": [13872.2]},
+    {"build_commit": "unknown", "build_number": 0, "cpu_info": "AMD EPYC", "backends": "CPU", "model_type": "lfm2 ?B all F32",
+     "n_threads": 1, "n_prompt": 0, "n_gen": 16, "n_depth": 0, "avg_ns": 3311702, "avg_ts": 4831.352579, "samples_ts": [4831.35]},
+    {"n_prompt": 512, "n_gen": 128, "avg_ts": 900.5},
+])
+
+
+def test_llama_bench_json_is_read_per_test():
+    assert llamacpp.parse_llama_bench(SAMPLE) == {"pp64": 13872.165824, "tg16": 4831.352579, "pp512+tg128": 900.5}
+
+
+def test_every_edgelin_precision_has_its_gguf_type():
+    assert set(llamacpp.PRECISIONS) == set(CONVERTERS)
+    assert llamacpp.PRECISIONS == {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
+    assert set(llamacpp.CONVERTED) <= set(llamacpp.PRECISIONS.values())
+
+
+def test_the_section_is_opt_in():
+    assert "llamacpp" in OPT_IN_SECTIONS and "llamacpp" not in SECTIONS
+
+
+def test_without_the_variable_the_section_is_skipped_naming_the_build(monkeypatch):
+    monkeypatch.delenv(llamacpp.ENV, raising=False)
+    out = llamacpp.llamacpp_section(QUICK, 1, lambda _msg: None)
+    assert out["status"] == "skipped" and "\n" not in out["reason"]
+    assert llamacpp.ENV in out["reason"] and "scripts/llamacpp_build.sh" in out["reason"]
+
+
+def test_a_folder_without_the_build_names_what_it_lacks(tmp_path):
+    src, why = llamacpp.find_llama_cpp({llamacpp.ENV: str(tmp_path)})
+    assert src is None and "llama-bench" in why and "llama-quantize" in why and "convert_hf_to_gguf.py" in why and "\n" not in why
+    for path in llamacpp.binaries(tmp_path).values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    assert llamacpp.find_llama_cpp({llamacpp.ENV: str(tmp_path)}) == (tmp_path, "")
+
+
+def test_cli_writes_the_skipped_section(tmp_path, monkeypatch):
+    monkeypatch.delenv(llamacpp.ENV, raising=False)
+    result = CliRunner().invoke(bench, ["--section", "llamacpp", "--no-plots", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "8. llamacpp" in result.stdout and f"skipped: {llamacpp.ENV} is not set" in result.stdout
+    assert json.loads((tmp_path / "bench.json").read_text())["llamacpp"]["status"] == "skipped"
+
+
+def test_the_table_shows_every_row_and_the_greedy_agreement():
+    cell = {"edgelin_tokens_per_s": 2000.0, "llama_cpp_tokens_per_s": 4000.0, "edgelin_over_llama_cpp": 0.5}
+    part = {"status": "ok", "tests": ["tg128", "pp512"], "versions": {"llama_cpp_python_sdist": "0.3.36", "build_commit": "unknown", "onnxruntime": "1.31.1"},
+            "rows": [{"model": "lfm2", "precision": p, "gguf": g, "threads": t, "tg128": cell, "pp512": cell}
+                     for p, g in llamacpp.PRECISIONS.items() for t in (1, 2)],
+            "greedy": {"lfm2": {"edgelin": {"fp32": {"status": "ok", "agreement": 1.0, "forced_top1": 0.75}},
+                                "llama.cpp": {"fp32": {"status": "failed", "reason": "exit status -11"}}}}}
+    lines = llamacpp_lines(part)
+    assert len([x for x in lines if "0.50x" in x]) == 8
+    assert any("edgelin: fp32 1.00 / 0.75" in x for x in lines) and any("llama.cpp: fp32 failed" in x for x in lines)
