@@ -196,7 +196,7 @@ def train(args) -> dict:
     model = build_model(args)
     kind = "softmax (RoPE)" if args.softmax else (
         f"linear, feature map {args.feature_map}, normalisation {args.normalisation}, conv_size {args.conv_size}, "
-        f"decay {args.decay}")
+        f"decay {args.decay}" + (f", update {args.update}" if args.update != "additive" else ""))
     n_params = model.num_parameters()
     print(f"model: {kind}; {n_params:,} parameters", flush=True)
     print(f"data: {len(code_train):,} code + {len(topics_train):,} topic bytes for training (topics weight "
