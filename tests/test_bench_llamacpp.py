@@ -71,3 +71,21 @@ def test_the_table_shows_every_row_and_the_greedy_agreement():
     lines = llamacpp_lines(part)
     assert len([x for x in lines if "0.50x" in x]) == 8
     assert any("edgelin: fp32 1.00 / 0.75" in x for x in lines) and any("llama.cpp: fp32 failed" in x for x in lines)
+
+
+def test_the_goals_judge_the_worst_row_at_the_bench_threads():
+    """vs_llamacpp_decode / vs_llamacpp_prefill: the worst edgelin / llama.cpp ratio among the rows at the bench's
+    thread count (level or better is met); rows at other thread counts do not count; no section, no goal."""
+    from edgelin.bench.goals import goals
+
+    def row(model, precision, threads, tg, pp):
+        return {"model": model, "precision": precision, "gguf": "F32", "threads": threads,
+                "tg128": {"edgelin_over_llama_cpp": tg}, "pp512": {"edgelin_over_llama_cpp": 9.0}, "pp4096": {"edgelin_over_llama_cpp": pp}}
+
+    part = {"status": "ok", "tests": ["pp512", "pp4096", "tg128"],
+            "rows": [row("lfm2", "fp32", 1, 1.2, 1.5), row("mamba2", "fp32", 1, 0.8, 1.1), row("mamba2", "int8", 2, 0.1, 0.1)]}
+    got = {g["goal"]: g for g in goals({"settings": {"threads": 1}, "llamacpp": part})}
+    assert got["vs_llamacpp_decode"]["measured"] == 0.8 and got["vs_llamacpp_decode"]["met"] is False
+    assert "worst mamba2 fp32" in got["vs_llamacpp_decode"]["what"]
+    assert got["vs_llamacpp_prefill"]["measured"] == 1.1 and got["vs_llamacpp_prefill"]["met"] is True
+    assert not [g for g in goals({"settings": {"threads": 1}, "llamacpp": {"status": "skipped", "reason": "x"}}) if "llamacpp" in g["goal"]]

@@ -13,6 +13,9 @@ figures they are judged on come from the same run. Batch 1, the bench's thread c
     vs_softmax         the strongest softmax baseline's decode ms / linear decode ms at the
                        longest position measured (reported, no target)
     batch_throughput   the best decode tokens/s over the batch curve / batch 1 (reported)
+    vs_llamacpp_decode edgelin decode tokens/s / llama.cpp's (llama-bench tg) on the same checkpoint at the
+                       same precision, the worst row at the bench's thread count (the llamacpp section)     >= 1
+    vs_llamacpp_prefill  the same for prefill of 4,096 tokens (pp4096; the longest length measured)          >= 1
 
 A goal whose section did not run is left out; ``met`` is None for the reported figures.
 """
@@ -66,6 +69,28 @@ def goals(data: dict[str, Any]) -> list[dict[str, Any]]:
         best = throughput["best_batch"]
         out.append(_goal("batch_throughput", f"best decode tokens/s (batch {best}) / batch 1",
                          throughput["batches"][str(best)]["tokens_per_s_over_batch_1"]))
+    out += _llamacpp_goals(data)
+    return out
+
+
+def _llamacpp_goals(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Against llama.cpp, at least level: the worst row (model x precision) at the bench's thread count."""
+    part = data.get("llamacpp") or {}
+    threads = (data.get("settings") or {}).get("threads")
+    rows = [r for r in part.get("rows", []) if r.get("threads") == threads] if part.get("status") == "ok" else []
+    if not rows:
+        return []
+    out = []
+    prefill = [t for t in part["tests"] if t.startswith("pp")]
+    for name, test, what in (("vs_llamacpp_decode", next(t for t in part["tests"] if t.startswith("tg")), "decode"),
+                             ("vs_llamacpp_prefill", prefill[-1] if prefill else None, "prefill")):
+        if test is None:
+            continue
+        worst = min(rows, key=lambda r: r[test]["edgelin_over_llama_cpp"])
+        best = max(rows, key=lambda r: r[test]["edgelin_over_llama_cpp"])
+        out.append(_goal(name, f"edgelin / llama.cpp {what} tokens/s ({test}), same checkpoint and precision, {threads} thread(s): "
+                               f"worst {worst['model']} {worst['precision']}/{worst['gguf']}; best {best['model']} {best['precision']} "
+                               f"{best[test]['edgelin_over_llama_cpp']:.2f}", worst[test]["edgelin_over_llama_cpp"], 1.0))
     return out
 
 
