@@ -99,7 +99,7 @@ class Mamba2Mixer(nn.Module):
         o = self.o
         B, T, _ = x.shape
         z, xbc, dt = self.in_proj(x).split([o.inner, o.conv_dim, o.num_heads], dim=-1)
-        xbc, window = self.conv1d(xbc, state["conv"])  # [B, T, conv_dim], [B, conv_dim, K]
+        xbc, window = self.conv1d(xbc, state["conv"], form == "step")  # [B, T, conv_dim], [B, conv_dim, K]
         xs, b, c = xbc.split([o.inner, o.n_groups * o.state_size, o.n_groups * o.state_size], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # [B, T, H]
         if o.dt_min > 0.0 or math.isfinite(o.dt_max):

@@ -33,8 +33,22 @@ class WindowConv(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim, 1, size))  # [D, 1, W], fla's and transformers' name and shape
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
-    def forward(self, x: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, D], window [B, D, W] -> y [B, T, D], the new window [B, D, W]."""
+    def forward(self, x: torch.Tensor, window: torch.Tensor, step: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, D], window [B, D, W] -> y [B, T, D], the new window [B, D, W].
+
+        ``step`` (one token: the decode graph) computes the same sum as a weighted sum over the window (Mul +
+        ReduceSum) with no Conv and no Transpose: in ONNX Runtime a depthwise Conv of one output position cost ~45 us
+        per layer and token on this project's CPU, the largest share of a Mamba2 decode step (19 % of its kernel
+        time, ORT's profiler, hidden 256)."""
+        if step:
+            B, _, D = x.shape
+            full = torch.cat([window[:, :, 1:], x.reshape(B, D, 1)], dim=2)  # [B, D, W]: T = 1, so no Transpose
+            y = (full * self.weight[:, 0, :]).sum(-1, keepdim=True)  # [B, D, 1]
+            if self.bias is not None:
+                y = y + self.bias[:, None]
+            if self.silu:
+                y = F.silu(y)
+            return y.reshape(B, 1, D), full  # [B, 1, D], [B, D, W]
         full = torch.cat([window, x.transpose(1, 2)], dim=2)  # [B, D, W + T]
         y = F.conv1d(full[:, :, 1:], self.weight, self.bias, groups=self.weight.shape[0])  # [B, D, T]
         if self.silu:
@@ -42,12 +56,12 @@ class WindowConv(nn.Module):
         return y.transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], [B, D, W]
 
 
-def conv_qkv(layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: State, new: State):
+def conv_qkv(layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: State, new: State, step: bool = False):
     """fla's three short convs of a layer (``q_conv1d``, ``k_conv1d``, ``v_conv1d``) on q, k, v [B, T, D], their
-    windows read from ``state`` and written to ``new`` as "conv_q", "conv_k", "conv_v"."""
-    q, new["conv_q"] = layer.q_conv1d(q, state["conv_q"])
-    k, new["conv_k"] = layer.k_conv1d(k, state["conv_k"])
-    v, new["conv_v"] = layer.v_conv1d(v, state["conv_v"])
+    windows read from ``state`` and written to ``new`` as "conv_q", "conv_k", "conv_v"; ``step``: one token."""
+    q, new["conv_q"] = layer.q_conv1d(q, state["conv_q"], step)
+    k, new["conv_k"] = layer.k_conv1d(k, state["conv_k"], step)
+    v, new["conv_v"] = layer.v_conv1d(v, state["conv_v"], step)
     return q, k, v
 
 
@@ -78,7 +92,7 @@ class GatedShortConv(nn.Module):
         if form == "naive":
             y, window = self._naive(u, state["conv"])
         else:
-            y, window = self.conv(u, state["conv"])  # [B, T, D], [B, D, W]
+            y, window = self.conv(u, state["conv"], form == "step")  # [B, T, D], [B, D, W]
         return self.out_proj(c * y), {"conv": window}
 
     def _naive(self, u: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -173,14 +173,14 @@ class FlaDeltaAttention(nn.Module):
         if o.packed_qkv:  # one projection, one conv over [q | k | v] (SiLU on all of it)
             qkv = self.qkv_proj(x)  # [B, T, 2 H K + HV V]
             if o.short_conv:
-                qkv, new["conv"] = self.qkv_conv1d(qkv, state["conv"])
+                qkv, new["conv"] = self.qkv_conv1d(qkv, state["conv"], form == "step")
             else:
                 qkv = F.silu(qkv)
             q, k, v = qkv.split(self.widths, dim=-1)  # [B, T, H K], [B, T, H K], [B, T, HV V]
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H K], [B, T, H K], [B, T, HV V]
             if o.short_conv:
-                q, k, v = conv_qkv(self, q, k, v, state, new)
+                q, k, v = conv_qkv(self, q, k, v, state, new, form == "step")
             else:
                 if o.qk_activation == "silu":
                     q, k = F.silu(q), F.silu(k)

@@ -161,7 +161,7 @@ class FlaGatedAttention(nn.Module):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [B, T, H Dk], [B, T, Hkv Dk], [B, T, Hkv Dv]
         new: State = {}
         if o.short_conv:
-            q, k, v = conv_qkv(self, q, k, v, state, new)
+            q, k, v = conv_qkv(self, q, k, v, state, new, form == "step")
         q = split_heads(q, o.num_heads, o.head_k_dim)  # [B, H, T, Dk]
         k = split_heads(k, o.num_kv_heads, o.head_k_dim, self.groups)  # [B, H, T, Dk]
         v = split_heads(v, o.num_kv_heads, o.head_v_dim, self.groups)  # [B, H, T, Dv]
