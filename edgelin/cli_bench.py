@@ -6,7 +6,7 @@ import click
 
 from edgelin.cli_common import fail, progress, user_errors
 
-SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp"
+SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering"
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -14,6 +14,7 @@ Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
     decay       decay (opt-in): same-size LinearLMs with each decay vs the plain one
     precision   precision (opt-in): the model under test in fp32 / fp16 / int8 / int4
     llamacpp    llamacpp (opt-in): LFM2 and Mamba2 transformers checkpoints, edgelin vs llama.cpp (EDGELIN_LLAMA_CPP)
+    lowering    lowering (opt-in): portable vs fused graphs (export --ops) in the Python runtime, node and WASM
     report      BenchReport, the JSON file, the table, the plots
     run         run_bench
 

@@ -287,6 +287,10 @@ def format_table(d: dict) -> str:
         lines += ["", *precision_lines(d["precision"])]
     if "llamacpp" in d:
         lines += ["", *llamacpp_lines(d["llamacpp"])]
+    if "lowering" in d:
+        from .lowering import lowering_lines
+
+        lines += ["", *lowering_lines(d["lowering"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]

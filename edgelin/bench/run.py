@@ -18,6 +18,7 @@ from .goals import goals
 from .precision import precision_section
 from .foreign import fla_section
 from .llamacpp import llamacpp_section
+from .lowering import lowering_section
 from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, SECTIONS, Progress, check_options, memory_cap, out_folder,
                    require_cuda, resolve_subject)
 from edgelin.runtime.files import make_parents
@@ -26,7 +27,7 @@ from edgelin.threads import torch_threads
 from .report import BenchReport, write_json_atomic, write_plots
 from .sections import Bench
 
-OPT_IN = {"fla": fla_section, "decay": decay_section, "precision": precision_section, "llamacpp": llamacpp_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
+OPT_IN = {"fla": fla_section, "decay": decay_section, "precision": precision_section, "llamacpp": llamacpp_section, "lowering": lowering_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
 ON_SOURCE = ("precision",)  # opt-in sections that measure the source (and take source, provider, quick)
 
 METHOD = {
@@ -70,7 +71,9 @@ def run_bench(
         exports the source (default: the bundled model) in fp32, fp16, int8 and int4 and measures size, decode,
         prefill and the weight-bytes floor of each (``edgelin.bench.precision``); "llamacpp" compares edgelin with
         llama.cpp on an LFM2 and a Mamba2 transformers checkpoint (``edgelin.bench.llamacpp``; skipped, with the
-        reason, unless EDGELIN_LLAMA_CPP names a build of ``scripts/llamacpp_build.sh``).
+        reason, unless EDGELIN_LLAMA_CPP names a build of ``scripts/llamacpp_build.sh``); "lowering" exports three
+        models with ``--ops portable`` and ``--ops fused`` and times both in the Python runtime, node and WASM
+        (``edgelin.bench.lowering``).
     memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
     overwrite: replace ``out_dir/bench.json`` and the plots even where they are not an earlier bench run's
         (recognised by content: the JSON's format key, the PNGs' Software text); checked before any work.
