@@ -34,6 +34,7 @@ import torch
 
 from .measure import load_average, node_counts
 from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
+from .report import not_run_lines
 
 ROOT = Path(__file__).resolve().parents[2]  # a source checkout: scripts/ and node_modules/ beside edgelin/
 NODE_SCRIPT = ROOT / "scripts" / "lowering_bench.mjs"
@@ -144,7 +145,7 @@ def lowering_lines(x: dict) -> list[str]:
     """The section's rows of the bench table."""
     head = "9. lowering: fused / portable speed (above 1: fused faster), medians of interleaved rounds"
     if x.get("status") != "ok":
-        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+        return not_run_lines(head, x)
     lines = [head]
     for name, row in x["models"].items():
         n = row["nodes_per_layer"]

@@ -349,11 +349,16 @@ def fla_lines(f: dict) -> list[str]:
     return lines
 
 
+def not_run_lines(head: str, x: dict) -> list[str]:
+    """An opt-in section that did not run (skipped or failed): its heading and why."""
+    return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+
+
 def decay_lines(x: dict) -> list[str]:
     """The decay section's rows of the table."""
     head = "6. decay: LinearLM with each decay vs the plain one (same size, random weights)"
     if x.get("status") != "ok":
-        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+        return not_run_lines(head, x)
     c = x["config"]
     lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
                    "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none), peak memory increment",
@@ -381,7 +386,7 @@ def precision_lines(x: dict) -> list[str]:
     """The precision section's rows of the table."""
     head = "7. precision: the model in fp32 / fp16 / int8 / int4 (exported and checked here)"
     if x.get("status") != "ok":
-        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+        return not_run_lines(head, x)
     lines = [head, f"  {x['model']}; decode ORT IO binding, precisions interleaved (x = over fp32); floor = decode weight bytes / "
                    f"{x['bandwidth_GBps']['max']:.1f} GB/s copy bandwidth",
              f"  {'prec':5s} {'on disk':>9s} {'weights':>9s} {'provider':>8s}  " + "  ".join(f"{'decode B=' + str(B) + ' ms/token':>31s}" for B in x["batches"])
@@ -410,7 +415,7 @@ def llamacpp_lines(x: dict) -> list[str]:
     """The llamacpp section's rows of the table."""
     head = "8. llamacpp: edgelin vs llama.cpp on the same transformers checkpoints (tokens/s, medians over alternating rounds)"
     if x.get("status") != "ok":
-        return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+        return not_run_lines(head, x)
     v = x["versions"]
     lines = [head, f"  llama.cpp from llama-cpp-python {v.get('llama_cpp_python_sdist')} (build {v.get('build_commit')}), onnxruntime "
                    f"{v.get('onnxruntime')}; x = edgelin / llama.cpp (above 1: edgelin faster)",
@@ -426,4 +431,4 @@ def llamacpp_lines(x: dict) -> list[str]:
     return lines
 
 
-__all__ = ["BENCH_JSON", "BENCH_PLOT", "PLOT_FILES", "BenchReport", "decay_lines", "fla_lines", "format_table", "llamacpp_lines", "mb", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]
+__all__ = ["BENCH_JSON", "BENCH_PLOT", "PLOT_FILES", "BenchReport", "decay_lines", "fla_lines", "format_table", "llamacpp_lines", "mb", "not_run_lines", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]

@@ -18,7 +18,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from testkit import max_abs
 from testkit import hf_oracle
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -127,17 +127,9 @@ def test_export_matches_transformers(case_id, tmp_path_factory):
 def test_fused_export_matches_transformers(tmp_path_factory):
     """``--ops fused``: the Mamba2 layers' recurrence as ONNX Runtime's LinearAttention node (one per such layer, in
     both graphs); both graphs against transformers' logits within the same budget as the portable export."""
-    import onnx
-
-    from edgelin.exporters import export
-
     folder, prompt, steps, ref = oracle("mamba2-groups2", tmp_path_factory)
     out = tmp_path_factory.mktemp("mamba2-groups2-fused") / "export"
-    export(folder, out, check=False, ops="fused")
-    for graph in ("prefill", "decode"):
-        ops = [n.op_type for n in onnx.load(str(out / f"{graph}.onnx"), load_external_data=False).graph.node]
-        assert ops.count("LinearAttention") == sum(b.attn.kind != "attention" for b in load_checkpoint(folder).blocks), graph
-    export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
+    fused_export_vs_reference(folder, out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
 
 @pytest.mark.parametrize("changes, field, fragment", [
     ({"num_heads": 6}, "num_heads", "must equal hidden_size x expand"),

@@ -19,7 +19,7 @@ from edgelin.ops import delta
 from testkit import max_abs
 
 from testkit import hf_oracle
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -117,17 +117,9 @@ def test_export_matches_transformers(tmp_path_factory, monkeypatch):
 def test_fused_export_matches_transformers(tmp_path_factory):
     """``--ops fused``: the Gated DeltaNet layers' recurrence as ONNX Runtime's LinearAttention node (one per such layer, in
     both graphs); both graphs against transformers' logits within the same budget as the portable export."""
-    import onnx
-
-    from edgelin.exporters import export
-
     folder, prompt, steps, ref = oracle("qwen3_5-hybrid4", tmp_path_factory)
     out = tmp_path_factory.mktemp("qwen3_5-hybrid4-fused") / "export"
-    export(folder, out, check=False, ops="fused")
-    for graph in ("prefill", "decode"):
-        ops = [n.op_type for n in onnx.load(str(out / f"{graph}.onnx"), load_external_data=False).graph.node]
-        assert ops.count("LinearAttention") == sum(b.attn.kind != "attention" for b in load_checkpoint(folder).blocks), graph
-    export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
+    fused_export_vs_reference(folder, out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
 
 @pytest.mark.parametrize("changes, field, fragment", [
     ({"num_experts": 8}, "num_experts", "mixture-of-experts"),

@@ -50,6 +50,22 @@ def export_vs_reference(out: Path, prompt, steps, ref_prefill, ref_decode, budge
     assert decode <= budget, f"decode graph: max abs {decode:.2e} > {budget}"
 
 
+def fused_export_vs_reference(folder: Path, out: Path, prompt, steps, ref_prefill, ref_decode, budget: float, *, against: str) -> None:
+    """``edgelin export --ops fused`` of ``folder``: one LinearAttention node per layer that is not softmax attention, in
+    both graphs; then both graphs against a framework's logits as ``export_vs_reference``."""
+    import onnx
+
+    from edgelin.checkpoint import load_checkpoint
+    from edgelin.exporters import export
+
+    export(folder, out, check=False, ops="fused")
+    layers = sum(block.attn.kind != "attention" for block in load_checkpoint(folder).blocks)
+    for graph in ("prefill", "decode"):
+        ops = [n.op_type for n in onnx.load(str(out / f"{graph}.onnx"), load_external_data=False).graph.node]
+        assert ops.count("LinearAttention") == layers, (graph, ops.count("LinearAttention"), layers)
+    export_vs_reference(out, prompt, steps, ref_prefill, ref_decode, budget, against=against)
+
+
 def pieces_and_steps_agree(model, ids: torch.Tensor, pieces: tuple[int, ...], *, tol: float = 2e-5, state_tol: float = 1e-5) -> None:
     """The state carries everything: prefilling ``ids`` in ``pieces`` (their sum is the length) from a carried
     state, and the step form token by token from a fresh state, both give one prefill's logits and state."""
