@@ -133,6 +133,9 @@ class SiteResult:
         if self.upgraded:
             lines.append("  the export's edgelin/1 manifest was upgraded to edgelin/2 in the site")
         lines.append(f"  state per sequence: {self.manifest.state_bytes(1):,} bytes")
+        if self.manifest.tokenizer.get("kind") == "ids":  # said at build, not only when the page is asked for text
+            lines.append("  note: this export has no text tokenizer (tokenizer kind 'ids'): the page takes and prints token ids only; "
+                         "re-export with --tokenizer TOK/ (a Hugging Face tokenizer.json) for text")
         lines.append("  serve it with any static web server (or `edgelin web EXPORT -o SITE --serve`) and open its index.html")
         lines.append("  automation: index.html?prompt=TEXT&n=N generates N tokens greedily at load; #output holds the text")
         if self.manifest.extra.get("golden") is not None:
