@@ -111,7 +111,7 @@ import sys, time
 from pathlib import Path
 import edgelin.exporters.exporter as exporter
 
-def fast_export_graph(module, example, names, dynamic, opset, path, *, external=False):
+def fast_export_graph(module, example, names, dynamic, opset, path, *, external=False, ops="portable"):
     if Path(path).name == "prefill.onnx":
         Path(path).write_bytes(b"a stand-in for the prefill graph")
     else:
