@@ -72,8 +72,8 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
                    "exact [default: int8; a 250k x 1024 table is 1 GB in fp32, 0.29 GB in int8, 0.16 GB in int4].")
 @click.option("--ops", type=click.Choice(["portable", "fused"]), default="portable", show_default=True,
               help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
-                   "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer; ONNX Runtime >= 1.31 and "
-                   "onnxruntime-web only). The state is the same either way. The README's Performance section says which is faster where.")
+                   "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer; ONNX Runtime >= 1.30: Python, "
+                   "onnxruntime-node, onnxruntime-web). The state is the same either way. The README's Performance section says which is faster where.")
 @user_errors
 def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, ops):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
