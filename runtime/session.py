@@ -3,6 +3,7 @@
     session = load("out/", provider="auto", threads=2)
     state = session.new_state(batch=1)
     logits = session.prefill(ids, state)        # ids int64 [B, T] -> logits [B, T, V]; state advanced
+                                                # (in pieces of the manifest's prefill_piece tokens)
     logits = session.decode(next_ids, state)    # next_ids int64 [B, 1] -> logits [B, 1, V]
     last, state = session.prefill_batch([ids_a, ids_b])   # prompts of different lengths -> [B, V], their state
 
@@ -194,9 +195,11 @@ class Session:
     def prefill(self, input_ids: Any, state: State, *, chunk: int | None = None, last_only: bool = False) -> np.ndarray:
         """Feed ``input_ids`` [B, T] through the prefill graph, advancing ``state`` in place.
 
-        Returns logits [B, T, V], or only the last position's [B, V] with ``last_only``. With ``chunk``,
-        the prompt goes in pieces of at most ``chunk`` tokens, the state carried between them, so memory
-        stays bounded for any T (then ask for ``last_only``: all logits are T * V floats).
+        Returns logits [B, T, V], or only the last position's [B, V] with ``last_only``. The prompt goes in
+        pieces of at most ``chunk`` tokens (default: the manifest's ``prefill_piece``, 1,024 in edgelin's
+        exports), the state carried between them, so memory stays bounded for any T and long prompts run
+        at the speed of short ones (then ask for ``last_only``: all logits are T * V floats). ``chunk=T``
+        runs the whole prompt in one call.
         """
         ids = self._check_ids(input_ids, state)
         pieces = []
@@ -213,7 +216,8 @@ class Session:
         Returns (each prompt's last logits [B, V], the state of all B sequences) -- the state of row b is that
         of prompt b prefilled alone, ready for ``decode`` of the whole batch. ``state`` continues B sequences
         (it is consumed: use the returned state) instead of fresh ones. With a ragged export (the manifest's
-        ``lengths``) the prompts are right-padded and run in one prefill call per piece of ``chunk`` tokens;
+        ``lengths``) the prompts are right-padded and run in one prefill call per piece of ``chunk`` tokens (default:
+        the manifest's prefill_piece);
         otherwise one by one (``ragged_fallback`` says why), with the same results.
 
         Padding is computed like real tokens: ``max_padding`` (>= 1) groups the prompts by length so that no
@@ -279,8 +283,9 @@ class Session:
         return rows
 
     def _pieces(self, T: int, chunk: int | None) -> list[tuple[int, int]]:
-        """(start, end) of each prefill call over T tokens: pieces of at most ``chunk``, none shorter than min_sequence."""
-        chunk = T if chunk is None else check_int("prefill chunk", chunk, low=1)
+        """(start, end) of each prefill call over T tokens: pieces of at most ``chunk`` (None: the manifest's
+        prefill_piece), none shorter than min_sequence."""
+        chunk = self.manifest.prefill_piece if chunk is None else check_int("prefill chunk", chunk, low=1)
         least = self.manifest.min_sequence
         if T < least:
             raise RuntimeInputError(f"prefill takes at least {least} token(s) (the manifest's min_sequence), got {T}")

@@ -460,15 +460,19 @@ def test_decay_section_quick(tmp_path):
         return
     assert x["status"] == "ok" and x["decays"][0] == "none" and set(x["decays"]) >= {"none", "fixed", "scalar", "gla"}
     assert x["lengths"] == [64, 256] and all(r["status"] == "ok" for r in x["prefill"]), x["prefill"]
-    assert len(x["prefill"]) == len(x["decays"]) * 2
+    # one call at each length, then the longest in calls of the plan's piece (the runtime's default)
+    assert [(r["T"], r["piece"]) for r in x["prefill"]] == [(64, None)] * len(x["decays"]) + [(256, None)] * len(x["decays"]) + [(256, 64)] * len(x["decays"])
     for d, m in x["models"].items():
         positive_stats(m["decode_ms"], f"decay {d} decode")
+        assert (m["scaling"]["from"], m["scaling"]["to"], m["scaling"]["piece"]) == (64, 256, 64)
+        positive(m["scaling"]["tokens_per_s_ratio"], f"decay {d} scaling")
+        positive(m["scaling"]["pieces_tokens_per_s_ratio"], f"decay {d} scaling in pieces")
         assert m["nodes"]["decode"] > 0 and m["nodes"]["prefill"] > 0 and m["parameters"] > 0
         if d != "none":
             positive(m["decode_over_none"], f"decay {d} decode_over_none")
             assert set(m["prefill_tokens_per_s_over_none"]) == {"64", "256"}
     assert x["models"]["gla"]["parameters"] > x["models"]["none"]["parameters"]  # the gate projection's weights
-    assert "6. decay" in report.table()
+    assert "6. decay" in report.table() and "in calls of 64 tokens" in report.table()
 
 
 def test_precision_section_quick(tmp_path):

@@ -10,8 +10,9 @@ the bench's other exports). Then:
     decode   ms per token at batch 1 through each export's decode graph (runtime Session, IO binding), the
              models interleaved in rotating rounds in this process
     prefill  tokens/s of each export's prefill graph at each length of the plan (``decay_lengths``: 1k, 4k, 16k
-             in the full run, so the chunk forms' scaling shows: tokens/s at 16k over 1k), in fresh torch-free
-             subprocesses (peak memory too), the models back to back at one length
+             in the full run, so the chunk forms' scaling shows: tokens/s at 16k over 1k), one call per prompt, in
+             fresh torch-free subprocesses (peak memory too), the models back to back at one length; then the
+             longest prompt again in calls of the plan's piece (the runtime's default, the manifest's prefill_piece)
     nodes    node counts of both graphs
 
 Ratios are against decay "none". Without a ``decay`` field in ``ModelConfig`` the section is skipped, with
@@ -92,14 +93,18 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
         decode = {d: stats(samples[d]) for d in names}
 
         rows = []
-        for T in plan.decay_lengths:  # length-major: the decays at one length run back to back
+        longest = plan.decay_lengths[-1]
+        runs = [(T, None) for T in plan.decay_lengths] + ([(longest, plan.piece)] if longest > plan.piece else [])
+        for T, piece in runs:  # length-major: the decays at one length run back to back; last, the runtime's pieces
             for d in names:
-                say(f"  prefill {d:12s} T={T:,} ...")
+                say(f"  prefill {d:12s} T={T:,}" + (f" in pieces of {piece:,}" if piece else "") + " ...")
                 m = sessions[d].manifest
-                rows.append({"decay": d, "T": T, **prefill_case(m.graph_path(work / d, "prefill"), m.states, provider="cpu",
-                                                                threads=threads, vocab=DECAY_BASE["vocab_size"], T=T, seed=DATA_SEED, plan=plan)})
+                rows.append({"decay": d, "T": T, "piece": piece,
+                             **prefill_case(m.graph_path(work / d, "prefill"), m.states, provider="cpu", threads=threads,
+                                            vocab=DECAY_BASE["vocab_size"], T=T, seed=DATA_SEED, plan=plan, piece=piece)})
         sessions.clear()
-    ok = {(r["decay"], r["T"]): r for r in rows if r["status"] == "ok"}
+    ok = {(r["decay"], r["T"]): r for r in rows if r["status"] == "ok" and not r["piece"]}
+    in_pieces = {r["decay"]: r for r in rows if r["status"] == "ok" and r["piece"]}
     plain = "none"
     models = {}
     for d in names:
@@ -112,13 +117,17 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
         first, last = plan.decay_lengths[0], plan.decay_lengths[-1]
         if (d, first) in ok and (d, last) in ok and last > first:  # a chunked form scales linearly: about 1
             entry["scaling"] = {"from": first, "to": last, "tokens_per_s_ratio": ok[(d, last)]["tokens_per_s"] / ok[(d, first)]["tokens_per_s"]}
+            if d in in_pieces:  # the runtime's default: the longest prompt in prefill_piece calls, over the first length's one call
+                entry["scaling"] |= {"piece": in_pieces[d]["piece"],
+                                     "pieces_tokens_per_s_ratio": in_pieces[d]["tokens_per_s"] / ok[(d, first)]["tokens_per_s"]}
         models[d] = entry
     return {
         "status": "ok",
         "what": "LinearLM of one size with each decay (random weights, exported and checked here): decode ms per token at "
                 "batch 1 (ORT, IO binding, interleaved) and prefill tokens/s per length (torch-free subprocesses, back to "
                 "back per length); ratios against decay 'none' (decode: ms ratio, above 1 is slower; prefill: tokens/s "
-                "ratio, below 1 is slower)",
+                "ratio, below 1 is slower); scaling: tokens/s at the last length over the first, one call each, and the last "
+                "length in calls of 'piece' tokens (the runtime's default) over the first",
         "config": base, "decays": list(names), "lengths": list(plan.decay_lengths),
         "models": models, "prefill": rows,
     }

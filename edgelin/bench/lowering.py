@@ -85,7 +85,7 @@ def python_runtime(folders: dict[str, Path], threads: int, rounds: int, steps: i
                 state = session.new_state(1)
                 ids = rng.integers(0, vocab, (1, T))
                 start = time.perf_counter()
-                session.prefill(ids, state, last_only=True)
+                session.prefill(ids, state, chunk=T, last_only=True)  # one call of T tokens
                 times.setdefault(f"{ops}/prefill_{T}_tok_s", []).append(T / (time.perf_counter() - start))
     return {key: float(np.median(values)) for key, values in times.items()}
 

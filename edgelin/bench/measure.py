@@ -216,10 +216,12 @@ def run_worker(spec: dict[str, Any], threads: int, timeout: float) -> dict[str, 
     return result
 
 
-def prefill_case(graph: Path, states: list, *, provider: str, threads: int, vocab: int, T: int, seed: int, plan: Any) -> dict[str, Any]:
-    """One batch-1 prefill of T tokens through ``graph`` (state specs ``states``) in a torch-free worker, within
-    the plan's repeat budget: {"status": "ok", "seconds", "tokens_per_s", "peak_increment_bytes"} or a failure."""
-    spec = {"graph": str(graph), "provider": provider, "threads": threads, "batch": 1, "T": T, "piece": None, "vocab": vocab,
+def prefill_case(graph: Path, states: list, *, provider: str, threads: int, vocab: int, T: int, seed: int, plan: Any,
+                 piece: int | None = None) -> dict[str, Any]:
+    """One batch-1 prefill of T tokens through ``graph`` (state specs ``states``; in calls of ``piece`` tokens, the
+    state carried, or one call) in a torch-free worker, within the plan's repeat budget: {"status": "ok",
+    "seconds", "tokens_per_s", "peak_increment_bytes"} or a failure."""
+    spec = {"graph": str(graph), "provider": provider, "threads": threads, "batch": 1, "T": T, "piece": piece, "vocab": vocab,
             "seed": seed, "budget_s": plan.case_budget_s, "min_repeats": plan.min_repeats,
             "max_repeats": plan.max_repeats, "states": [s.to_dict() for s in states]}
     res = run_worker(spec, threads, timeout=plan.case_time_cap_s * (plan.max_repeats + 3) + 60)

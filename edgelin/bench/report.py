@@ -363,8 +363,8 @@ def decay_lines(x: dict) -> list[str]:
     lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
                    "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none), peak memory increment",
              f"  {'decay':12s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>29s}" for T in x["lengths"])
-             + f"  {'nodes decode/prefill':>21s}  {'params':>9s}  {'last/first T':>12s}"]
-    ok = {(r["decay"], r["T"]): r for r in x["prefill"] if r["status"] == "ok"}
+             + f"  {'nodes decode/prefill':>21s}  {'params':>9s}  {'last/first T':>12s}  {'in pieces':>9s}"]
+    ok = {(r["decay"], r["T"]): r for r in x["prefill"] if r["status"] == "ok" and not r.get("piece")}
     for d, m in x["models"].items():
         cells = []
         for T in x["lengths"]:
@@ -375,10 +375,17 @@ def decay_lines(x: dict) -> list[str]:
         rel = f"{m['decode_over_none']:.2f}x" if "decode_over_none" in m else "-"
         nodes = f"{m['nodes'].get('decode')}/{m['nodes'].get('prefill')}"
         scaling = f"{m['scaling']['tokens_per_s_ratio']:.2f}x" if "scaling" in m else "-"
-        lines.append(f"  {d:12s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells) + f"  {nodes:>21s}  {m['parameters']:>9,}  {scaling:>12s}")
+        pieces = f"{m['scaling']['pieces_tokens_per_s_ratio']:.2f}x" if "pieces_tokens_per_s_ratio" in m.get("scaling", {}) else "-"
+        lines.append(f"  {d:12s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells)
+                     + f"  {nodes:>21s}  {m['parameters']:>9,}  {scaling:>12s}  {pieces:>9s}")
+    piece = next((r["piece"] for r in x["prefill"] if r.get("piece")), None)
+    if piece:
+        lines.append(f"  last/first T: tokens/s of one call at each; in pieces: the last length in calls of {piece:,} tokens "
+                     "(the runtime's default), over one call of the first")
     for r in x["prefill"]:
         if r["status"] != "ok":
-            lines.append(f"  prefill {r['decay']} T={r['T']:,}: {r['status']}: {r.get('reason', '')}")
+            at = f"T={r['T']:,}" + (f" in pieces of {r['piece']:,}" if r.get("piece") else "")
+            lines.append(f"  prefill {r['decay']} {at}: {r['status']}: {r.get('reason', '')}")
     return lines
 
 

@@ -95,7 +95,7 @@ def test_chunked_prefill_of_a_long_prompt_equals_one_shot(exported, feature_map,
     session = load(export_dir, provider="cpu")
     ids = np.random.default_rng(2).integers(0, 256, (1, 5000))
     one, chunked = session.new_state(1), session.new_state(1)
-    full = session.prefill(ids, one)  # [1, 5000, V]
+    full = session.prefill(ids, one, chunk=ids.shape[1])  # [1, 5000, V] in one call
     pieces = session.prefill(ids, chunked, chunk=256)  # 20 pieces, the last one short
     err, rel = float(np.abs(pieces - full).max()), rel_l2(pieces, full)
     assert err <= CHUNK_ABS and rel <= CHUNK_REL_L2, f"max abs {err:.2e}, rel L2 {rel:.2e}"
@@ -106,6 +106,23 @@ def test_chunked_prefill_of_a_long_prompt_equals_one_shot(exported, feature_map,
             assert rel_l2(a, b) <= CHUNK_REL_L2, f"{name}: rel L2 {rel_l2(a, b):.2e}"
     last = session.prefill(ids, session.new_state(1), chunk=256, last_only=True)  # [1, V]
     np.testing.assert_array_equal(last, pieces[:, -1])
+
+
+def test_prefill_goes_in_the_manifests_pieces_unless_told(session, monkeypatch):
+    """By default a prompt longer than the manifest's prefill_piece is cut into pieces of that length (as
+    generate and the JavaScript runtime do); ``chunk`` sets the piece, ``chunk=T`` is one call."""
+    calls = []
+    run = session._run
+    monkeypatch.setattr(session, "_run", lambda graph, ids, *rest: calls.append(ids.shape[1]) or run(graph, ids, *rest))
+    piece = session.manifest.prefill_piece
+    ids = np.random.default_rng(4).integers(0, 256, (1, 2 * piece + 5))
+    default = session.prefill(ids, session.new_state(1), last_only=True)
+    assert calls == [piece, piece, 5]
+    calls.clear()
+    whole = session.prefill(ids, session.new_state(1), chunk=ids.shape[1], last_only=True)
+    assert calls == [ids.shape[1]]
+    err = float(np.abs(default - whole).max())
+    assert err <= CHUNK_ABS and rel_l2(default, whole) <= CHUNK_REL_L2, f"max abs {err:.2e}"
 
 
 def test_a_long_prefill_then_decode_matches_pytorch(tiny):
