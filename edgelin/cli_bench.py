@@ -48,7 +48,8 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 runs only in Triton's interpreter); skipped, with why, when fla is not installed
       decay     LinearLM (bundled-model size, random weights) with each decay, and the Gated
                 DeltaNet-style scalar+delta, vs the plain one: decode ms per token, prefill
-                tokens/s and peak memory at 1k, 4k and 16k (16k over 1k: the scaling), node counts
+                tokens/s and peak memory at 1k, 4k and 16k in one call each (16k over 1k: the
+                scaling) and 16k in the runtime's 1,024-token pieces, node counts
       precision SOURCE (a checkpoint; default the bundled model) exported as fp32, fp16, int8 and
                 int4: size on disk, decode ms per token at batch 1 and 8, prefill tokens/s and peak
                 memory at 1k and 4k, the weight-bytes floor per token; ratios against fp32
