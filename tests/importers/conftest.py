@@ -16,7 +16,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import importlib  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
@@ -26,17 +25,18 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from testkit.stateful import export_vs_reference, import_vs_reference
 
+from edgelin.upstream_run import interpret_on_cpu  # noqa: E402
+
 _FLA = None
 
 
 def _fla():
-    """fla.models, with Triton's autotuner set to keep its first config (no GPU to benchmark on)."""
+    """fla.models, Triton's interpreter set up as validate's upstream run sets it (edgelin.upstream_run)."""
     global _FLA
     if _FLA is None:
         warnings.filterwarnings("ignore", message=".*Triton is not supported on current platform.*")
         _FLA = pytest.importorskip("fla.models", reason="flash-linear-attention or triton cannot be imported; pip install -e '.[test]'")
-        autotuner = importlib.import_module("triton.runtime.autotuner")
-        autotuner.Autotuner.prune_configs = lambda self, kwargs: self.configs[:1]
+        interpret_on_cpu()  # what validate's upstream run does: the autotuner's first config, the language patched once per kernel
     return _FLA
 
 

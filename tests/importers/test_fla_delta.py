@@ -62,6 +62,7 @@ CASES = {  # id -> (model_type, fla config options; "edit": a change to the save
             "use_short_conv": False,
         },
     ),
+    "delta_net-identity-tied": ("delta_net", {"qk_activation": "identity", "tie_word_embeddings": True}),  # convs of 4, no activation
     "delta_net-elu-conv2-expand_k0.5-expand_v2-strong_beta-no_output_norm_flag": (
         "delta_net", {
             "qk_activation": "elu", "conv_size": 2, "expand_k": 0.5, "expand_v": 2.0, "use_output_norm": False,
