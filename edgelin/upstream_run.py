@@ -79,9 +79,12 @@ def interpret_on_cpu() -> None:
     if getattr(patch_lang, "once_per_kernel", False):
         return
     active: set[int] = set()  # the language modules the running kernel's patch covers
+    modules: dict = {}  # fn -> the language modules its globals see (as Triton's _patch_lang finds them)
 
-    def langs(fn) -> set[int]:
-        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+    def langs(fn) -> frozenset[int]:
+        if fn not in modules:
+            modules[fn] = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        return modules[fn]
 
     def once_per_kernel(fn):
         mine = langs(fn)
