@@ -547,6 +547,21 @@ def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | Non
     return checks
 
 
+def _contract_mismatch(model, manifest: Manifest) -> str:
+    """What makes ``model`` another model than the export's, so that no output can be compared: its vocabulary
+    or its state contract (names, shapes, dtypes); "" when they agree."""
+    if model.vocab_size != manifest.vocab_size:
+        return f"the checkpoint's model has a vocabulary of {model.vocab_size:,}, the export {manifest.vocab_size:,}"
+    theirs = {s.input: (s.output, tuple(s.shape), s.dtype) for s in model.state_specs()}
+    ours = {s.input: (s.output, tuple(s.shape), s.dtype) for s in manifest.states}
+    if theirs != ours:
+        name = (sorted(set(theirs) ^ set(ours)) or sorted(k for k in ours if theirs[k] != ours[k]))[0]
+        def said(states):
+            return f"{list(states[name][1])} {states[name][2]}" if name in states else "none"
+        return f"the checkpoint's model and the export differ in their state {name} (checkpoint: {said(theirs)}; export: {said(ours)})"
+    return ""
+
+
 def _resolve_checkpoint(manifest: Manifest, checkpoint: str | Path | None) -> Path:
     if checkpoint is not None:
         return Path(checkpoint)
@@ -641,6 +656,12 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         report.seconds = time.perf_counter() - t_start
         return report
     report.providers["cpu"] = "active"
+    mismatch = _contract_mismatch(model, manifest)
+    if mismatch:  # nothing can be compared: the numbers would be of two different models
+        report.checks.append(Check("structure", "checkpoint's model <-> export", FAIL,
+                                   where=f"{mismatch}: pass the checkpoint this export was made from"))
+        report.seconds = time.perf_counter() - t_start
+        return report
     v = _Validator(export_dir, model, manifest, budgets, seed, say, overrides)
     say("prefill vs PyTorch ...")
     v.prefill_vs_torch(cpu)

@@ -130,6 +130,22 @@ def test_graphs_from_different_checkpoints(base, broken, tmp_path):
     assert "decode.onnx was exported from another model" in fails["structure/runtime can load the export"]
 
 
+@pytest.mark.parametrize("change, needle", [
+    ({"vocab_size": 300}, "vocabulary of 300, the export 256"),
+    ({"n_layers": 3}, "state state.2.S (checkpoint: ['batch', 2, 16, 16] float32; export: none)"),
+    ({"head_dim": 8}, "state state.0.S (checkpoint: ['batch', 2, 8, 8] float32; export: ['batch', 2, 16, 16] float32)"),
+])
+def test_the_checkpoint_of_another_model_fails_without_comparing(base, tmp_path, change, needle):
+    """Another model's checkpoint (was a KeyError traceback): the structure group says why, nothing is compared."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**tiny("elu+1").cfg.to_dict(), **change})
+    ckpt = save_checkpoint(LinearLM(cfg).eval(), tmp_path / "other")
+    report = validate(base[1], ckpt, steps=4)
+    fails = failed(report)
+    assert not report.passed and needle in fails["structure/checkpoint's model <-> export"], fails
+    assert {c.group for c in report.checks} == {"structure"}
+
+
 def test_manifest_with_an_edited_state_shape(base, broken):
     ckpt, _ = base
     manifest = json.loads((broken / "edgelin.json").read_text())
