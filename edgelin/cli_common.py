@@ -7,6 +7,7 @@ in any order.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import threading
@@ -62,6 +63,41 @@ def user_errors(fn):
     return wrapper
 
 
+class _Stdout:
+    """Standard output whose write errors are a user's problem to fix, said in one line: a full disk (ENOSPC),
+    a reader that went away (EPIPE). After one, fd 1 points at /dev/null, so nothing more fails at exit."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _failed(self, exc: OSError):
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        if isinstance(exc, BrokenPipeError):
+            raise EdgelinError("standard output was closed by the program reading it") from None
+        raise EdgelinError(f"cannot write to standard output: {exc.strerror or exc}; free space where it goes, "
+                           "or send it elsewhere") from None
+
+    def write(self, text):
+        if not text:  # click probes a stream with empty writes and handles what they raise itself
+            return self._stream.write(text)
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._failed(exc)
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except OSError as exc:
+            self._failed(exc)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class OneLineGroup(click.Group):
     """A click group whose usage errors (unknown option, bad value, missing argument) read like every
     other error: one line, ``edgelin: error: ...``, exit status 2."""
@@ -69,8 +105,13 @@ class OneLineGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        if sys.stdout is None:  # started with fd 1 closed
+            fail("standard output is closed; give edgelin somewhere to write (the terminal, a file or a pipe)")
+        stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except EdgelinError as exc:  # raised outside a command's own handler (e.g. writing its last output)
+            fail(str(exc))
         except click.exceptions.NoArgsIsHelpError as exc:  # `edgelin` alone: the help, as --help prints it
             click.echo(exc.ctx.get_help(), err=True)
             sys.exit(EXIT_BAD_INPUT)
@@ -82,6 +123,8 @@ class OneLineGroup(click.Group):
         except click.exceptions.Abort:
             click.echo("edgelin: interrupted", err=True)
             sys.exit(128 + int(signal.SIGINT))
+        finally:
+            sys.stdout = stdout
         sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -334,6 +334,35 @@ def test_edgelin_alone_prints_its_help():
     assert "edgelin: error:" not in result.stderr and len(result.stderr.splitlines()) > 10
 
 
+@pytest.mark.parametrize("where, redirect", [
+    ("closed", ">&-"),  # fd 1 closed at start
+    ("full", ">/dev/full"),  # every write fails with ENOSPC
+    ("gone", "| head -c 0"),  # the reader exits at once: EPIPE
+])
+@pytest.mark.parametrize("args", [["--version"], ["export", "--help"], ["generate", "{export}", "-p", "x", "-n", "400"]])
+def test_standard_output_that_cannot_be_written_is_one_line(exported, tmp_path, where, redirect, args):
+    """Standard output closed, on a full disk, or read by a program that went away: one line, exit 2, never a
+    traceback (generate wrote through sys.stdout: AttributeError / OSError tracebacks before)."""
+    import shlex
+    import subprocess
+    import sys
+
+    if where == "full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    words = [a.format(export=exported("elu+1")[1]) for a in args]
+    edgelin = [sys.executable, "-c", "from edgelin.cli import main; main()"]
+    line = " ".join(shlex.quote(w) for w in edgelin + words)
+    err = tmp_path / "stderr.txt"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", f"{line} 2>{shlex.quote(str(err))} {redirect}"], timeout=300)
+    said = err.read_text()
+    if where == "gone" and proc.returncode == 0:  # the pipe took everything before the reader closed it
+        assert said == "" or "Traceback" not in said
+        return
+    assert proc.returncode == 2 and "Traceback" not in said and "Exception ignored" not in said, said
+    lines = [ln for ln in said.splitlines() if ln.startswith("edgelin: error:")]
+    assert len(lines) == 1 and "standard output" in lines[0], said
+
+
 def test_the_table_is_large_enough():
     assert len(CASES) >= 60
     assert {k.split("/")[0] for k in CASES} >= {"export", "validate", "generate", "demo", "bench"}
