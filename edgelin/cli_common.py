@@ -105,6 +105,10 @@ class OneLineGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            os.getcwd()
+        except OSError as exc:  # relative paths would be resolved against it
+            fail(f"the current folder cannot be read ({exc.strerror}; was it deleted?): cd to a folder that exists and run edgelin again")
         if sys.stdout is None:  # started with fd 1 closed
             fail("standard output is closed; give edgelin somewhere to write (the terminal, a file or a pipe)")
         stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)

@@ -363,6 +363,22 @@ def test_standard_output_that_cannot_be_written_is_one_line(exported, tmp_path, 
     assert len(lines) == 1 and "standard output" in lines[0], said
 
 
+def test_a_deleted_current_folder_is_one_line(exported, tmp_path):
+    """Run from a folder deleted under the shell (web --serve ended in a FileNotFoundError traceback): one line,
+    exit 2, nothing written."""
+    import shlex
+    import subprocess
+    import sys
+
+    export = exported("elu+1")[1]
+    line = " ".join(shlex.quote(w) for w in [sys.executable, "-c", "from edgelin.cli import main; main()", "web", str(export), "-o", "site"])
+    proc = subprocess.run(["bash", "-c", f"mkdir gone && cd gone && rmdir ../gone && {line}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("edgelin: error: the current folder cannot be read") and len(proc.stderr.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_table_is_large_enough():
     assert len(CASES) >= 60
     assert {k.split("/")[0] for k in CASES} >= {"export", "validate", "generate", "demo", "bench"}
