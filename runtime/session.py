@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,8 @@ def load(export_dir: str | os.PathLike, provider: str = "auto", threads: int | N
 class Session:
     """The two graphs of one export, on one provider.
 
-    provider: "auto" (CUDA if really active, else CPU with a ProviderWarning), "cpu", "cuda"
+    provider: "auto" (CUDA if really active, else CPU: with a ProviderWarning where the machine shows an NVIDIA
+        GPU that CUDA could not use, quietly on a machine without one), "cpu", "cuda"
         (ProviderError unless CUDA is really active), or another of ``EXECUTION_PROVIDERS`` ("openvino",
         "dml", "coreml": ProviderError unless this onnxruntime build has it and it activates; "webgpu": the
         plugin package onnxruntime-ep-webgpu beside onnxruntime; nodes a provider does not take run on the CPU
@@ -420,6 +422,18 @@ def length_groups(lengths: np.ndarray, max_padding: float) -> list[list[int]]:
 
 
 # ---- opening and checking the graphs -------------------------------------------------------------
+def gpu_visible() -> bool | None:
+    """Whether this machine shows an NVIDIA GPU to its programs: on Linux, the driver's /proc entry, a /dev/nvidiaN
+    node, WSL2's /dev/dxg or a Jetson's /dev/nvhost-* and /dev/nvmap; None where it cannot tell (other systems),
+    and "auto" then tries CUDA."""
+    if not sys.platform.startswith("linux"):
+        return None
+    dev = Path("/dev")
+    return (Path("/proc/driver/nvidia/version").exists() or (dev / "dxg").exists() or (dev / "nvmap").exists()
+            or any(dev.glob("nvidia[0-9]*")) or any(dev.glob("nvhost-*")))
+
+
+
 def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dict[str, ort.InferenceSession]]:
     """Create both sessions; returns ("cuda" | "cpu", sessions). CUDA counts only if ORT reports it active."""
 
@@ -430,6 +444,8 @@ def _open(paths, provider, options, cuda_device, log_severity) -> tuple[str, dic
         return "cpu", on_cpu()
     if provider not in ("auto", "cuda"):
         return provider, _open_other(paths, provider, options)
+    if provider == "auto" and gpu_visible() is False:  # a machine without an NVIDIA GPU: the CPU, nothing to warn about
+        return "cpu", on_cpu()
     if CUDA_EP in ort.get_available_providers():
         cuda = [(CUDA_EP, {"device_id": cuda_device}), CPU_EP]
         sessions = {}
