@@ -32,7 +32,8 @@ def _checkpoint_dir(path: str | Path) -> Path:
         pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
             raise CheckpointError(
-                f"{path} holds {', '.join(pickles)} but no {WEIGHTS_FILE}; pickle checkpoints are refused (unpickling can run code)"
+                f"{path} holds {', '.join(pickles)} but no {WEIGHTS_FILE}; pickle checkpoints are refused (unpickling can run code): "
+                f"save it as safetensors where it is trusted (transformers: model.save_pretrained(folder, safe_serialization=True))"
             )
         raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
     if not (path / CONFIG_FILE).is_file():

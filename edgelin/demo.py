@@ -82,6 +82,11 @@ def run_demo(
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts or not all(prompts):
         raise EdgelinError("a prompt is empty; pass --prompt with some text")
+    from edgelin.runtime.generate import _check_options  # the sampling options, checked before half a minute of export
+    from edgelin.runtime.sampling import Sampler
+
+    _check_options(max_new_tokens, 1, [], repetition_penalty)
+    Sampler(temperature=temperature, top_p=top_p, seed=seed)
     if out_dir is not None:  # before any work; only an empty folder or an edgelin export is ever replaced
         check_output_dir(out_dir, force=True, protect=(checkpoint,), flag="--out")
     tmp = None

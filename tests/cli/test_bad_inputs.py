@@ -167,7 +167,7 @@ CASES = {
     # export: the checkpoint
     "export/missing-checkpoint": Case(["export", "nope", "-o", "out"], "does not exist"),
     "export/checkpoint-is-a-file": Case(["export", "file.txt", "-o", "out"], "is not a folder"),
-    "export/pickle-checkpoint": Case(["export", "pickled", "-o", "out"], "pickle checkpoints are refused", pickle_checkpoint),
+    "export/pickle-checkpoint": Case(["export", "pickled", "-o", "out"], "save it as safetensors where it is trusted", pickle_checkpoint),
     "export/corrupt-weights": Case(["export", CK, "-o", "out"], "not a readable safetensors file", corrupt_weights),
     "export/config-not-json": Case(["export", CK, "-o", "out"], "not valid JSON", config_bytes(b"{nope")),
     "export/budget-bound-of-another-kind": Case(["export", CK, "-o", "out", "--budget", "state.max_abs=1"], "state has no bound 'max_abs'"),
@@ -283,6 +283,10 @@ CASES = {
     "demo/out-empty-string": Case(["demo", "--out", ""], "current folder"),
     "demo/empty-prompt": Case(["demo", "--prompt", ""], "prompt is empty"),
     "demo/bad-int": Case(["demo", "-n", "many"], "Invalid value"),
+    # the sampling options are checked before the export (they were refused only after ~30 s of it)
+    "demo/negative-max-new-tokens": Case(["demo", "-n", "-5"], "max_new_tokens must be an integer in [0,"),
+    "demo/negative-temperature": Case(["demo", "--temperature", "-1"], "temperature must be a number in [0, 100]"),
+    "demo/zero-top-p": Case(["demo", "--top-p", "0"], "top_p must be a number in (0, 1]"),
     # bench (fails before any work; the default --out is in the working folder and must not appear)
     "bench/out-is-a-file": Case(["bench", CK, "--out", "file.txt"], "'file.txt' is a file"),
     "bench/out-under-a-file": Case(["bench", CK, "--out", "file.txt/x"], "not a folder"),
