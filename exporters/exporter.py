@@ -15,6 +15,7 @@ import dataclasses
 import io
 import logging
 import os
+import re
 import shutil
 import time
 import warnings
@@ -389,10 +390,28 @@ def export(
         clean = not tmp.exists() and remove_created(created)
         if isinstance(exc, (EdgelinError, KeyboardInterrupt, SystemExit)):
             raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         left = "nothing was written" if clean else f"remove {tmp} by hand"
-        raise ExportError(f"export failed ({type(exc).__name__}: {first[:300]}); {left}") from exc
+        raise ExportError(f"export failed ({_cause(exc)}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _cause(exc: BaseException) -> str:
+    """"Type: first line" of what went wrong, for one line: the innermost exception of the chain (torch.onnx wraps
+    torch.export's reason in an error of its own whose first line is only "Failed to export the model with
+    torch.export. This is step 1/3 ..."), terminal colour codes removed, at most 300 characters."""
+    seen, root = {id(exc)}, exc
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        root = nxt
+    text = _ANSI.sub("", str(root)).strip()
+    first = (text.splitlines() or [""])[0].strip()
+    what = type(root).__name__ + (f": {first}" if first else "")
+    if root is not exc:  # the step that failed, then why
+        what = f"{type(exc).__name__} <- {what}"
+    return what[:300]
 
 
 def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress, embedding: str | None = None) -> tuple[dict, dict]:

@@ -128,6 +128,25 @@ def test_generate_matches_pytorch_greedy(outside):
     assert int(np.asarray(session.new_state(1).numpy()["state.pos"])[0]) == 0
 
 
+def test_a_model_torch_cannot_trace_is_refused_with_the_reason(tmp_path):
+    """A data-dependent branch torch.export cannot trace: the one-line error gives torch's reason (it gave only
+    torch.onnx's "Failed to export ... This is step 1/3" with terminal colour codes), and nothing is written."""
+
+    class Branching(PositionalLinearLM):
+        def forward(self, ids, state=None, **kwargs):
+            if ids.sum() > 10:  # on the ids' values: not traceable
+                ids = ids + 0
+            return super().forward(ids, state, **kwargs)
+
+    torch.manual_seed(0)
+    with pytest.raises(ExportError) as info:
+        export(Branching().eval(), tmp_path / "out", check=False)
+    message = str(info.value)
+    assert "\n" not in message and "\x1b" not in message, message
+    assert "data-dependent" in message and message.endswith("nothing was written"), message
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_module_without_the_protocol_is_refused_by_name(tmp_path):
     class Half(nn.Module):
         vocab_size = 256
