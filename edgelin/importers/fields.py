@@ -70,7 +70,8 @@ def check_fields(
     if unknown:
         raise CheckpointError(
             f"{where}: config field {unknown[0]!r} is unknown to edgelin's {importer} importer; it may change the "
-            f"model, so the checkpoint is refused"
+            f"model, so the checkpoint is refused (docs/importers.md lists the fields each family reads; if you know "
+            f"this one does not change the model, remove it from {where.name} and export again)"
         )
     for name, what in refused.items():
         if data.get(name) is not None:

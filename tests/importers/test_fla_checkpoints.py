@@ -89,7 +89,7 @@ def test_unknown_model_type_lists_the_supported_ones(ckpt, refused):
     pytest.param("expand_k", 0.3, "integer", id="expand_k"),
     pytest.param("norm_q", "yes", "true or false", id="norm_q-type"),
     pytest.param("norm_eps", 0, "positive", id="norm_eps"),
-    pytest.param("some_new_option", 1, "unknown", id="unknown-field"),
+    pytest.param("some_new_option", 1, "unknown to edgelin's fla/linear_attn importer; it may change the model, so the checkpoint is refused (docs/importers.md lists", id="unknown-field"),
 ])
 def test_unsupported_option_is_refused_by_name(ckpt, field, value, fragment, refused):
     edit_config(ckpt, **{field: value})
