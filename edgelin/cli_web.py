@@ -37,10 +37,12 @@ def web(export_dir, out_dir, force, ort_web, tokenizers_js, serve, port):
       edgelin web out/ --serve --port 8080
     """
     from edgelin.errors import RuntimeInputError
-    from edgelin.web import make_server, write_site
+    from edgelin.web import check_port, make_server, write_site
 
     if out_dir is None and not serve:
         raise RuntimeInputError("name the site folder with -o SITE (or pass --serve to serve a temporary one)")
+    if serve:  # a busy port is refused before the site is written
+        check_port(port)
     scratch = None
     if out_dir is None:
         scratch = tempfile.mkdtemp(prefix="edgelin-web-")

@@ -19,6 +19,7 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +240,19 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def check_port(port: int) -> None:
+    """Refuse a port that cannot be served on before anything is written: bound on 127.0.0.1 as the server binds
+    it (address reuse on) and released at once. Port 0 (any free port) always passes."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise RuntimeInputError(f"cannot serve on 127.0.0.1:{port}: {exc.strerror or exc}; choose another --port") from None
+
+
 def make_server(site: str | os.PathLike, port: int = 8000, handler: type = _Handler) -> http.server.ThreadingHTTPServer:
     """An HTTP server of ``site`` on 127.0.0.1 (port 0: any free port). Call serve_forever() on it."""
     site = Path(site)
@@ -257,4 +271,4 @@ def serve_in_thread(site: str | os.PathLike, port: int = 0, handler: type = _Han
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-__all__ = ["SiteResult", "find_ort_web", "find_tokenizers_js", "make_server", "serve_in_thread", "site_files", "write_site"]
+__all__ = ["SiteResult", "check_port", "find_ort_web", "find_tokenizers_js", "make_server", "serve_in_thread", "site_files", "write_site"]

@@ -383,6 +383,21 @@ def test_a_deleted_current_folder_is_one_line(exported, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_web_serve_on_a_busy_port_writes_nothing(exported, tmp_path):
+    """The port is tried before the site is written (the site was written, then the bind failed)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(main, ["web", str(exported("elu+1")[1]), "--serve", "--port", str(port), "-o", str(tmp_path / "site")],
+                                    prog_name="edgelin")
+    assert result.exit_code == 2 and "Traceback" not in result.output + result.stderr
+    assert result.stderr.strip() == f"edgelin: error: cannot serve on 127.0.0.1:{port}: Address already in use; choose another --port"
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+
+
 def test_the_table_is_large_enough():
     assert len(CASES) >= 60
     assert {k.split("/")[0] for k in CASES} >= {"export", "validate", "generate", "demo", "bench"}
