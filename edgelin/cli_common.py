@@ -33,6 +33,11 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+# the signals that stop a command as Ctrl-C does: SIGTERM (kill, a service manager) and, where there is one,
+# SIGHUP (the terminal closed)
+STOPPING = (signal.SIGTERM,) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+
+
 def _terminate(signum, _frame):
     raise Terminated(signum)
 
@@ -40,14 +45,14 @@ def _terminate(signum, _frame):
 def user_errors(fn):
     """Turn the library's typed errors (and Ctrl-C, SIGTERM) into one line and a non-zero exit, never a traceback.
 
-    While the command runs, SIGTERM raises ``Terminated`` (a KeyboardInterrupt): the library cleans up
-    what it was writing, exactly as for Ctrl-C, and the exit status is 128 + the signal number.
+    While the command runs, SIGTERM and SIGHUP raise ``Terminated`` (a KeyboardInterrupt): the library cleans
+    up what it was writing, exactly as for Ctrl-C, and the exit status is 128 + the signal number.
     """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+        previous = {sig: signal.signal(sig, _terminate) for sig in STOPPING} if main_thread else {}
         try:
             return fn(*args, **kwargs)
         except EdgelinError as exc:
@@ -57,8 +62,8 @@ def user_errors(fn):
             click.echo(f"edgelin: interrupted ({signal.Signals(signum).name}); nothing half-written was left", err=True)
             sys.exit(128 + int(signum))
         finally:
-            if main_thread:
-                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
     return wrapper
 

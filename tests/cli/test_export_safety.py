@@ -150,15 +150,16 @@ def _wait_for_graph_writing(proc: subprocess.Popen, parent: Path, name: str, tim
     pytest.fail("the export never created its temporary folder")
 
 
-def test_sigterm_during_export_leaves_nothing(ckpt, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])  # SIGHUP: the terminal closed
+def test_sigterm_during_export_leaves_nothing(ckpt, tmp_path, sig):
     out = tmp_path / "deep" / "out"  # the parent folders are created by the export, and must go again
     proc = _start_export(ckpt, out)
     _wait_for_graph_writing(proc, tmp_path / "deep", "out")
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("edgelin: interrupted (SIGTERM)")
+    assert err.strip().splitlines()[-1].startswith(f"edgelin: interrupted ({signal.Signals(sig).name})")
     assert list(tmp_path.iterdir()) == []
 
 
