@@ -520,7 +520,11 @@ def replace_dir(
             os.replace(tmp, out)
             return None
         trash = temp_dir(out.parent if str(out.parent) else Path("."), out.name, "old")
-        os.replace(out, trash / out.name)
+        try:
+            os.replace(out, trash / out.name)
+        except OSError:  # the old folder could not be moved aside: it stays where it is, and the trash goes
+            shutil.rmtree(trash, ignore_errors=True)
+            raise
         try:
             os.replace(tmp, out)
         except OSError:

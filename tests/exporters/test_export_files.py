@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -120,6 +122,32 @@ def test_failed_forced_export_keeps_the_old_one(exported, tmp_path, monkeypatch)
         export(model, out, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == old
+
+
+@pytest.mark.parametrize("failing", [1, 2], ids=["moving-the-old-aside", "moving-the-new-in"])
+def test_a_failed_rename_leaves_the_old_export_and_no_litter(tmp_path, monkeypatch, failing):
+    """replace_dir's renames: where the first (old export aside) or the second (new one in) fails, the old export
+    is where it was, and neither the new folder nor the trash folder is left behind (the trash was, empty)."""
+    from edgelin.runtime import files
+
+    out, new = tmp_path / "out", tmp_path / ".out.tmp.new"
+    for folder, text in ((out, "old"), (new, "new")):
+        folder.mkdir()
+        (folder / "edgelin.json").write_text(text)
+    monkeypatch.setattr(files, "check_output_dir", lambda *a, **k: "an edgelin export (1 file)")
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(src)
+        if len(calls) == failing:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", replace)
+    with pytest.raises(OutputError, match="cannot move the new export into"):
+        files.replace_dir(new, out, force=True)
+    shutil.rmtree(new)  # the caller removes its own folder (export does, in its except branch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "edgelin.json").read_text() == "old"
 
 
 @pytest.mark.parametrize(
