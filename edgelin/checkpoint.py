@@ -9,14 +9,15 @@ from pathlib import Path
 import torch
 
 from edgelin.config import ModelConfig
-from edgelin.errors import CheckpointError, ConfigError
+from edgelin.errors import CheckpointError, ConfigError, RuntimeInputError
 from edgelin.model import LinearLM
-from edgelin.runtime.files import atomic_write, check_replace
+from edgelin.runtime.files import atomic_write, check_replace, read_regular
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint (transformers' save_pretrained above its shard size)
 SAFETENSORS_METADATA = {"format": "pt"}
+INDEX_BYTES = 64 << 20  # the largest model.safetensors.index.json read (a 1 B model's is ~50 kB)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
@@ -37,6 +38,9 @@ def _checkpoint_dir(path: str | Path) -> Path:
             )
         raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
     if not (path / CONFIG_FILE).is_file():
+        if (path / CONFIG_FILE).exists():
+            raise CheckpointError(f"config file {path / CONFIG_FILE} is not a regular file (a FIFO, device or socket is never read); "
+                                  "name a checkpoint folder whose config.json is a file")
         raise CheckpointError(f"{path} has no {CONFIG_FILE}")
     return path
 
@@ -49,7 +53,9 @@ def weight_files(path: str | Path) -> list[Path]:
         return [path / WEIGHTS_FILE]
     index = path / WEIGHTS_INDEX
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+        weight_map = json.loads(read_regular(index, INDEX_BYTES, "index of shards").decode("utf-8")).get("weight_map")
+    except RuntimeInputError as exc:
+        raise CheckpointError(str(exc)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         raise CheckpointError(f"{index} is not a readable index of shards ({exc})") from None
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgelin.errors import ExportError
+from edgelin.errors import ExportError, RuntimeInputError
+from edgelin.runtime.files import read_regular
 from edgelin.runtime.manifest import HUGGINGFACE, file_sha256
-from edgelin.runtime.tokenizer import HF_FILES, TOKENIZER_FILE, read_hf_tokenizer, tokenizer_id_range
+from edgelin.runtime.tokenizer import HF_FILES, TOKENIZER_BYTES, TOKENIZER_FILE, read_hf_tokenizer, tokenizer_id_range
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -62,7 +63,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path, TOKENIZER_BYTES, "tokenizer file").decode("utf-8"))
+    except RuntimeInputError as exc:
+        raise ExportError(str(exc)) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ExportError(f"{path} is not readable JSON ({str(exc).splitlines()[0][:200]}); fix or remove it") from None
     if not isinstance(data, dict):

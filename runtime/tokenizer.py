@@ -23,6 +23,7 @@ from typing import Any, Iterable, Protocol
 import numpy as np
 
 from edgelin.errors import ManifestError, RuntimeInputError
+from edgelin.runtime.files import regular_file
 from edgelin.runtime.manifest import HUGGINGFACE, TOKENIZER_FILES, file_sha256
 from edgelin.runtime.options import check_int
 
@@ -119,6 +120,7 @@ def _lone_surrogate(text: str) -> RuntimeInputError | None:
 
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_BYTES = 1 << 30  # the largest tokenizer file read (a 250k-entry BPE tokenizer.json is ~20 MB)
 HF_FILES = TOKENIZER_FILES  # the files of a Hugging Face tokenizer an export may carry; tokenizer.json is the one read
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")  # SentencePiece's byte-fallback tokens
 
@@ -140,8 +142,12 @@ def read_hf_tokenizer(path: str | os.PathLike, error: type[Exception] = Manifest
     is missing or is not a tokenizer the package reads."""
     tokenizers = import_tokenizers()
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not path.exists():
         raise error(f"{path} does not exist; {hint}")
+    try:
+        regular_file(path, TOKENIZER_BYTES, "tokenizer file")  # a FIFO would block it, a huge file fill the memory
+    except RuntimeInputError as exc:
+        raise error(f"{exc}; {hint}") from None
     try:
         return tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust side raises Exception with its parser's message

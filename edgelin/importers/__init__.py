@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from edgelin.errors import CheckpointError
+from edgelin.errors import CheckpointError, RuntimeInputError
+from edgelin.runtime.files import read_regular
 
 CONFIG_FILE = "config.json"
 
@@ -59,13 +60,16 @@ def supported() -> tuple[str, ...]:
     return tuple(sorted(IMPORTERS))
 
 
+CONFIG_BYTES = 16 << 20  # the largest config.json read (released configs are a few kB)
+
+
 def read_config(path: str | Path) -> dict[str, Any]:
     """The folder's config.json as a dict (CheckpointError if unreadable or not a JSON object)."""
     file = Path(path) / CONFIG_FILE
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from None
+    try:  # a regular file of bounded size: a FIFO would block, a huge file fill the memory
+        data = json.loads(read_regular(file, CONFIG_BYTES, "config file").decode("utf-8"))
+    except RuntimeInputError as exc:
+        raise CheckpointError(str(exc)) from None
     except UnicodeDecodeError:
         raise CheckpointError(f"{file} is not UTF-8 text; save the config as UTF-8 JSON") from None
     except json.JSONDecodeError as exc:

@@ -69,6 +69,16 @@ def config_bytes(data: bytes):
     return setup
 
 
+def config_fifo(w: Path) -> None:
+    (w / "models" / "ckpt" / "config.json").unlink()
+    os.mkfifo(w / "models" / "ckpt" / "config.json")
+
+
+def config_huge(w: Path) -> None:
+    with open(w / "models" / "ckpt" / "config.json", "r+b") as f:  # sparse: 17 MiB of which almost nothing is on disk
+        f.truncate(17 << 20)
+
+
 def nan_weights(w: Path) -> None:
     from safetensors.numpy import load_file, save_file
 
@@ -170,6 +180,9 @@ CASES = {
     "export/pickle-checkpoint": Case(["export", "pickled", "-o", "out"], "save it as safetensors where it is trusted", pickle_checkpoint),
     "export/corrupt-weights": Case(["export", CK, "-o", "out"], "not a readable safetensors file", corrupt_weights),
     "export/config-not-json": Case(["export", CK, "-o", "out"], "not valid JSON", config_bytes(b"{nope")),
+    # every file read is a regular file of bounded size, checked before it is opened (a FIFO blocked the export)
+    "export/config-fifo": Case(["export", CK, "-o", "out"], "is not a regular file (a FIFO, device or socket is never read)", config_fifo),
+    "export/config-huge": Case(["export", CK, "-o", "out"], "more than the 16,777,216 it can be", config_huge),
     "export/budget-bound-of-another-kind": Case(["export", CK, "-o", "out", "--budget", "state.max_abs=1"], "state has no bound 'max_abs'"),
     "export/unknown-lowering": Case(["export", CK, "-o", "out", "--ops", "fast"], "'fast' is not one of 'portable', 'fused'"),
     "export/budget-not-a-number": Case(["export", CK, "-o", "out", "--budget", "logits.max_rel=tight"], "'tight' is not a number"),
