@@ -351,7 +351,7 @@ class Session:
             feeds = {m.input_ids: ids, **{s.input: v.numpy() for s, v in zip(m.states, state.values)}}
             if ragged:
                 feeds[m.lengths] = np.ascontiguousarray(lengths, dtype=np.int64)
-            logits, *states = sess.run([m.logits] + [s.output for s in m.states], feeds)
+            logits, *states = self._ort(graph, sess.run, [m.logits] + [s.output for s in m.states], feeds)
             state._advance([to_ortvalue(a, self.device) for a in states])
             state.seen += ids.shape[1]
             return logits
@@ -369,12 +369,25 @@ class Session:
         if ragged:  # bound per call (prefill bindings are never kept); the array lives until the run is done
             lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # [B]
             io.bind_ortvalue_input(m.lengths, to_ortvalue(lengths, CPU))
-        sess.run_with_iobinding(io)
+        self._ort(graph, sess.run_with_iobinding, io)
         if self.provider not in HOST_MEMORY:  # a device copies outputs to host buffers asynchronously (CUDA, WebGPU)
             io.synchronize_outputs()
         state._advance()
         state.seen += ids.shape[1]
         return logits.copy() if graph == "decode" else logits  # the decode buffer is reused next step
+
+    def _ort(self, graph: str, call, *args):
+        """``call(*args)``, ONNX Runtime running ``graph``: its errors (Fail, RuntimeException, ... with the failing
+        node in their first line) become one ProviderError that says which graph, which provider, and what to try.
+        The state has not moved on when it is raised."""
+        try:
+            return call(*args)
+        except Exception as exc:  # noqa: BLE001 -- ONNX Runtime raises several types, all of them Exception
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ProviderError(
+                f"ONNX Runtime failed while running the {graph} graph on {self.provider} ({first[:300]}); if memory ran out, "
+                "feed shorter pieces (Session.prefill(..., chunk=N)); otherwise try the cpu provider or re-export"
+            ) from None
 
     def _bind(self, graph: str, ids: np.ndarray, state: State) -> tuple[Any, np.ndarray, np.ndarray]:
         """An IO binding reading the state's current buffers and writing the other set, never the same one. The

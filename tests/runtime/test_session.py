@@ -182,6 +182,41 @@ def test_new_state_needs_a_positive_batch(session, batch):
         session.new_state(batch)
 
 
+@pytest.mark.parametrize("io_binding", [True, False], ids=["io-binding", "plain-run"])
+def test_an_error_while_onnx_runtime_runs_a_graph_is_one_line_and_the_state_stays(tiny, io_binding):
+    """ONNX Runtime failing inside a run (out of memory, a kernel's error) was its own exception type with a
+    multi-line message: now one ProviderError naming the graph and the provider; the state has not moved."""
+    from edgelin.errors import ProviderError
+
+    session = load(tiny[1], provider="cpu")
+    session.io_binding = io_binding
+    state = session.new_state(1)
+    session.prefill([[1, 2, 3]], state)
+    before = {k: v.copy() for k, v in state.numpy().items()}
+
+    class Failing:
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def _fail(self, *args, **kwargs):
+            raise __import__("onnxruntime").capi.onnxruntime_pybind11_state.Fail(
+                "[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running MatMul node. Name:'x'\nmore")
+
+        run = run_with_iobinding = _fail
+
+    session._sessions["decode"] = Failing(session._sessions["decode"])
+    with pytest.raises(ProviderError) as info:
+        session.decode([4], state)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("ONNX Runtime failed while running the decode graph on cpu (")
+    assert "running MatMul node. Name:'x'" in message
+    for name, value in state.numpy().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
 def test_prefill_chunk_must_be_positive(session):
     with pytest.raises(RuntimeInputError, match="chunk must be a positive integer"):
         session.prefill([[1, 2]], session.new_state(1), chunk=0)
