@@ -131,25 +131,8 @@ def decay_region(graph: onnx.GraphProto, accumulators: set[str]) -> set[str]:
     (``accumulators``, not included), through the decays' CumSum and Exp and no further. A log-decay rounded to
     fp16 is off by ~5e-4 of itself; summed over a chunk and exponentiated, that moves the decays by ~1e-2
     (measured: a Mamba2 of hidden 256, 4 layers: fp16 prefill logits max rel 9.2e-3 -> 4.8e-3 with this path in fp32)."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    producers: dict[str, onnx.NodeProto] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-        for name in node.output:
-            producers[name] = node
-    ahead, frontier = set(), []
-    for node in graph.node:
-        if node.op_type == "Softplus":
-            ahead.add(node.name)
-            frontier.extend(node.output)
-    while frontier:
-        for node in consumers.get(frontier.pop(), []):
-            if node.name in ahead or node.name in accumulators or node.op_type in _INTEGER_OPS:
-                continue
-            ahead.add(node.name)
-            if node.op_type not in {"CumSum", "Exp"}:
-                frontier.extend(node.output)
+    producers = {name: node for node in graph.node for name in node.output}
+    ahead = _forward_from(graph, "Softplus", stop={"CumSum", "Exp"}, exclude=accumulators)
     feeding, frontier = set(), [name for node in graph.node if node.name in accumulators for name in node.input]
     while frontier:  # the nodes the accumulator region reads from, directly or not
         node = producers.get(frontier.pop())
@@ -164,21 +147,24 @@ def norm_region(graph: onnx.GraphProto) -> set[str]:
     """Names of the nodes of each RMS norm's statistic, from its Pow (x^2) to the Reciprocal/Div of the
     root: x^2 overflows fp16 once |x| > 256. A guard: the bundled model's residual stream stayed below
     that in the streams measured, the running sums did not (see _drop_round_trips)."""
+    return _forward_from(graph, "Pow", stop={"Reciprocal", "Div", "Mul"})
+
+
+def _forward_from(graph: onnx.GraphProto, op_type: str, *, stop: set[str], exclude: set[str] = frozenset()) -> set[str]:
+    """Names of every node of ``op_type`` and of the nodes reachable forward from them, never entering
+    ``exclude`` or a shape read, and not going past a node whose type is in ``stop`` (which is included)."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    region, frontier = set(), []
-    for node in graph.node:
-        if node.op_type == "Pow":
-            region.add(node.name)
-            frontier.extend(node.output)
+    region = {node.name for node in graph.node if node.op_type == op_type}
+    frontier = [name for node in graph.node if node.op_type == op_type for name in node.output]
     while frontier:
         for node in consumers.get(frontier.pop(), []):
-            if node.name in region or node.op_type in _INTEGER_OPS:
+            if node.name in region or node.name in exclude or node.op_type in _INTEGER_OPS:
                 continue
             region.add(node.name)
-            if node.op_type not in {"Reciprocal", "Div", "Mul"}:
+            if node.op_type not in stop:
                 frontier.extend(node.output)
     return region
 
