@@ -549,15 +549,17 @@ def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | Non
 
 def _contract_mismatch(model, manifest: Manifest) -> str:
     """What makes ``model`` another model than the export's, so that no output can be compared: its vocabulary
-    or its state contract (names, shapes, dtypes); "" when they agree."""
+    or its state contract (names and shapes; not dtypes, which an export may store in float16); "" when they agree."""
     if model.vocab_size != manifest.vocab_size:
         return f"the checkpoint's model has a vocabulary of {model.vocab_size:,}, the export {manifest.vocab_size:,}"
-    theirs = {s.input: (s.output, tuple(s.shape), s.dtype) for s in model.state_specs()}
-    ours = {s.input: (s.output, tuple(s.shape), s.dtype) for s in manifest.states}
+    theirs = {s.input: (s.output, tuple(s.shape)) for s in model.state_specs()}
+    ours = {s.input: (s.output, tuple(s.shape)) for s in manifest.states}
     if theirs != ours:
         name = (sorted(set(theirs) ^ set(ours)) or sorted(k for k in ours if theirs[k] != ours[k]))[0]
+
         def said(states):
-            return f"{list(states[name][1])} {states[name][2]}" if name in states else "none"
+            return str(list(states[name][1])) if name in states else "none"
+
         return f"the checkpoint's model and the export differ in their state {name} (checkpoint: {said(theirs)}; export: {said(ours)})"
     return ""
 
