@@ -222,10 +222,13 @@ def check_cmd(export_dir, providers, threads, json_path, force):
 @click.option("--top-p", default=DEFAULT_SAMPLING["top_p"], show_default=True, type=float, help="Nucleus sampling: keep the most likely tokens up to this probability (1 = off).")
 @click.option("--seed", default=DEFAULT_SAMPLING["seed"], show_default=True, type=int, help="Sampling seed (the same seed gives the same text).")
 @click.option("--repetition-penalty", default=DEFAULT_SAMPLING["repetition_penalty"], show_default=True, type=float,
-              help="Hugging Face's repetition penalty (1 = off); 1.3-1.5 makes the model's runs of spaces after a block opener rarer.")
+              help="Hugging Face's repetition penalty (1 = off; on this byte-level model it pushes prose toward rare bytes).")
+@click.option("--no-repeat-ngram-size", default=DEFAULT_SAMPLING["no_repeat_ngram_size"], show_default=True, type=int, metavar="N",
+              help="Hugging Face's n-gram ban: no N bytes occur twice in a row, which ends the model's runs of spaces "
+                   "after a block opener at N (0 = off: they reach 199).")
 @click.option("--provider", default="auto", show_default=True, help="auto, cpu or cuda.")
 @user_errors
-def demo_cmd(prompts, out_dir, max_new_tokens, temperature, top_p, seed, repetition_penalty, provider):
+def demo_cmd(prompts, out_dir, max_new_tokens, temperature, top_p, seed, repetition_penalty, no_repeat_ngram_size, provider):
     """Export the bundled model, validate it, and stream text from ONNX Runtime.
 
     The bundled model is a small byte-level linear-attention LM trained on the Python
@@ -258,7 +261,8 @@ def demo_cmd(prompts, out_dir, max_new_tokens, temperature, top_p, seed, repetit
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         summary = run_demo(prompts, out_dir, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                           seed=seed, repetition_penalty=repetition_penalty, provider=provider, on_text=stream, progress=progress)
+                           seed=seed, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                           provider=provider, on_text=stream, progress=progress)
     click.echo("\n")
     for w in caught:
         if "CUDA" in str(w.message):

@@ -60,6 +60,9 @@ def _summary(r: dict) -> str:
 @click.option("--min-new-tokens", type=int, default=0, show_default=True, help="Generate at least this many tokens: no eos before (as Hugging Face's min_new_tokens).")
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True,
               help="Hugging Face's (CTRL) penalty on every id already in the sequence: 1 = off, 1.1-1.3 discourages loops.")
+@click.option("--no-repeat-ngram-size", type=int, default=0, show_default=True, metavar="N",
+              help="Hugging Face's n-gram ban: no N tokens in a row occur twice in the sequence (0 = off). "
+                   "Stops loops outright; a byte-level model needs N of a line's length (the demo uses 24).")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy; higher = more random.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="Sample only from the K most likely tokens (0 = off).")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling: smallest set of tokens with probability >= P (1 = off).")
@@ -78,7 +81,8 @@ def _summary(r: dict) -> str:
                    "the assistant's turn opened, as transformers' apply_chat_template does. Several turns: edgelin.runtime.Chat.")
 @click.option("--system", default=None, help="With --chat: a system message before the user's.")
 @user_errors
-def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, repetition_penalty, temperature, top_k, top_p, seed, stop,
+def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, repetition_penalty, no_repeat_ngram_size, temperature,
+             top_k, top_p, seed, stop,
              provider, threads, state_in, state_out, force, as_json, chat, system):
     """Generate text from an export folder (prefill.onnx + decode.onnx + edgelin.json).
 
@@ -96,6 +100,7 @@ def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, rep
       edgelin generate out/ -p " and then" --state-in chat.npz    # ... and continue it later
       edgelin generate out/ -p "def add(" -p "import " -n 40         # a batch of two prompts
       edgelin generate out/ -p "class Stack:" --repetition-penalty 1.2
+      edgelin generate out/ -p "class Stack:" -t 0.7 --top-p 0.9 --no-repeat-ngram-size 24 --seed 0
       edgelin generate out/ --prompt-ids 1,2,3 -n 20                 # token ids in (and out, without a tokenizer)
       edgelin generate out/ --chat -p "What is a stack?" --system "Be brief."   # the chat template's turn
     """
@@ -126,7 +131,8 @@ def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, rep
         texts = (list(prompt) if batch else prompt[0]) if prompt else None
         result = generate_text(
             export_dir, texts, prompt_ids=(ids if batch else ids[0]) if ids else None, max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty, temperature=temperature,
+            min_new_tokens=min_new_tokens, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+            temperature=temperature,
             top_k=top_k, top_p=top_p, seed=seed, stop=stop, provider=provider, threads=threads, state_in=state_in,
             state_out=state_out, overwrite=force, on_text=None if as_json or batch else stream,
         )

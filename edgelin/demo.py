@@ -15,12 +15,15 @@ from edgelin.runtime.files import check_output_dir
 DEFAULT_PROMPTS = ("def fibonacci(n):", "The for statement is used to")  # a code and a prose continuation
 # Seeded sampling: greedy decoding of a small byte-level model falls into loops; a moderate temperature with
 # a nucleus keeps it on real tokens without repeating itself (models/stdlib-linear/README.md shows the output).
-# The repetition penalty (Hugging Face's, over every id so far) is off by default: on this byte-level model it
-# trades one failure for another. Measured over 5 prompts x 12 seeds x 200 tokens at temperature 0.7, top-p 0.9
-# ("class Stack:", "def __init__(self):", "if __name__ == '__main__':" and the two demo prompts), outputs holding a
-# run of 40 or more spaces: 13 of 60 at 1.0, 4 at 1.3, 0 at 1.5; but the prose prompt turns into code in 0 of 8
-# seeds at 1.0, 2 at 1.3, 6 at 1.5 (every common byte is "already seen", so the penalty pushes toward rare ones).
-DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 0, "repetition_penalty": 1.0}
+# Left alone, the model falls into runs of spaces after a block opener (seed 0 of "class Stack:": 199 spaces). The
+# defaults stop that with Hugging Face's no_repeat_ngram_size: no 16 bytes occur twice in a row, so a run of spaces
+# ends at 16 (four indentation levels). Measured with scripts/demo_space_runs.py (8 prompts x 15 seeds x 200 tokens
+# at temperature 0.7, top-p 0.9): outputs with a run of 40+ spaces 33 of 120 at 0 (off), 0 at 16, 24 and 32; with a
+# run of 17+ 37 at 0, 0 at 16, 39 at 24. Its cost: a repeated 16-byte piece of a code line is banned too (the
+# second "        self.asse" must differ somewhere). The repetition penalty is off: on this byte-level model every
+# common byte is "already seen", so it pushes prose toward rare bytes (runs of 40+ spaces 13/60 at 1.0, 4 at 1.3,
+# 0 at 1.5 over 5 prompts x 12 seeds, but the prose prompt turned into code in 0, 2 and 6 of 8 seeds).
+DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "seed": 0, "repetition_penalty": 1.0, "no_repeat_ngram_size": 16}
 LONG_CONTEXT = 100_000
 
 
@@ -64,6 +67,7 @@ def run_demo(
     top_p: float = DEFAULT_SAMPLING["top_p"],
     seed: int = DEFAULT_SAMPLING["seed"],
     repetition_penalty: float = DEFAULT_SAMPLING["repetition_penalty"],
+    no_repeat_ngram_size: int = DEFAULT_SAMPLING["no_repeat_ngram_size"],
     provider: str = "auto",
     on_text: Callable[[int, str], None] | None = None,
     progress: Callable[[str], None] | None = None,
@@ -85,7 +89,7 @@ def run_demo(
     from edgelin.runtime.generate import _check_options  # the sampling options, checked before half a minute of export
     from edgelin.runtime.sampling import Sampler
 
-    _check_options(max_new_tokens, 1, [], repetition_penalty)
+    _check_options(max_new_tokens, 1, [], repetition_penalty, 0, no_repeat_ngram_size)
     Sampler(temperature=temperature, top_p=top_p, seed=seed)
     if out_dir is not None:  # before any work; only an empty folder or an edgelin export is ever replaced
         check_output_dir(out_dir, force=True, protect=(checkpoint,), flag="--out")
@@ -102,13 +106,15 @@ def run_demo(
         report = validate(out, checkpoint, steps=16)
         counts = {s: sum(c.status == s for c in report.checks) for s in ("pass", "fail")}
         say(f"      {'PASS' if report.passed else 'FAIL'}: {counts['pass']} checks passed, {counts['fail']} failed")
-        say(f"[3/3] generating from ONNX Runtime (temperature {temperature}, top-p {top_p}, seed {seed}, repetition penalty {repetition_penalty}): "
+        say(f"[3/3] generating from ONNX Runtime (temperature {temperature}, top-p {top_p}, seed {seed}, "
+            f"repetition penalty {repetition_penalty}, no repeated {no_repeat_ngram_size}-grams): "
             + ", ".join(repr(p) for p in prompts))
         session, results = load(out, provider=provider), []  # loaded once for every prompt
         for i, prompt in enumerate(prompts):
             stream = None if on_text is None else (lambda text, i=i: on_text(i, text))
             results.append(generate_text(session, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                         seed=seed, repetition_penalty=repetition_penalty, on_text=stream))
+                                         seed=seed, repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                         on_text=stream))
         manifest = Manifest.load(out)
         cfg = ModelConfig.from_dict(manifest.model)
         total = max(r["prompt_tokens"] + r["new_tokens"] for r in results)

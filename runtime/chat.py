@@ -185,6 +185,7 @@ class Chat:
         self.fed: list[int] = []  # every id the state has seen
         self.refills = 0  # turns that prefilled the whole conversation again
         self.last_prefill = 0
+        self.last_stats = None  # the last turn's generate timings (Stats: first_token_s, prefill_s, decode_tokens_per_s, ...)
 
     def prompt_ids(self, messages: Sequence[dict[str, Any]] | None = None) -> list[int]:
         """The ids of the conversation so far (or of ``messages``) with the assistant's turn opened."""
@@ -203,7 +204,7 @@ class Chat:
         new = ids[len(self.fed):]
         self.last_prefill = len(new)  # prompt tokens this turn fed the model
         gen = Generator(self.session, [new], state=self.state, **options).run()
-        result = gen.results[0]
+        result, self.last_stats = gen.results[0], gen.stats
         self.state = gen.state
         self.fed = ids + result.ids + ([result.eos_id] if result.eos_id is not None else [])
         self.messages.append({"role": "assistant", "content": result.text})

@@ -14,9 +14,9 @@ eos ids, a stop sequence, max_new_tokens) leaves the batch after its last token 
 
 The generation controls follow Hugging Face ``generate``: ``repetition_penalty`` (CTRL: the logit of every id
 already in the sequence -- its prompt and what was generated since -- is divided by the penalty where it is
-positive and multiplied by it where it is negative), ``min_new_tokens`` (every eos id is masked until that
-many tokens were generated), then temperature, top-k and top-p (``Sampler``). ``process_logits`` is that
-first step alone.
+positive and multiplied by it where it is negative), ``no_repeat_ngram_size`` (n: an id that would complete an
+n-gram already in the sequence is banned), ``min_new_tokens`` (every eos id is masked until that many tokens were
+generated), then temperature, top-k and top-p (``Sampler``). ``process_logits`` is that first step alone.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ DEFAULT_PREFILL_CHUNK = PREFILL_PIECE  # the manifest's recommended prefill piec
 # lengths 17-31 took 0.7-0.8x in one call or grouped at 1.25 (fewer calls); lengths 200-256 0.9-1.0x.
 RAGGED_MAX_PADDING = 1.25
 MAX_PENALTY = 100.0
+MAX_NGRAM = 4096  # no_repeat_ngram_size: a longer n-gram is a typo (each step hashes n - 1 ids)
 
 
 @dataclass(frozen=True)
@@ -91,16 +92,39 @@ class Result:
     eos_id: int | None = None  # the eos id that ended it (the state has seen it; ids do not hold it)
 
 
+class NGrams:
+    """The n-grams of a growing sequence, for Hugging Face's ``no_repeat_ngram_size``: ``banned()`` is the ids that
+    would complete an n-gram the sequence already holds (the ids that followed each earlier occurrence of its last
+    n - 1 ids; for n = 1 every id seen). One step costs O(n), not a scan of the sequence."""
+
+    def __init__(self, n: int, ids: Sequence[int] = ()) -> None:
+        self.n, self.ids = int(n), []
+        self._next: dict[tuple[int, ...], dict[int, None]] = {}  # (n - 1)-gram -> the ids seen after it, in order
+        for i in ids:
+            self.add(int(i))
+
+    def add(self, token_id: int) -> None:
+        self.ids.append(token_id)
+        if len(self.ids) >= self.n:
+            self._next.setdefault(tuple(self.ids[len(self.ids) - self.n:-1]), {})[token_id] = None
+
+    def banned(self) -> list[int]:
+        if len(self.ids) + 1 < self.n:
+            return []
+        return list(self._next.get(tuple(self.ids[len(self.ids) - self.n + 1:]), ()))
+
+
 class _Sequence:
     """Per-prompt bookkeeping: decoded text, held-back text that may start a stop sequence, the reason to stop."""
 
-    def __init__(self, decoder: StreamDecoder | None, stop: Sequence[str], prompt: np.ndarray, track: bool) -> None:
+    def __init__(self, decoder: StreamDecoder | None, stop: Sequence[str], prompt: np.ndarray, track: bool, ngram: int = 0) -> None:
         self.result = Result()
         self.decoder, self.stop = decoder, stop
         self.held = ""  # decoded text not yet released
         # the distinct ids of the sequence so far (prompt + generated), for the repetition penalty
         self._seen: dict[int, None] | None = dict.fromkeys(prompt.tolist()) if track else None
         self._seen_array: np.ndarray | None = None
+        self.ngrams = NGrams(ngram, prompt.tolist()) if ngram else None  # for no_repeat_ngram_size
 
     def seen(self) -> np.ndarray:
         """The distinct ids of the prompt and of every generated token (int64 [N])."""
@@ -114,6 +138,8 @@ class _Sequence:
         if self._seen is not None and token_id not in self._seen:
             self._seen[token_id] = None
             self._seen_array = None
+        if self.ngrams is not None:
+            self.ngrams.add(token_id)
         if token_id in eos_ids:
             r.stop_reason, r.eos_id = "eos", token_id
             if self.decoder is not None:
@@ -145,11 +171,13 @@ class _Sequence:
         return text
 
 
-def _check_options(max_new_tokens: Any, prefill_chunk: Any, stop: Any, repetition_penalty: Any = 1.0, min_new_tokens: Any = 0) -> list[str]:
+def _check_options(max_new_tokens: Any, prefill_chunk: Any, stop: Any, repetition_penalty: Any = 1.0, min_new_tokens: Any = 0,
+                   no_repeat_ngram_size: Any = 0) -> list[str]:
     check_int("max_new_tokens", max_new_tokens, low=0, high=MAX_NEW_TOKENS)
     check_int("prefill_chunk", prefill_chunk, low=1)
     check_number("repetition_penalty", repetition_penalty, low=0, high=MAX_PENALTY, open_low=True, hint="1 = off; 1.1-1.3 discourages repeats")
     check_int("min_new_tokens", min_new_tokens, low=0, high=MAX_NEW_TOKENS, hint="eos is masked until this many tokens were generated")
+    check_int("no_repeat_ngram_size", no_repeat_ngram_size, low=0, high=MAX_NGRAM, hint="0 = off; n bans any id that would repeat an n-gram")
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or any(not isinstance(s, str) or not s for s in stop):
         raise RuntimeInputError(f"stop sequences must be non-empty strings, got {stop!r}")
@@ -167,6 +195,8 @@ class Generator:
     id of its eos_ids); min_new_tokens: no eos before this many tokens (Hugging Face's min_new_tokens);
     repetition_penalty: Hugging Face's (CTRL) penalty over the ids of the sequence so far, this prompt and what
     it generated (a state passed in carries no ids: what came before it is not penalised); 1 = off;
+    no_repeat_ngram_size: Hugging Face's -- no n-gram of that size occurs twice in the sequence (the prompt and what
+    it generated, as for the penalty); 0 = off;
     temperature / top_k / top_p / seed: see ``Sampler``; prefill_chunk: the longest piece of prompt
     run through the prefill graph at once (default: the manifest's prefill_piece).
     """
@@ -187,14 +217,16 @@ class Generator:
         prefill_chunk: int | None = None,
         repetition_penalty: float = 1.0,
         min_new_tokens: int = 0,
+        no_repeat_ngram_size: int = 0,
     ) -> None:
         if prefill_chunk is None:  # the export's recommended prefill piece (manifest), else the runtime's default
             prefill_chunk = getattr(getattr(session, "manifest", None), "prefill_piece", DEFAULT_PREFILL_CHUNK)
-        stop = _check_options(max_new_tokens, prefill_chunk, stop, repetition_penalty, min_new_tokens)
+        stop = _check_options(max_new_tokens, prefill_chunk, stop, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
         self.session = session
         self.sampler = Sampler(temperature, top_k, top_p, seed)
         self.max_new_tokens, self.prefill_chunk = int(max_new_tokens), int(prefill_chunk)
         self.repetition_penalty, self.min_new_tokens = float(repetition_penalty), int(min_new_tokens)
+        self.no_repeat_ngram_size = int(no_repeat_ngram_size)
         texts, self.prompt_ids = self._encode(prompts)
         tokenizer = session.tokenizer if texts or stop else _optional_tokenizer(session)  # text needs a tokenizer
         self.eos_ids = _eos_set(eos_id) if eos_id is not None else _manifest_eos(session, tokenizer)
@@ -202,7 +234,8 @@ class Generator:
             check_state_for(state, len(self.prompt_ids))
         self._in_state = state
         track = self.repetition_penalty != 1.0
-        self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, list(stop), p, track) for p in self.prompt_ids]
+        self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, list(stop), p, track, self.no_repeat_ngram_size)
+                      for p in self.prompt_ids]
         self.stats = Stats(prompt_tokens=sum(len(p) for p in self.prompt_ids))
         self._iter = self._run()
         self._done = False
@@ -279,11 +312,12 @@ class Generator:
             return
         first, step = None, 0
         while True:
-            if self.repetition_penalty != 1.0 or self.min_new_tokens > 0:
+            if self.repetition_penalty != 1.0 or self.min_new_tokens > 0 or self.no_repeat_ngram_size:
                 seqs = [self._seqs[seq] for seq in rows]
                 logits = process_logits(
                     logits, [s.seen() for s in seqs] if self.repetition_penalty != 1.0 else [], [len(s.result.ids) for s in seqs],
                     repetition_penalty=self.repetition_penalty, min_new_tokens=self.min_new_tokens, eos_ids=self.eos_ids,
+                    banned=[s.ngrams.banned() for s in seqs] if self.no_repeat_ngram_size else (),
                 )
             ids = self.sampler(logits, rng)  # [R]
             now = time.perf_counter()
@@ -345,13 +379,15 @@ def _eos_set(eos_id: Any) -> frozenset[int]:
 
 
 def process_logits(logits: np.ndarray, seen: Sequence[np.ndarray], new_tokens: Sequence[int], *,
-                   repetition_penalty: float = 1.0, min_new_tokens: int = 0, eos_ids: frozenset[int] | Sequence[int] = ()) -> np.ndarray:
+                   repetition_penalty: float = 1.0, min_new_tokens: int = 0, eos_ids: frozenset[int] | Sequence[int] = (),
+                   banned: Sequence[Sequence[int]] = ()) -> np.ndarray:
     """Hugging Face ``generate``'s logits processors, before sampling: logits [R, V] -> a processed copy.
 
     seen[r]: the distinct ids of row r's sequence so far (``RepetitionPenaltyLogitsProcessor``: each one's logit
     divided by the penalty where it is positive, multiplied where it is negative -- in the logits' dtype);
     new_tokens[r]: tokens row r has generated so far (``MinNewTokensLengthLogitsProcessor``: below
-    ``min_new_tokens`` every eos id's logit is -inf)."""
+    ``min_new_tokens`` every eos id's logit is -inf); banned[r]: ids that would repeat an n-gram of row r
+    (``NoRepeatNGramLogitsProcessor``, ``NGrams.banned``: their logits are -inf)."""
     out = np.array(logits, copy=True)
     if repetition_penalty != 1.0:
         penalty = out.dtype.type(repetition_penalty)
@@ -364,6 +400,9 @@ def process_logits(logits: np.ndarray, seen: Sequence[np.ndarray], new_tokens: S
         for row, n in enumerate(new_tokens):
             if n < min_new_tokens:
                 out[row, eos] = -np.inf
+    for row, ids in enumerate(banned):
+        if len(ids):
+            out[row, np.asarray(ids, dtype=np.int64)] = -np.inf
     return out
 
 
@@ -417,6 +456,7 @@ def generate_text(
     max_new_tokens: int = 256,
     repetition_penalty: float = 1.0,
     min_new_tokens: int = 0,
+    no_repeat_ngram_size: int = 0,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -463,7 +503,8 @@ def generate_text(
     if batch and on_text is not None:
         raise RuntimeInputError("on_text streams one prompt; with several, read each continuation from the results")
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load
-    _check_options(max_new_tokens, DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, stop, repetition_penalty, min_new_tokens)
+    _check_options(max_new_tokens, DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk, stop, repetition_penalty, min_new_tokens,
+                   no_repeat_ngram_size)
     if state_out is not None:  # before any work: a bad path must not cost the generated text
         check_output_file(state_out, "state file", overwrite=overwrite, ours=is_state_file)
     t0 = time.perf_counter()
@@ -473,7 +514,7 @@ def generate_text(
     gen = Generator(
         session, prompts if batch else prompts[0], state=state, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, seed=seed, stop=stop, prefill_chunk=prefill_chunk,
-        repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
+        repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens, no_repeat_ngram_size=no_repeat_ngram_size,
     )
     for tok in gen:
         if on_text is not None and tok.text:
@@ -495,4 +536,4 @@ def generate_text(
             "state_positions": positions}
 
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "Result", "Stats", "Token", "generate_text", "process_logits"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "NGrams", "Result", "Stats", "Token", "generate_text", "process_logits"]

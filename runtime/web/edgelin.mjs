@@ -381,12 +381,13 @@ function rustByteFallback(decoder) {
 // ---- Hugging Face generate's logits processors ------------------------------------------------
 /** Before sampling, as the Python runtime (runtime/generate.py: process_logits) and Hugging Face's generate do:
  * the repetition penalty (CTRL: the logit of every id in `seen` divided by the penalty where positive, multiplied
- * where negative, in float32) and min_new_tokens (every eos id masked while fewer tokens were generated). Returns
- * `logits` itself where neither applies, else a processed copy. */
-export function processLogits(logits, seen, newTokens, { repetitionPenalty = 1, minNewTokens = 0, eosIds = new Set() } = {}) {
+ * where negative, in float32), the n-gram ban (every id of `banned`, from NGrams.banned(), is -Infinity) and
+ * min_new_tokens (every eos id masked while fewer tokens were generated). Returns `logits` itself where none
+ * applies, else a processed copy. */
+export function processLogits(logits, seen, newTokens, { repetitionPenalty = 1, minNewTokens = 0, eosIds = new Set(), banned = [] } = {}) {
   const penalise = seen && repetitionPenalty !== 1;
   const mask = newTokens < minNewTokens && eosIds.size > 0;
-  if (!penalise && !mask) return logits;
+  if (!penalise && !mask && banned.length === 0) return logits;
   const out = Float32Array.from(logits);
   if (penalise) {
     const p = Math.fround(repetitionPenalty);
@@ -395,7 +396,35 @@ export function processLogits(logits, seen, newTokens, { repetitionPenalty = 1, 
     }
   }
   if (mask) for (const id of eosIds) if (id >= 0 && id < out.length) out[id] = -Infinity;
+  for (const id of banned) if (id >= 0 && id < out.length) out[id] = -Infinity;
   return out;
+}
+
+/** The n-grams of a growing sequence, for Hugging Face's no_repeat_ngram_size (as the Python runtime's NGrams):
+ * banned() is the ids that would complete an n-gram the sequence already holds; one step costs O(n). */
+export class NGrams {
+  constructor(n, ids = []) {
+    this.n = n;
+    this.ids = [];
+    this.next = new Map(); // the (n - 1)-gram's ids joined by "," -> the ids seen after it, in order
+    for (const id of ids) this.add(id);
+  }
+
+  add(id) {
+    this.ids.push(id);
+    const n = this.n, len = this.ids.length;
+    if (len < n) return;
+    const key = this.ids.slice(len - n, len - 1).join(",");
+    let after = this.next.get(key);
+    if (!after) this.next.set(key, (after = new Set()));
+    after.add(id);
+  }
+
+  banned() {
+    const n = this.n, len = this.ids.length;
+    if (len + 1 < n) return [];
+    return Array.from(this.next.get(this.ids.slice(len - n + 1).join(",")) ?? []);
+  }
 }
 
 // ---- sampling ---------------------------------------------------------------------------------
@@ -1021,7 +1050,7 @@ export class Conversation {
    * Stream the continuation of `prompt` (text, or an array of token ids): an async iterable of
    * {id, text} (text is "" while a character is incomplete). options: maxNewTokens (default 256),
    * temperature (0 = greedy), topK (0 = off), topP (1 = off), seed, eosId (default: every eos id of the tokenizer),
-   * repetitionPenalty (1 = off), minNewTokens (0), stop (strings: the text ends before the first; stopReason "stop"),
+   * repetitionPenalty (1 = off), noRepeatNgramSize (0 = off: no n ids in a row occur twice), minNewTokens (0), stop (strings: the text ends before the first; stopReason "stop"),
    * piece (prefill piece). Afterwards: this.text, this.ids, this.stopReason ("eos" | "length" | "stop"),
    * this.stats ({promptTokens, prefillMs, firstTokenMs, newTokens, decodeTokens, decodeMs, decodeTokensPerS}).
    * The returned object also has toArray() (all tokens) and done() (the text).
@@ -1043,11 +1072,12 @@ export class Conversation {
     return iterable;
   }
 
-  async *_stream(prompt, { maxNewTokens = 256, eosId, piece, repetitionPenalty = 1, minNewTokens = 0, stop = [], ...sampling } = {}) {
+  async *_stream(prompt, { maxNewTokens = 256, eosId, piece, repetitionPenalty = 1, noRepeatNgramSize = 0, minNewTokens = 0, stop = [], ...sampling } = {}) {
     const model = this.model;
     const opts = samplingOptions(sampling);
     if (!(Number.isInteger(maxNewTokens) && maxNewTokens >= 0)) throw new EdgelinError(`maxNewTokens must be an integer >= 0, got ${maxNewTokens}`);
     if (!(Number.isFinite(repetitionPenalty) && repetitionPenalty > 0 && repetitionPenalty <= 100)) throw new EdgelinError(`repetitionPenalty must be in (0, 100] (1 = off; 1.1-1.3 discourages repeats), got ${repetitionPenalty}`);
+    if (!(Number.isInteger(noRepeatNgramSize) && noRepeatNgramSize >= 0 && noRepeatNgramSize <= 4096)) throw new EdgelinError(`noRepeatNgramSize must be an integer in [0, 4096] (0 = off; n bans any id that would repeat an n-gram), got ${noRepeatNgramSize}`);
     if (!(Number.isInteger(minNewTokens) && minNewTokens >= 0)) throw new EdgelinError(`minNewTokens must be an integer >= 0 (eos is masked until this many tokens were generated), got ${minNewTokens}`);
     const stops = typeof stop === "string" ? [stop] : Array.from(stop);
     if (stops.some((x) => typeof x !== "string" || x === "")) throw new EdgelinError("stop must be a list of non-empty strings");
@@ -1062,6 +1092,7 @@ export class Conversation {
     if (stops.length && !decoder) throw new EdgelinError("stop strings need text: this export has no tokenizer");
     const random = rng(opts.seed);
     const seen = repetitionPenalty !== 1 ? new Set(ids) : null; // the ids of this prompt and of what it generates
+    const grams = noRepeatNgramSize > 0 ? new NGrams(noRepeatNgramSize, ids) : null; // the same sequence's n-grams
     let held = ""; // decoded text not yet released (it may still be the start of a stop string)
     this.text = "";
     this.ids = [];
@@ -1080,7 +1111,7 @@ export class Conversation {
     let first = null;
     for (;;) {
       if (!logits.every(Number.isFinite)) throw new EdgelinError("the logits became NaN/infinite; the model or its state has overflowed -- start from a fresh state");
-      const id = sample(processLogits(logits, seen, stats.newTokens, { repetitionPenalty, minNewTokens, eosIds: eos }), opts, random);
+      const id = sample(processLogits(logits, seen, stats.newTokens, { repetitionPenalty, minNewTokens, eosIds: eos, banned: grams ? grams.banned() : [] }), opts, random);
       const t = now();
       if (first === null) { first = t; stats.firstTokenMs = t - start; }
       stats.decodeMs = t - first;
@@ -1089,6 +1120,7 @@ export class Conversation {
       stats.decodeTokensPerS = stats.decodeMs > 0 ? (stats.decodeTokens * 1000) / stats.decodeMs : NaN;
       this.state.pending = id;
       if (seen) seen.add(id);
+      if (grams) grams.add(id);
       if (eos.has(id)) {
         this.stopReason = "eos";
         this.eosId = id;

@@ -271,6 +271,7 @@ CASES = {
     "generate/top-k-negative": Case(["generate", EX, "-p", "Hi", "--top-k", "-1"], "top_k"),
     "generate/negative-seed": Case(["generate", EX, "-p", "Hi", "--seed", "-3"], "seed"),
     "generate/empty-stop": Case(["generate", EX, "-p", "Hi", "--stop", ""], "stop"),
+    "generate/negative-ngram": Case(["generate", EX, "-p", "Hi", "--no-repeat-ngram-size", "-1"], "no_repeat_ngram_size must be an integer in [0, 4096]"),
     "generate/provider-unknown": Case(["generate", EX, "-p", "Hi", "--provider", "tpu"], "provider must be"),
     "generate/threads-zero": Case(["generate", EX, "-p", "Hi", "--threads", "0"], "threads"),
     "generate/state-out-folder": Case(["generate", EX, "-p", "Hi", "--state-out", "docs"], "is a folder"),
@@ -300,6 +301,7 @@ CASES = {
     "demo/negative-max-new-tokens": Case(["demo", "-n", "-5"], "max_new_tokens must be an integer in [0,"),
     "demo/negative-temperature": Case(["demo", "--temperature", "-1"], "temperature must be a number in [0, 100]"),
     "demo/zero-top-p": Case(["demo", "--top-p", "0"], "top_p must be a number in (0, 1]"),
+    "demo/huge-ngram": Case(["demo", "--no-repeat-ngram-size", "99999"], "no_repeat_ngram_size must be an integer in [0, 4096]"),
     # bench (fails before any work; the default --out is in the working folder and must not appear)
     "bench/out-is-a-file": Case(["bench", CK, "--out", "file.txt"], "'file.txt' is a file"),
     "bench/out-under-a-file": Case(["bench", CK, "--out", "file.txt/x"], "not a folder"),

@@ -1,6 +1,6 @@
-"""The generation controls hold Hugging Face ``generate``'s semantics: the repetition penalty's processed logits
-equal transformers' ``RepetitionPenaltyLogitsProcessor`` bit for bit, and greedy ids with a penalty, min_new_tokens
-and a list of eos ids equal ``model.generate`` on a tiny transformers model (driven through edgelin's Generator
+"""The generation controls hold Hugging Face ``generate``'s semantics: the repetition penalty's and the n-gram ban's
+processed logits equal transformers' ``RepetitionPenaltyLogitsProcessor`` and ``NoRepeatNGramLogitsProcessor`` bit for
+bit, and greedy ids with a penalty, no_repeat_ngram_size, min_new_tokens and a list of eos ids equal ``model.generate`` on a tiny transformers model (driven through edgelin's Generator
 by a session that runs that same model). transformers runs in a child process with triton hidden (with triton
 installed it picks GPU kernels and fails on a CPU-only machine), so nothing leaks into the test process."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from edgelin.errors import RuntimeInputError
 from edgelin.runtime import Generator
-from edgelin.runtime.generate import process_logits
+from edgelin.runtime.generate import NGrams, process_logits
 
 CHILD = textwrap.dedent(r'''
     import json, sys
@@ -25,8 +25,8 @@ CHILD = textwrap.dedent(r'''
     import numpy as np
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
-    from edgelin.runtime.generate import Generator, process_logits
+    from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+    from edgelin.runtime.generate import Generator, NGrams, process_logits
 
     torch.manual_seed(0)
     out = {"processor": []}
@@ -38,6 +38,18 @@ CHILD = textwrap.dedent(r'''
         want = RepetitionPenaltyLogitsProcessor(penalty)(torch.from_numpy(ids), torch.from_numpy(logits.copy())).numpy()
         got = process_logits(logits, [np.unique(r) for r in ids], [0, 0, 0], repetition_penalty=penalty)
         out["processor"].append({"equal": bool(np.array_equal(got, want)), "changed": int((got != logits).sum())})
+    out["ngram"] = []
+    for n in (1, 2, 3, 5):
+        for length in (n - 2, n - 1, n, 40):  # no n-gram yet / the first one possible / long sequences with repeats
+            if length < 0:
+                continue
+            logits = rng.standard_normal((3, 6)).astype(np.float32)
+            ids = rng.integers(0, 6, (3, length))
+            if length == 40:  # a sequence twice over: its last (n-1)-gram ended the first copy, so an id is banned
+                ids[:, 20:] = ids[:, :20]
+            want = NoRepeatNGramLogitsProcessor(n)(torch.from_numpy(ids), torch.from_numpy(logits.copy())).numpy()
+            got = process_logits(logits, [], [0, 0, 0], banned=[NGrams(n, r.tolist()).banned() for r in ids])
+            out["ngram"].append({"equal": bool(np.array_equal(got, want)), "changed": int((got != logits).sum()), "n": n, "length": length})
 
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -73,7 +85,9 @@ CHILD = textwrap.dedent(r'''
     for prompt, kw in (([5, 9, 9, 3], dict(repetition_penalty=1.5, max_new_tokens=40)),
                        ([7, 11], dict(repetition_penalty=1.2, max_new_tokens=30, min_new_tokens=12)),
                        ([4, 4, 4, 4, 8], dict(repetition_penalty=1.0, max_new_tokens=30)),
-                       ([3, 1, 4, 1, 5], dict(repetition_penalty=0.8, max_new_tokens=25))):
+                       ([3, 1, 4, 1, 5], dict(repetition_penalty=0.8, max_new_tokens=25)),
+                       ([4, 4, 4, 4, 8], dict(repetition_penalty=1.0, no_repeat_ngram_size=2, max_new_tokens=30)),
+                       ([5, 9, 9, 3], dict(repetition_penalty=1.1, no_repeat_ngram_size=3, max_new_tokens=40, min_new_tokens=10))):
         for eos in ([2], [2, 13, 17, 21, 25]):
             with torch.no_grad():
                 ref = model.generate(torch.tensor([prompt]), do_sample=False, eos_token_id=eos, pad_token_id=0, **kw)[0, len(prompt):].tolist()
@@ -97,6 +111,26 @@ def test_processed_logits_equal_transformers_repetition_penalty(transformers_run
         assert case["equal"] and case["changed"] > 0
 
 
+def test_processed_logits_equal_transformers_no_repeat_ngram(transformers_run):
+    cases = transformers_run["ngram"]
+    assert all(case["equal"] for case in cases), [c for c in cases if not c["equal"]]
+    # not vacuous: every n bans something on the long rows; nothing is banned before a first n-gram can repeat
+    assert all(c["changed"] > 0 for c in cases if c["length"] == 40)
+    assert all(c["changed"] == 0 for c in cases if c["length"] < c["n"] and c["n"] > 1)
+
+
+def test_ngrams_equal_a_scan_of_the_sequence():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 4):
+        seq = rng.integers(0, 5, 60).tolist()
+        grams = NGrams(n, seq[:3])
+        for t in range(3, len(seq)):
+            tail = tuple(seq[t - n + 1:t]) if n > 1 else ()
+            want = [] if t + 1 < n else sorted({seq[i + n - 1] for i in range(t - n + 1) if tuple(seq[i:i + n - 1]) == tail})
+            assert sorted(grams.banned()) == want, (n, t)
+            grams.add(seq[t])
+
+
 def test_greedy_ids_equal_transformers_generate(transformers_run):
     runs = transformers_run["generate"]
     for run in runs:
@@ -107,8 +141,12 @@ def test_greedy_ids_equal_transformers_generate(transformers_run):
     short = [run for run in runs if run["kw"].get("min_new_tokens")]
     masked = [i for i, t in enumerate(short[0]["ref"][:12]) if t in short[1]["eos"]]
     assert masked and short[1]["stop"] == "eos" and len(short[1]["ref"]) > 12
-    plain = [run["ref"] for run in runs if run["kw"]["repetition_penalty"] == 1.0]
+    plain = [run["ref"] for run in runs if run["kw"]["repetition_penalty"] == 1.0 and "no_repeat_ngram_size" not in run["kw"]]
     assert any(len(set(r)) < len(r) / 2 for r in plain)  # without a penalty the tiny model loops
+    # ... and with the n-gram ban on the same prompt it does not repeat a bigram
+    banned = next(run["ref"] for run in runs if run["kw"].get("no_repeat_ngram_size") == 2)
+    bigrams = list(zip([4, 4, 4, 4, 8] + banned, ([4, 4, 4, 4, 8] + banned)[1:]))[4:]
+    assert len(set(bigrams)) == len(bigrams) and banned != plain[0]
 
 
 def test_process_logits_min_new_tokens_masks_every_eos():
@@ -129,6 +167,8 @@ def test_penalty_keeps_the_logits_dtype():
     (dict(repetition_penalty=0), r"repetition_penalty must be a number in \(0, 100.0\]"),
     (dict(repetition_penalty=float("nan")), "repetition_penalty"),
     (dict(min_new_tokens=-1), "min_new_tokens must be an integer"),
+    (dict(no_repeat_ngram_size=-2), "no_repeat_ngram_size must be an integer"),
+    (dict(no_repeat_ngram_size=2.5), "no_repeat_ngram_size must be an integer"),
     (dict(eos_id="2"), "eos_id must be a token id or a list"),
     (dict(eos_id=[2, -1]), "eos_id must be an integer >= 0"),
 ])

@@ -30,8 +30,10 @@ TEXTS = ["Hello world, this is a test.", " leading space and  two", "Emoji ğŸ˜€ğ
          "def f(x):\n\treturn x  # done\n", ""]
 PROMPT, N = "The quick brown", 24
 # Hugging Face generate's controls, as the Python runtime takes them; JS_NAMES: the JavaScript runtime's names
-CONTROLS = [{}, {"repetition_penalty": 1.3}, {"repetition_penalty": 0.7, "min_new_tokens": 20}, {"min_new_tokens": N}]
-JS_NAMES = {"repetition_penalty": "repetitionPenalty", "min_new_tokens": "minNewTokens", "stop": "stop"}
+CONTROLS = [{}, {"repetition_penalty": 1.3}, {"repetition_penalty": 0.7, "min_new_tokens": 20}, {"min_new_tokens": N},
+            {"no_repeat_ngram_size": 2}, {"no_repeat_ngram_size": 3, "repetition_penalty": 1.1}]
+JS_NAMES = {"repetition_penalty": "repetitionPenalty", "min_new_tokens": "minNewTokens", "stop": "stop",
+            "no_repeat_ngram_size": "noRepeatNgramSize"}
 
 
 def _streams(tok, rng) -> list[list[int]]:

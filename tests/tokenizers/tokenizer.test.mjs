@@ -50,7 +50,7 @@ test("streamed text is released token for token as the Python runtime releases i
 });
 
 test("generation from a text prompt gives the Python runtime's ids and text, with generate's controls", { skip: why ?? false }, async () => {
-  let penalised = 0;
+  let penalised = 0, banned = 0;
   for (const c of cases.exports) {
     const model = await open(c.dir);
     for (const run of c.generate) {
@@ -60,10 +60,13 @@ test("generation from a text prompt gives the Python runtime's ids and text, wit
       assert.deepEqual(chat.ids, run.ids, what);
       assert.equal(text, run.text, what);
       assert.equal(chat.stopReason, run.stop, what);
-      if (run.options.repetitionPenalty && JSON.stringify(run.ids) !== JSON.stringify(c.generate[0].ids)) penalised += 1;
+      const changed = JSON.stringify(run.ids) !== JSON.stringify(c.generate[0].ids);
+      if (run.options.repetitionPenalty && changed) penalised += 1;
+      if (run.options.noRepeatNgramSize && changed) banned += 1;
     }
   }
   assert.ok(penalised > 0, "no repetition penalty changed a generation: the cases test nothing");
+  assert.ok(banned > 0, "no n-gram ban changed a generation: the cases test nothing");
 });
 
 test("processLogits is Hugging Face's repetition penalty and min_new_tokens", { skip: false }, () => {
@@ -71,6 +74,23 @@ test("processLogits is Hugging Face's repetition penalty and min_new_tokens", { 
   const out = edgelin.processLogits(logits, new Set([0, 1, 4]), 0, { repetitionPenalty: 2, minNewTokens: 1, eosIds: new Set([4]) });
   assert.deepEqual(Array.from(out), [1, -4, 0.5, -0.5, -Infinity]);
   assert.equal(edgelin.processLogits(logits, null, 5, { minNewTokens: 1, eosIds: new Set([4]) }), logits); // nothing to do: the same array
+});
+
+test("NGrams bans what would repeat an n-gram, as a scan of the sequence does (Python: NGrams)", { skip: false }, () => {
+  let x = 7;
+  const seq = Array.from({ length: 60 }, () => ((x = (x * 1103515245 + 12345) % 2147483648) >> 16) % 4);
+  for (const n of [1, 2, 3, 4]) {
+    const grams = new edgelin.NGrams(n, seq.slice(0, 3));
+    for (let t = 3; t < seq.length; t += 1) {
+      const tail = seq.slice(t - n + 1, t).join(",");
+      const want = new Set();
+      if (t + 1 >= n) for (let i = 0; i + n - 1 < t; i += 1) if (seq.slice(i, i + n - 1).join(",") === tail) want.add(seq[i + n - 1]);
+      assert.deepEqual(grams.banned().sort(), Array.from(want).sort(), `n ${n} at ${t}`);
+      grams.add(seq[t]);
+    }
+  }
+  const out = edgelin.processLogits(Float32Array.from([1, 2, 3]), null, 0, { banned: [0, 2] });
+  assert.deepEqual(Array.from(out), [-Infinity, 2, -Infinity]);
 });
 
 test("the package is imported by name where node can resolve it", { skip: why ?? false }, async () => {
