@@ -172,6 +172,7 @@ def build_model(args):
         chunk_size=args.chunk_size, conv_size=0 if args.softmax else args.conv_size, cosformer_horizon=args.cosformer_horizon,
         decay="none" if args.softmax else args.decay, gate_rank=args.gate_rank,
         update="additive" if args.softmax else args.update,
+        attn_layers=() if args.softmax else tuple(args.attn_layers),
     )
     if args.softmax:
         from edgelin.softmax import SoftmaxLM
@@ -196,7 +197,8 @@ def train(args) -> dict:
     model = build_model(args)
     kind = "softmax (RoPE)" if args.softmax else (
         f"linear, feature map {args.feature_map}, normalisation {args.normalisation}, conv_size {args.conv_size}, "
-        f"decay {args.decay}" + (f", update {args.update}" if args.update != "additive" else ""))
+        f"decay {args.decay}" + (f", update {args.update}" if args.update != "additive" else "")
+        + (f", softmax attention (RoPE) at layers {list(args.attn_layers)}" if args.attn_layers else ""))
     n_params = model.num_parameters()
     print(f"model: {kind}; {n_params:,} parameters", flush=True)
     print(f"data: {len(code_train):,} code + {len(topics_train):,} topic bytes for training (topics weight "
@@ -277,6 +279,8 @@ def parse_args(argv=None):
     p.add_argument("--gate-rank", type=int, default=16, help="decay gla: rank of the low-rank gate projection")
     p.add_argument("--update", default="additive",
                    help="how the state is written: additive, or delta (the delta rule; with --decay scalar: Gated DeltaNet; needs --normalisation none)")
+    p.add_argument("--attn-layers", type=lambda v: [int(x) for x in v.split(",") if x.strip()], default=[], metavar="I,J",
+                   help="a hybrid: softmax attention (RoPE, a KV cache) at these layers (0-based, e.g. 1), linear attention elsewhere")
     p.add_argument("--cosformer-horizon", type=int, default=16384, help="cosformer: M in cos(pi/2 (i - j) / M)")
     p.add_argument("--topics-weight", type=float, default=0.1, help="share of training windows drawn from the pydoc topics")
     p.add_argument("--steps", type=int, default=2000)

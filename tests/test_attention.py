@@ -311,3 +311,32 @@ def test_exported_kv_cache_after_1k_tokens_matches_float64(hybrid_export):
         assert rel_l2(got[f"state.1.{name}"], want[f"1.{name}"].numpy()) < 1e-5
     assert np.abs(last[0] - want_logits[0, -1].numpy()).max() < 1e-4
     assert got["state.1.pos"].tolist() == [1000]
+
+
+@pytest.mark.parametrize("precision, state_dtype", [("fp16", "float32"), ("fp16", "float16"), ("int8", "float32"), ("int4", "float32")])
+@torch.no_grad()
+def test_a_hybrid_exports_in_every_precision(export_of, precision, state_dtype):
+    """A hybrid (a KV cache among linear layers) in fp16 (with fp32 or fp16 states, KV cache included), int8 and int4:
+    the export's smoke check (ONNX Runtime vs PyTorch within the precision's budgets) passes, and the graphs decode
+    on through the runtime with a cache that grows, in the state's declared dtype."""
+    import edgelin.runtime as rt
+    from edgelin.runtime import Manifest
+
+    m = hybrid(attn_window=0, max_positions=1100)
+    out = export_of(m, {"test_attention.hybrid": m.model_config()}, label=f"hybrid-{precision}-{state_dtype}",
+                    precision=precision, state_dtype=state_dtype)  # the smoke check runs (and raises on failure)
+    manifest = Manifest.load(out)
+    assert manifest.precision == precision and manifest.grows
+    s = rt.load(out, provider="cpu")
+    state = s.new_state(2)
+    ids = tokens(2, 40, seed=5)
+    want, _ = m(ids)
+    got = [s.prefill(ids[:, :32].numpy(), state, chunk=16)] + [s.decode(ids[:, t : t + 1].numpy(), state) for t in range(32, 40)]
+    assert state.past == 40
+    arrays = state.numpy()
+    assert arrays["state.1.key"].shape == (2, 1, 40, 16)
+    assert arrays["state.1.key"].dtype == np.dtype(state_dtype)
+    got = np.concatenate(got, 1)
+    assert np.isfinite(got).all()
+    # the greedy choice mostly agrees with the fp32 model (a loose sanity bound; the budgets are the smoke check's)
+    assert (got.argmax(-1) == want.numpy().argmax(-1)).mean() > 0.8

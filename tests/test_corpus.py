@@ -100,3 +100,14 @@ def test_the_recipe_builds_a_delta_rule_model():
                                     "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--head-dim", "16"]))
     assert model.cfg.update == "delta" and model.cfg.decay == "scalar"
     assert build_model(parse_args(["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--head-dim", "16"])).cfg.update == "additive"
+
+
+def test_the_recipe_builds_a_hybrid():
+    """``--attn-layers 1`` (the kernel-choice table's hybrid row) puts softmax attention at layer 1 and linear elsewhere."""
+    from edgelin.models.train import build_model, parse_args
+
+    small = ["--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--head-dim", "16"]
+    model = build_model(parse_args(["--decay", "scalar", "--attn-layers", "1", *small]))
+    assert model.cfg.attn_layers == (1,) and model.cfg.decay == "scalar"
+    assert [spec.key for spec in model.state_specs() if "key" in spec.key or "value" in spec.key]  # a KV cache in the state
+    assert build_model(parse_args(small)).cfg.attn_layers == ()
