@@ -12,6 +12,7 @@ import click
 
 from edgelin import __version__
 from edgelin.cli_common import OneLineGroup, fail, progress, user_errors
+from edgelin.errors import EdgelinError
 from edgelin.parity import BUDGETS  # one precision per budget table (numpy only)
 from edgelin.demo import DEFAULT_PROMPTS, DEFAULT_SAMPLING  # constants only (the demo module loads torch lazily)
 
@@ -121,14 +122,18 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
               help="For a transformers or fla checkpoint, also run that framework's own model (in a subprocess, on CPU) "
                    "and compare it with edgelin's import and with the graphs. auto: where the framework is installed; "
                    "required: refuse to run without it; off: skip.")
+@click.option("--kv", "kv_lengths", default="1024,16384", show_default=True, metavar="LENGTHS",
+              help="For a model with a KV cache (a hybrid): prompt lengths after which the cache and every state are "
+                   "compared with a float64 PyTorch run (comma list; 0 = none). Lengths past the model's context are n/a.")
 @user_errors
-def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force, budgets, upstream):
+def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force, budgets, upstream, kv_lengths):
     """Check that EXPORT_DIR computes what its PyTorch checkpoint computes.
 
     \b
     Checks: structure (manifest <-> graphs, metadata, weights hash), prefill vs PyTorch, decode vs
     PyTorch step by step, prefill vs decode, each provider vs CPU, a long decode stream vs float64
-    PyTorch, greedy generation. Every failure is reported with where it diverged first.
+    PyTorch, a hybrid's KV cache after 1k and 16k tokens vs float64 PyTorch, greedy generation. Every
+    failure is reported with where it diverged first.
 
     \b
     For a Hugging Face transformers or fla checkpoint, "PyTorch" above is edgelin's import of it. The
@@ -152,10 +157,15 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
     from edgelin.validate import REPORT_FILE, validate
 
     overrides = parity.overrides_of(budgets)  # a bad --budget is refused before anything runs
+    try:
+        kv = [int(x) for x in kv_lengths.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise EdgelinError(f"--kv takes prompt lengths separated by commas (e.g. 1024,16384; 0 = none), got {kv_lengths!r}") from None
+    kv = [] if kv == [0] else kv
     if json_path is not None:  # before the checks run: a bad path must not cost the report
         check_output_file(json_path, "report file", overwrite=force, ours=REPORT_FILE)
     report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress,
-                      budget=overrides, upstream=upstream)
+                      budget=overrides, upstream=upstream, kv=kv)
     click.echo(report.table())
     if json_path:
         report.write_json(json_path, overwrite=force)

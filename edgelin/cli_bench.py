@@ -6,7 +6,7 @@ import click
 
 from edgelin.cli_common import fail, progress, user_errors
 
-SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering"
+SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering, hybrid"
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -58,6 +58,10 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 (llama-bench tg128) and prefill (pp512, pp4096) tokens/s, alternating rounds;
                 greedy ids of both vs transformers. Needs EDGELIN_LLAMA_CPP=DIR/llama.cpp from
                 `bash scripts/llamacpp_build.sh DIR` (minutes); skipped, with why, without it
+      hybrid    LinearLM stacks of the bundled model's size (random weights): every layer linear,
+                the last layer softmax attention with a KV cache, every layer softmax; decode ms
+                per token at batch 1 at context positions 1k, 16k and 64k (state built there),
+                and the state's MB at each
 
     Writes OUT/bench.json (atomically) and OUT/*.png (if matplotlib is installed: pip install
     'edgelin[plots]'); prints the table to stdout and progress to stderr. The table opens with
@@ -72,6 +76,7 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
       edgelin bench out/ --section decode --section floor --threads 2
       edgelin bench --section fla
       edgelin bench --section decay
+      edgelin bench --section hybrid --threads 1
       edgelin bench --section precision --provider cuda
       EDGELIN_LLAMA_CPP=/opt/llama/llama.cpp edgelin bench --section llamacpp
     """

@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -45,6 +45,7 @@ from edgelin.state import from_numpy, fresh_state
 from edgelin.threads import torch_threads
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
+KV_LENGTHS = (1024, 16384)  # a KV cache (and every other state) after prompts this long vs float64 (the "kv" group)
 REPORT_FORMAT = "edgelin-validate/1"  # the report's own format key: how a later --json recognises a report edgelin wrote
 REPORT_FILE = json_format("edgelin-validate/", "an edgelin validate report (JSON with format edgelin-validate/1)")
 Progress = Callable[[str], None]
@@ -327,6 +328,34 @@ class _Validator:
         self.add(Check.of("long", f"{steps} steps vs float64", not where, worst, lb, where))
         return curve
 
+    # ---- 6b. a growing state (KV cache) after long prompts vs float64 ------------------------------
+    def kv_cache(self, session: Session, lengths: Sequence[int]) -> None:
+        """A model with a KV cache: a prompt of each length prefilled through the graphs in the runtime's pieces; every
+        state (the caches: keys after RoPE, values; and the linear layers' states) against the float64 PyTorch model
+        run over the same ids in pieces (its attention is SDPA in float64), and the last position's logits (the
+        long-stream budget). Lengths past the model's declared context are not run (n/a, saying why)."""
+        sb, lb = self.budgets["state"], self.budgets["long"]
+        model64 = copy.deepcopy(self.model).double().eval()
+        piece = self.manifest.prefill_piece
+        for L in lengths:
+            name = f"{L:,} tokens prefilled vs float64"
+            limit = self.manifest.max_positions
+            if limit is not None and L > limit:
+                self.add(Check("kv", name, NA, where=f"past the model's context of {limit:,} positions (max_positions)"))
+                continue
+            ids = self.ids(1, L)
+            state = session.new_state(1)
+            last = session.prefill(ids, state, last_only=True)  # the runtime's default: pieces of prefill_piece
+            ref_state = fresh_state(self.specs, 1, dtype=torch.float64)
+            with torch.no_grad():
+                for a in range(0, L, piece):
+                    ref, ref_state = model64(torch.from_numpy(ids[:, a : a + piece]), ref_state)
+            e = _errors(last, ref[:, -1].numpy())
+            state_rel, bad_state = self.compare_states(state.numpy(), ref_state, sb)
+            ok = parity.within(e, lb) and not bad_state
+            where = "" if ok else (_nonfinite(last, "ORT logits") or bad_state or f"last logits out of budget: {_said(e)}")
+            self.add(Check.of("kv", name, ok, e, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
+
     # ---- 7. behaviour --------------------------------------------------------------------------
     def behaviour(self, session: Session, k: int) -> None:
         if self.budgets["greedy"]["min_agreement"] >= 1.0:  # exact greedy equality (fp32); else see greedy_agreement
@@ -588,6 +617,7 @@ def validate(
     heldout_bytes: int = 8192,
     budget=None,
     upstream: str = "auto",
+    kv: Sequence[int] = KV_LENGTHS,
 ) -> Report:
     """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a model that follows
     edgelin.protocol, or None = the bundled model).
@@ -604,9 +634,13 @@ def validate(
     same ids and compare it with the import and with the graphs (the "upstream" group; edgelin.upstream). "auto": where
     the framework is installed (otherwise the group says what it could not compare and how to enable it); "required":
     an EdgelinError before anything runs where it cannot be made; "off": not at all.
+
+    ``kv``: for a model with a KV cache (a hybrid), prompt lengths whose cache (and every other state) after the
+    prompt is compared with the float64 model's (the "kv" group; default 1k and 16k, each within the model's declared
+    context; () for none). Costs a float64 PyTorch run over each prompt.
     """
     with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1):
-        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget, upstream)
+        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget, upstream, kv)
 
 
 def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
@@ -617,13 +651,16 @@ def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, fl
 
 
 def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192, budget=None,
-              upstream="auto") -> Report:
+              upstream="auto", kv=KV_LENGTHS) -> Report:
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
     for name, value, low, high in (("steps", steps, 1, 100_000), ("long", long, 0, 1_000_000), ("threads", threads, 1, 256),
                                    ("seed", seed, 0, 2**63 - 1), ("heldout_bytes", heldout_bytes, 514, 1 << 24)):
         check_int(name, value, low=low, high=high, error=EdgelinError)
+    if isinstance(kv, (str, bytes)) or not isinstance(kv, Sequence):
+        raise EdgelinError(f"kv must be a list of prompt lengths, got {kv!r}")
+    kv = [check_int("kv length", n, low=1, high=1 << 20, error=EdgelinError) for n in kv]
     export_dir = Path(export_dir)
     manifest = Manifest.load(export_dir)
     budgets, overrides = budgets_for(manifest, budget)
@@ -700,6 +737,9 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     if long:
         say(f"long stream: {long} decode steps vs float64 PyTorch ...")
         report.drift = v.long_stream(cpu, long)
+    if manifest.grows and kv:
+        say(f"KV cache after {', '.join(f'{n:,}' for n in kv)} tokens vs float64 PyTorch ...")
+        v.kv_cache(cpu, kv)
     say("behaviour ...")
     v.behaviour(cpu, k=32)
     say(f"precision ({manifest.precision}) vs fp32 PyTorch: greedy agreement, held-out bits/byte ...")

@@ -340,3 +340,52 @@ def test_a_hybrid_exports_in_every_precision(export_of, precision, state_dtype):
     assert np.isfinite(got).all()
     # the greedy choice mostly agrees with the fp32 model (a loose sanity bound; the budgets are the smoke check's)
     assert (got.argmax(-1) == want.numpy().argmax(-1)).mean() > 0.8
+
+
+def _kv_checks(report):
+    return [c for c in report.checks if c.group == "kv"]
+
+
+def test_validate_checks_the_kv_cache_after_long_prompts(hybrid_export):
+    """validate's kv group on a hybrid whose context is 1,100: the cache after 1,024 tokens (prefilled in the runtime's
+    pieces) against the float64 model passes; 16,384 is past the context and says so; a cache written wrong after
+    long prompts (the key cache of layer 1 off by 1e-3 relative, as a RoPE bug at large positions would be) fails,
+    naming the layer and the state, while every other check passes."""
+    from edgelin.runtime.session import Session
+    from edgelin.runtime.state import State
+    from edgelin.validate import validate
+
+    m, out = hybrid_export
+    report = validate(out, m, steps=8, kv=(1024, 16384))
+    kv = _kv_checks(report)
+    assert [(c.name, c.status) for c in kv] == [("1,024 tokens prefilled vs float64", "pass"), ("16,384 tokens prefilled vs float64", "n/a")]
+    assert "past the model's context of 1,100" in kv[1].where and report.passed
+    assert _kv_checks(validate(out, m, steps=8, kv=())) == []
+
+    real = Session.prefill
+
+    def skewed(self, input_ids, state, **kw):
+        logits = real(self, input_ids, state, **kw)
+        if state.past >= 1000:  # only the long prompts: the other checks prefill at most a few chunks
+            arrays = state.numpy()
+            arrays["state.1.key"] = arrays["state.1.key"] * np.float32(1 + 1e-3)
+            state.__dict__.update(State.from_arrays(self.manifest, arrays).__dict__)  # the same State, its values replaced
+        return logits
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Session, "prefill", skewed)
+        bad = validate(out, m, steps=8, kv=(1024,))
+    kv = _kv_checks(bad)
+    assert kv[0].status == "fail" and "layer 1, state key" in kv[0].where, kv[0]
+    assert all(c.status != "fail" for c in bad.checks if c.group != "kv")
+
+
+@torch.no_grad()
+def test_validate_checks_a_full_kv_cache_after_16k_tokens(export_of):
+    """A hybrid without a context limit: its KV cache after 16,384 tokens (in the runtime's pieces) against float64."""
+    from edgelin.validate import validate
+
+    m = hybrid(seed=1)
+    out = export_of(m, {"test_attention.hybrid": m.model_config(), "seed": 1}, label="hybrid-unbounded", check=False)
+    kv = _kv_checks(validate(out, m, steps=4, kv=(16384,)))
+    assert [(c.name, c.status) for c in kv] == [("16,384 tokens prefilled vs float64", "pass")], kv

@@ -475,6 +475,29 @@ def test_decay_section_quick(tmp_path):
     assert "6. decay" in report.table() and "in calls of 64 tokens" in report.table()
 
 
+def test_hybrid_section_quick(tmp_path):
+    """Linear, hybrid and softmax stacks of one size decoded at each position of the plan: every figure positive, the
+    states as the manifests say (the linear one fixed, the KV caches growing with the position, the softmax
+    stack's fastest), and the hybrid's attention at its last layer only."""
+    from edgelin.bench import run_bench
+
+    report = run_bench(None, sections=["hybrid"], quick=True, threads=1, out_dir=tmp_path / "out", plots=False)
+    x = json.loads(report.json_path.read_text())["hybrid"]
+    assert x["status"] == "ok" and x["positions"] == [64, 256] and x["config"]["n_layers"] == 2
+    assert {s: v["attn_layers"] for s, v in x["stacks"].items()} == {"linear": [], "hybrid": [1], "softmax": [0, 1]}
+    assert [(r["stack"], r["position"]) for r in x["rows"]] == [(s, p) for p in (64, 256) for s in ("linear", "hybrid", "softmax")]
+    by = {(r["stack"], r["position"]): r for r in x["rows"]}
+    for r in x["rows"]:
+        positive_stats(r["decode_ms"], f"hybrid {r['stack']} at {r['position']}")
+        positive(r["decode_over_linear"], "decode_over_linear")
+    assert by[("linear", 64)]["state_bytes"] == by[("linear", 256)]["state_bytes"]
+    for stack in ("hybrid", "softmax"):
+        assert by[(stack, 256)]["state_bytes"] > by[(stack, 64)]["state_bytes"]
+    assert by[("softmax", 256)]["state_bytes"] - by[("softmax", 64)]["state_bytes"] > by[("hybrid", 256)]["state_bytes"] - by[("hybrid", 64)]["state_bytes"]
+    assert all(v["nodes"]["decode"] > 0 and v["parameters"] > 0 for v in x["stacks"].values())
+    assert "10. hybrid" in report.table()
+
+
 def test_precision_section_quick(tmp_path):
     """The model in every precision, one run: smaller on disk below fp32, every figure positive, the floor
     below the measurement; an export as the source is skipped with the reason."""

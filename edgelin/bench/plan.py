@@ -36,7 +36,9 @@ SECTIONS = ("decode", "throughput", "position", "prefill", "sweep", "floor")  # 
 #   precision  the source in fp32 / fp16 / int8 / int4: size, decode, prefill, weight-bytes floor (``precision``)
 #   llamacpp  an LFM2 and a Mamba2 transformers checkpoint: edgelin vs llama.cpp (EDGELIN_LLAMA_CPP), tokens/s, greedy ids (``llamacpp``)
 #   lowering  portable vs fused graphs (export --ops) of three models in the Python runtime, node and WASM (``lowering``)
-OPT_IN_SECTIONS = ("fla", "decay", "precision", "llamacpp", "lowering")
+#   hybrid  linear, hybrid (last layer softmax attention) and softmax stacks of one size: decode ms and state bytes
+#           against context position (``hybrid``)
+OPT_IN_SECTIONS = ("fla", "decay", "precision", "llamacpp", "lowering", "hybrid")
 ALL_SECTIONS = SECTIONS + OPT_IN_SECTIONS
 PROVIDERS = ("cpu", "auto", "cuda")
 FORMAT = "edgelin-bench/1"
@@ -93,6 +95,7 @@ class Plan:
     llama_rounds: int  # ... rounds, alternating llama-bench and edgelin
     lowering_rounds: int  # lowering section: rounds, the two lowerings interleaved (lengths: decay_lengths)
     lowering_steps: int  # ... decode steps per measurement
+    hybrid_positions: tuple[int, ...]  # hybrid section: context positions to decode at (models: decay_widths)
 
 
 FULL = Plan(
@@ -105,6 +108,7 @@ FULL = Plan(
     fla_export_repeats=3, fla_warmup=3, fla_rounds=6, fla_per_round=10, fla_time_cap_s=900.0,
     opt_in_lengths=(1024, 4096), decay_lengths=(1024, 4096, 16384), decay_widths=(256, 4, 4, 64),  # the bundled model's size
     llama_lengths=(512, 4096), llama_decode=128, llama_rounds=5, lowering_rounds=3, lowering_steps=100,
+    hybrid_positions=(1024, 16384, 65536),
 )
 QUICK = Plan(
     decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8, throughput_batches=(1, 4),
@@ -116,6 +120,7 @@ QUICK = Plan(
     fla_export_repeats=1, fla_warmup=1, fla_rounds=3, fla_per_round=2, fla_time_cap_s=600.0,
     opt_in_lengths=(64, 256), decay_lengths=(64, 256), decay_widths=(32, 1, 2, 16),
     llama_lengths=(64,), llama_decode=16, llama_rounds=1, lowering_rounds=1, lowering_steps=5,
+    hybrid_positions=(64, 256),
 )
 
 

@@ -291,6 +291,10 @@ def format_table(d: dict) -> str:
         from .lowering import lowering_lines
 
         lines += ["", *lowering_lines(d["lowering"])]
+    if "hybrid" in d:
+        from .hybrid import hybrid_lines
+
+        lines += ["", *hybrid_lines(d["hybrid"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]

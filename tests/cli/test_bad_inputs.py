@@ -218,6 +218,8 @@ CASES = {
     # validate
     "validate/missing-export": Case(["validate", "nope"], "is not a folder"),
     "validate/not-an-export": Case(["validate", "docs"], "no edgelin.json"),
+    "validate/kv-not-lengths": Case(["validate", EX, "--kv", "1k,16k"], "--kv takes prompt lengths separated by commas"),
+    "validate/kv-negative": Case(["validate", EX, "--kv", "1024,-5"], "kv length must be an integer in [1, 1,048,576]"),
     "validate/upstream-unknown-mode": Case(["validate", EX, "--checkpoint", CK, "--upstream", "sometimes"], "'sometimes' is not one of"),
     "validate/upstream-required-own-model": Case(["validate", EX, "--checkpoint", CK, "--upstream", "required"], "the checkpoint is edgelin's own model"),
     "validate/manifest-not-json": Case(["validate", EX], "not valid JSON", manifest_bytes(b"{")),
