@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -70,10 +74,54 @@ def weight_files(path: str | Path) -> list[Path]:
     return shards
 
 
-def weights_sha256(path: str | Path) -> str:
+@dataclass(frozen=True, eq=False)
+class Checkpoint:
+    """A checkpoint folder read once: its path, ``config.json`` as a dict, its ``model_type`` (None for edgelin's own
+    LinearLM), its weight files (``model.safetensors``, or the shards of an index) and, computed on first use, the
+    sha256 of its weights (the manifest's ``source``). ``open_checkpoint`` makes one; loading, importing, the
+    tokenizer's special ids and the export all read this value, not the folder again. It is a path-like of the folder."""
+
+    path: Path
+    config: dict[str, Any]
+    model_type: str | None
+    files: tuple[Path, ...]
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @cached_property
+    def sha256(self) -> str:
+        return _files_sha256(self.path, self.files)
+
+
+def open_checkpoint(path: "str | os.PathLike | Checkpoint") -> Checkpoint:
+    """The checkpoint folder ``path`` read once into a ``Checkpoint`` (a Checkpoint is returned as it is).
+    CheckpointError where it is not a checkpoint: no folder, no config.json, a pickle, no weights, a bad config."""
+    if isinstance(path, Checkpoint):
+        return path
+    from edgelin.importers import read_config
+
+    folder = _checkpoint_dir(path)
+    config = read_config(folder)
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise CheckpointError(f"{folder / CONFIG_FILE}: 'model_type' must be a string, got {model_type!r}")
+    return Checkpoint(folder, config, model_type, tuple(weight_files(folder)))
+
+
+def weights_sha256(path: "str | Path | Checkpoint") -> str:
     """sha256 of the checkpoint's weights (the manifest's ``source``): of ``model.safetensors``, or of a sharded
     checkpoint's index followed by its shards in name order."""
-    files = weight_files(path)
+    if isinstance(path, Checkpoint):
+        return path.sha256
+    return _files_sha256(Path(path), weight_files(path))
+
+
+def _files_sha256(path: Path, files) -> str:
+    files = list(files)
     if files[0].name != WEIGHTS_FILE:
         files = [Path(path) / WEIGHTS_INDEX, *files]
     digest = hashlib.sha256()
@@ -104,20 +152,23 @@ def load_config(path: str | Path) -> ModelConfig:
         raise CheckpointError(str(exc)) from None
 
 
-def load_checkpoint(path: str | Path) -> LinearLM:
-    """Load a model (eval mode, float32, CPU) from a checkpoint folder: a LinearLM, or, when config.json has a
-    ``model_type``, the model its importer builds (edgelin.importers)."""
+def load_checkpoint(path: "str | Path | Checkpoint") -> LinearLM:
+    """Load a model (eval mode, float32, CPU) from a checkpoint folder (or a ``Checkpoint`` already read): a
+    LinearLM, or, when config.json has a ``model_type``, the model its importer builds (edgelin.importers)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from edgelin.importers import foreign_model_type, import_checkpoint
+    from edgelin.importers import import_checkpoint
     from edgelin.safety import expected_shapes, header_shapes, shape_problems
 
-    if foreign_model_type(_checkpoint_dir(path)) is not None:
-        return import_checkpoint(path)
-
-    cfg = load_config(path)
-    path = Path(path)
+    ckpt = open_checkpoint(path)
+    if ckpt.model_type is not None:
+        return import_checkpoint(ckpt)
+    path = ckpt.path
+    try:
+        cfg = ModelConfig.from_dict(ckpt.config)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path / CONFIG_FILE}: {exc}") from None
     # the config is checked against the weights file's header before any memory is spent on either
     problems = shape_problems(expected_shapes(lambda: LinearLM(cfg), cfg), header_shapes(path / WEIGHTS_FILE))
     if problems:
@@ -174,4 +225,4 @@ def save_checkpoint(model: LinearLM, path: str | Path, *, overwrite: bool = Fals
     return path
 
 
-__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "WEIGHTS_INDEX", "load_checkpoint", "load_config", "model_sha256", "save_checkpoint", "weight_files", "weights_sha256"]
+__all__ = ["CONFIG_FILE", "Checkpoint", "open_checkpoint", "WEIGHTS_FILE", "WEIGHTS_INDEX", "load_checkpoint", "load_config", "model_sha256", "save_checkpoint", "weight_files", "weights_sha256"]

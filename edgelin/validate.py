@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from edgelin import parity, protocol
-from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
+from edgelin.checkpoint import load_checkpoint, model_sha256, open_checkpoint, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.parity import BUDGETS
 from edgelin.runtime import golden
@@ -167,6 +167,9 @@ class _Validator:
         self.checks: list[Check] = []
         self.rng = np.random.default_rng(seed)
         self.specs = manifest.states
+        # state key -> (layer, name), as the model built the keys (a skeleton model says so; keys are never split)
+        self.named = {key: (layer, name) for layer, keys in enumerate(model.layer_keys()) for name, key in keys.items()} \
+            if hasattr(model, "layer_keys") else {}
         self.chunk = int(manifest.extra.get("chunk_size", protocol.chunk_size(model)))
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -186,8 +189,8 @@ class _Validator:
             rel = parity.errors(got[spec.input], ref[spec.key].detach().numpy()).rel_l2
             worst = max(worst, rel)
             if rel > budget["rel_l2"] and not first_bad:
-                layer, name = spec.key.split(".", 1)
-                first_bad = f"layer {layer}, state {name} ({spec.output}): rel L2 {rel:.2e}"
+                what = f"layer {self.named[spec.key][0]}, state {self.named[spec.key][1]}" if spec.key in self.named else f"state {spec.key}"
+                first_bad = f"{what} ({spec.output}): rel L2 {rel:.2e}"
         return worst, first_bad
 
     # ---- 2. prefill vs PyTorch -----------------------------------------------------------------
@@ -669,7 +672,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         protocol.check_model(checkpoint)
         model, ckpt_path = checkpoint.float().eval(), None
     else:
-        ckpt_path = _resolve_checkpoint(manifest, checkpoint)
+        ckpt_path = open_checkpoint(_resolve_checkpoint(manifest, checkpoint))  # the folder read once: config, files, hash
         model = load_checkpoint(ckpt_path)
     chunk = manifest.extra.get("chunk_size")
     if isinstance(chunk, int) and hasattr(model, "with_chunk_size"):  # exported with --chunk-size

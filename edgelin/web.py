@@ -271,4 +271,40 @@ def serve_in_thread(site: str | os.PathLike, port: int = 0, handler: type = _Han
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-__all__ = ["SiteResult", "check_port", "find_ort_web", "find_tokenizers_js", "make_server", "serve_in_thread", "site_files", "write_site"]
+HEADLESS_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def open_headless(chromium: str, site: str | os.PathLike, query: dict, profile: str | os.PathLike, timeout: float = 240.0) -> dict | None:
+    """Open the site's page in headless Chromium with ``query`` (e.g. prompt, n, check) and ``report``: the page
+    posts its report ({state, output, decodeTokensPerS, ...}) to this server when done; returns it, or None when
+    nothing came within ``timeout`` seconds (or Chromium exited first). Tests and scripts/tokenizer_speed.py use it."""
+    import subprocess
+    import time
+    import urllib.parse
+
+    got: dict = {}
+
+    class Handler(_Handler):
+        def do_POST(self):
+            got["report"] = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            self.send_response(204)
+            self.end_headers()
+
+    server, base = serve_in_thread(site, 0, Handler)
+    url = base + PAGE + "?" + urllib.parse.urlencode({**query, "report": "/__report"})
+    proc = subprocess.Popen([chromium, *HEADLESS_FLAGS, f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        start = time.monotonic()
+        while "report" not in got and proc.poll() is None and time.monotonic() - start < timeout:
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait()
+        server.shutdown()
+        server.server_close()
+    return got.get("report")
+
+
+__all__ = ["HEADLESS_FLAGS", "SiteResult", "check_port", "find_ort_web", "find_tokenizers_js", "make_server", "open_headless",
+           "serve_in_thread", "site_files", "write_site"]

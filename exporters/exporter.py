@@ -28,7 +28,7 @@ import onnx
 import torch
 
 from edgelin import __version__, fused, parity, protocol
-from edgelin.checkpoint import load_checkpoint, model_sha256, weights_sha256
+from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256, open_checkpoint
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
@@ -94,10 +94,11 @@ def _check_options(opset: int, chunk_size: int | None) -> None:
 
 
 def _resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, str]:
-    """(model in eval mode with the requested chunk size, sha256 of its weights as safetensors)."""
-    if isinstance(source, (str, os.PathLike)):
+    """(model in eval mode with the requested chunk size, sha256 of its weights as safetensors). ``source``: a model,
+    or a ``Checkpoint`` (the folder read once)."""
+    if isinstance(source, Checkpoint):
         model = load_checkpoint(source)
-        digest = weights_sha256(source)
+        digest = source.sha256
     else:
         protocol.check_model(source)
         model, digest = source, model_sha256(source)
@@ -315,11 +316,12 @@ def export(
     tmp, created = work_dir(out_dir)
 
     try:
-        checkpoint_dir = source if isinstance(source, (str, os.PathLike)) else None
-        tokenizer_json = find_tokenizer(checkpoint_dir, tokenizer)
-        say(f"loading {source if isinstance(source, (str, os.PathLike)) else type(source).__name__}")
-        model, digest = _resolve_source(source, chunk_size)
-        tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint_dir)
+        # a checkpoint folder is read once, here: its config and weight files go on as one value
+        checkpoint = open_checkpoint(source) if isinstance(source, (str, os.PathLike)) else None
+        tokenizer_json = find_tokenizer(checkpoint, tokenizer)
+        say(f"loading {source if checkpoint is not None else type(source).__name__}")
+        model, digest = _resolve_source(checkpoint or source, chunk_size)
+        tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint)
         if tok is not None:
             say(f"tokenizer: {tokenizer_json} (" + ", ".join(f"{k} {tok.spec[k]} from {tok.sources[k]}" for k in ("bos_id", "eos_id", "pad_id") if k in tok.sources)
                 + f"; add_bos {tok.spec['add_bos']} from {tok.sources['add_bos']})")

@@ -105,6 +105,7 @@ def hf_tokenizer_entry(tokenizer_json: Path, vocab_size: int, checkpoint: str | 
         )
     tok_dir = tokenizer_json.parent
     ckpt_dir = Path(checkpoint) if checkpoint is not None and Path(checkpoint).is_dir() else None
+    read_config = getattr(checkpoint, "config", None)  # an edgelin.checkpoint.Checkpoint: its config.json, read once
     files = {TOKENIZER_FILE: tokenizer_json}
     for name in HF_FILES[1:]:
         for folder in ([tok_dir, ckpt_dir] if name != GENERATION_CONFIG else [ckpt_dir, tok_dir]):
@@ -112,7 +113,7 @@ def hf_tokenizer_entry(tokenizer_json: Path, vocab_size: int, checkpoint: str | 
                 files[name] = folder / name
                 break
     generation = _read_json(files[GENERATION_CONFIG]) if GENERATION_CONFIG in files else None
-    config = _read_json(ckpt_dir / CONFIG_FILE) if ckpt_dir is not None else None
+    config = read_config if read_config is not None else _read_json(ckpt_dir / CONFIG_FILE) if ckpt_dir is not None else None
     tok_config = _read_json(files[TOKENIZER_CONFIG]) if TOKENIZER_CONFIG in files else None
     special_map = _read_json(files[SPECIAL_TOKENS_MAP]) if SPECIAL_TOKENS_MAP in files else None
 

@@ -16,15 +16,12 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from pathlib import Path
 
 PROMPT = "def read_config(path):\n    \"\"\"Read the configuration file"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-sync"]
 
 
 def train_tokenizer(folder: Path, vocab: int) -> Path:
@@ -45,31 +42,12 @@ def train_tokenizer(folder: Path, vocab: int) -> Path:
 
 
 def chromium_run(chromium: str, site: Path, prompt: str, n: int, profile: Path, timeout: float = 300.0) -> dict:
-    from edgelin.web import _Handler, serve_in_thread
+    from edgelin.web import open_headless
 
-    got: dict = {}
-
-    class Handler(_Handler):
-        def do_POST(self):
-            got["report"] = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-            self.send_response(204)
-            self.end_headers()
-
-    server, base = serve_in_thread(site, 0, Handler)
-    url = base + "index.html?" + urllib.parse.urlencode({"prompt": prompt, "n": n, "report": "/__report"})
-    proc = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        start = time.monotonic()
-        while "report" not in got and proc.poll() is None and time.monotonic() - start < timeout:
-            time.sleep(0.1)
-    finally:
-        proc.kill()
-        proc.wait()
-        server.shutdown()
-        server.server_close()
-    if "report" not in got:
+    report = open_headless(chromium, site, {"prompt": prompt, "n": n}, profile, timeout)
+    if report is None:
         sys.exit(f"the page reported nothing within {timeout:.0f} s")
-    return got["report"]
+    return report
 
 
 def main(argv: list[str]) -> None:

@@ -31,7 +31,7 @@ from torch import nn
 
 from edgelin import parity
 from edgelin.config import ModelConfig
-from edgelin.exporters.exporter import export, export_graph
+from edgelin.exporters.exporter import DEFAULT_OPSET, export, export_graph
 from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
 from edgelin.model import LinearLM
 from edgelin.protocol import chunk_size
@@ -43,7 +43,7 @@ from edgelin.state import fresh_state, to_numpy
 from . import gqa
 from .gqa import kv_keys
 from .measure import session_options
-from .plan import DATA_SEED, SOFTMAX_SEED, BenchError, Progress, Subject
+from .plan import DATA_SEED, MODEL_SEED, SOFTMAX_SEED, BenchError, Progress, Subject
 
 PRECISION = "fp32"  # every graph exported here is float32
 EXPORT_COST = {"linear": 3, "parallel": 2, "chunk": 2, "softmax_prefill": 1, "softmax_decode": 1, "softmax_gqa": 0}  # rough relative export times
@@ -180,6 +180,22 @@ def run_exports(jobs: list[dict[str, Any]], subject: Subject, twin: SoftmaxLM | 
     config = subject.model.cfg.to_dict()
     jobs = [{**job, "config": config, "weights": str(recipes["softmax" if job["kind"].startswith("softmax") else "linear"][1])} for job in jobs]
     return _in_workers(jobs, work, say)
+
+
+def export_linear_models(configs: dict[str, ModelConfig], work: Path, say: Progress) -> tuple[dict[str, dict], dict[str, int]]:
+    """One LinearLM per named config (random weights, seed MODEL_SEED), exported and checked into ``work / name`` by
+    the export workers (rebuilt there from config + weights): (per name, the worker's result: nodes, seconds; per
+    name, the parameter count). The decay and hybrid sections' models."""
+    jobs, parameters = [], {}
+    for name, cfg in configs.items():
+        torch.manual_seed(MODEL_SEED)
+        model = LinearLM(cfg).float().eval()
+        parameters[name] = sum(p.numel() for p in model.parameters())
+        weights = work / f"{name}-weights.npz"
+        np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
+        jobs.append({"name": name, "kind": "linear", "path": str(work / name), "opset": DEFAULT_OPSET,
+                     "config": cfg.to_dict(), "weights": str(weights)})
+    return _in_workers(jobs, work, say), parameters
 
 
 def _in_workers(jobs: list[dict[str, Any]], work: Path, say: Progress) -> dict[str, dict]:

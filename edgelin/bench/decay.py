@@ -27,17 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from edgelin import config as config_module
 from edgelin.config import ModelConfig
-from edgelin.exporters.exporter import DEFAULT_OPSET
-from edgelin.model import LinearLM
 from edgelin.runtime.session import Session
 
 from . import baselines
 from .measure import interleaved, prefill_case, ratio, stats
-from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
+from .plan import DATA_SEED, Plan, Progress
 
 # The bundled model's shape (models/stdlib-linear, less its decay); the widths come from the plan.
 DECAY_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4}
@@ -72,16 +69,7 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     say(f"decay: {', '.join(names)} on LinearLM {base} (random weights) ...")
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-decay-") as tmp:
         work = Path(tmp)
-        exports, parameters = {}, {}
-        for d, cfg in configs.items():  # export jobs of LinearLM "linear" kind, rebuilt in the workers from config + weights
-            torch.manual_seed(MODEL_SEED)
-            model = LinearLM(cfg).float().eval()
-            parameters[d] = sum(p.numel() for p in model.parameters())
-            weights = work / f"{d}-weights.npz"
-            np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
-            exports[d] = {"name": d, "kind": "linear", "path": str(work / d), "opset": DEFAULT_OPSET,
-                          "config": cfg.to_dict(), "weights": str(weights)}
-        done = baselines._in_workers(list(exports.values()), work, say)
+        done, parameters = baselines.export_linear_models(configs, work, say)
         sessions = {d: Session(work / d, "cpu", threads, session_options={"inter_op_num_threads": 1}, io_binding=True) for d in names}
         rng = np.random.default_rng(DATA_SEED)
 

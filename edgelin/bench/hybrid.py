@@ -24,17 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from edgelin.config import ModelConfig
-from edgelin.exporters.exporter import DEFAULT_OPSET
-from edgelin.model import LinearLM
 from edgelin.runtime.session import Session
 from edgelin.runtime.state import State
 
 from . import baselines
 from .measure import interleaved, ratio, stats
-from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
+from .plan import DATA_SEED, Plan, Progress
 
 # The bundled model's shape (models/stdlib-linear); the widths come from the plan.
 HYBRID_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4, "decay": "scalar"}
@@ -67,16 +64,7 @@ def hybrid_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     say(f"hybrid: {', '.join(STACKS)} stacks of LinearLM {base} (random weights) ...")
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-hybrid-") as tmp:
         work = Path(tmp)
-        exports, parameters = {}, {}
-        for s, cfg in configs.items():  # export jobs of LinearLM "linear" kind, rebuilt in the workers from config + weights
-            torch.manual_seed(MODEL_SEED)
-            model = LinearLM(cfg).float().eval()
-            parameters[s] = sum(p.numel() for p in model.parameters())
-            weights = work / f"{s}-weights.npz"
-            np.savez(weights, **{k: v.detach().numpy() for k, v in model.state_dict().items()})
-            exports[s] = {"name": s, "kind": "linear", "path": str(work / s), "opset": DEFAULT_OPSET,
-                          "config": cfg.to_dict(), "weights": str(weights)}
-        done = baselines._in_workers(list(exports.values()), work, say)
+        done, parameters = baselines.export_linear_models(configs, work, say)
         sessions = {s: Session(work / s, "cpu", threads, session_options={"inter_op_num_threads": 1}) for s in STACKS}
         rng = np.random.default_rng(DATA_SEED)
         tok = rng.integers(0, HYBRID_BASE["vocab_size"], (1, 1), dtype=np.int64)

@@ -4,7 +4,8 @@
 edgelin's model protocol (``edgelin.protocol.ExportableModel``), so it exports, validates and generates like
 edgelin's own ``LinearLM``. Importers are loaded on first use: importing this package does not import torch.
 
-Adding a family: write a function ``(Path) -> model`` and register it under its ``model_type`` with
+Adding a family: write a function ``(checkpoint) -> model`` (given an ``edgelin.checkpoint.Checkpoint``, the folder
+read once: ``open_checkpoint(path)`` returns it as it is, and makes one from a plain path) and register it under its ``model_type`` with
 ``register_importer``. Every importer builds the one model skeleton (``edgelin.skeleton.CausalLM``) with its
 mixers; flash-linear-attention families are one module each in ``edgelin.importers.fla`` and share its config
 reading (``edgelin.importers.fields``) and weight matching (``edgelin.importers.weights``).
@@ -22,7 +23,7 @@ from edgelin.runtime.files import read_regular
 
 CONFIG_FILE = "config.json"
 
-Importer = Callable[[Path], Any]  # (checkpoint folder) -> an ExportableModel
+Importer = Callable[[Any], Any]  # (edgelin.checkpoint.Checkpoint) -> an ExportableModel
 IMPORTERS: dict[str, Importer] = {}
 # model_type -> the framework whose own model the checkpoint is ("transformers", "fla"): what
 # ``edgelin validate --upstream`` runs as the reference (edgelin.upstream)
@@ -80,7 +81,10 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 
 def foreign_model_type(path: str | Path) -> str | None:
-    """The ``model_type`` of a foreign checkpoint folder, or None for an edgelin checkpoint (no such key)."""
+    """The ``model_type`` of a foreign checkpoint folder, or None for an edgelin checkpoint (no such key). A
+    ``edgelin.checkpoint.Checkpoint`` says it without reading the folder again."""
+    if hasattr(path, "model_type") and hasattr(path, "config"):
+        return path.model_type
     model_type = read_config(path).get("model_type")
     if model_type is None:
         return None
@@ -89,16 +93,18 @@ def foreign_model_type(path: str | Path) -> str | None:
     return model_type
 
 
-def import_checkpoint(path: str | Path) -> Any:
-    """Build the model of a foreign checkpoint folder with the importer registered for its ``model_type``."""
-    path = Path(path)
-    model_type = foreign_model_type(path)
-    importer = IMPORTERS.get(model_type) if model_type is not None else None
+def import_checkpoint(path: Any) -> Any:
+    """Build the model of a foreign checkpoint folder (or ``edgelin.checkpoint.Checkpoint``, read once) with the
+    importer registered for its ``model_type``; the importer is given the Checkpoint."""
+    from edgelin.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(path)
+    importer = IMPORTERS.get(ckpt.model_type) if ckpt.model_type is not None else None
     if importer is None:
         raise CheckpointError(
-            f"{path / CONFIG_FILE}: model_type {model_type!r} is not supported; supported model types: {', '.join(supported())}"
+            f"{ckpt.path / CONFIG_FILE}: model_type {ckpt.model_type!r} is not supported; supported model types: {', '.join(supported())}"
         )
-    return importer(path)
+    return importer(ckpt)
 
 
 __all__ = ["FRAMEWORKS", "IMPORTERS", "Importer", "foreign_model_type", "import_checkpoint", "read_config", "register_importer", "supported"]

@@ -106,18 +106,20 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], groups: dic
     model.load_state_dict({target: tensors[sources[0]].to(torch.float32) for target, sources in groups.items()})
 
 
-def load_checkpoint_weights(path: Path, build, rename: Renamer, *, left_out: tuple[str, ...] = ()) -> nn.Module:
-    """``build()``'s model with the checkpoint's weights loaded into it along ``rename`` (eval mode, float32):
+def load_checkpoint_weights(path, build, rename: Renamer, *, left_out: tuple[str, ...] = ()) -> nn.Module:
+    """``build()``'s model with the weights of checkpoint ``path`` (a folder, or an ``edgelin.checkpoint.Checkpoint``
+    whose files are already listed) loaded into it along ``rename`` (eval mode, float32):
     ``model.safetensors``, or the shards a ``model.safetensors.index.json`` names.
 
     Names and shapes first, from ``build`` on the meta device and the files' headers: a config that disagrees with
     the weights is refused, naming the tensor, before memory is spent on either. Checkpoint tensors whose names
     start with a ``left_out`` prefix (a vision tower, a multi-token-prediction head) are not part of the model:
     they are neither matched nor read."""
-    from edgelin.checkpoint import weight_files
+    from edgelin.checkpoint import Checkpoint, weight_files
     from edgelin.safety import expected_shapes, header_shapes
 
-    files = weight_files(path)
+    files = list(path.files) if isinstance(path, Checkpoint) else weight_files(path)
+    path = Path(path)
     found: dict[str, tuple[int, ...]] = {}
     home: dict[str, Path] = {}
     for file in files:

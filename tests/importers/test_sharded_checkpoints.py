@@ -66,3 +66,62 @@ def test_a_malformed_index_is_refused_by_name(single, tmp_path, refused, how, fr
     if how == "not-json":
         (sharded / WEIGHTS_INDEX).write_text("{not json")
     refused(sharded, *fragments)
+
+
+@pytest.mark.parametrize("kind", ["fla-gla", "fla-gla-sharded", "edgelin"])
+def test_a_checkpoint_folder_is_read_once_per_export(single, tmp_path, monkeypatch, kind):
+    """An export reads the checkpoint's config.json once (open_checkpoint), then the Checkpoint value goes to the
+    importer, the weights loader, the tokenizer's special-id lookup and the source hash: counted at the system's
+    open calls up to the first graph's tracing, for an fla checkpoint (one file, sharded) with a tokenizer.json
+    beside it, and for edgelin's own checkpoint."""
+    import builtins
+    import io
+    import os
+    import shutil
+    from pathlib import Path
+
+    import tokenizers
+
+    from edgelin.errors import ExportError
+    from edgelin.exporters import exporter
+    from edgelin.models import bundled_checkpoint
+
+    if kind == "edgelin":
+        if bundled_checkpoint() is None:
+            pytest.skip("this install has no bundled model")
+        ckpt = tmp_path / "ckpt"
+        shutil.copytree(bundled_checkpoint(), ckpt)
+    elif kind == "fla-gla-sharded":
+        ckpt = shard(single, tmp_path / "ckpt")
+    else:
+        ckpt = tmp_path / "ckpt"
+        shutil.copytree(single, ckpt)
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>"))
+    tok.save(str(ckpt / "tokenizer.json"))  # its special ids are looked up in config.json too
+    opened: list[str] = []
+    real_os_open, real_io_open = os.open, io.open
+
+    def os_open(path, *args, **kwargs):
+        opened.append(os.fspath(path) if not isinstance(path, int) else "")
+        return real_os_open(path, *args, **kwargs)
+
+    def io_open(file, *args, **kwargs):
+        opened.append(os.fspath(file) if not isinstance(file, int) else "")
+        return real_io_open(file, *args, **kwargs)
+
+    class Traced(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Traced
+
+    monkeypatch.setattr(exporter, "export_graph", stop)
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", os_open)
+        m.setattr(io, "open", io_open)
+        m.setattr(builtins, "open", io_open)
+        with pytest.raises(ExportError, match=r"export failed \(Traced\); nothing was written") as raised:
+            exporter.export(ckpt, tmp_path / "out")
+    assert isinstance(raised.value.__cause__, Traced)  # it got as far as tracing
+    reads = [p for p in opened if Path(p).name == "config.json"]
+    assert len(reads) == 1, reads

@@ -6,44 +6,19 @@ with the reason, where chromium or onnxruntime-web is missing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import time
-import urllib.parse
 
 import pytest
 
-from edgelin.web import _Handler, serve_in_thread, write_site
+from edgelin.web import open_headless, write_site
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
 PROMPT, N = "The for statement", 48
 
 
 def open_page(chromium: str, site, query: dict, profile, timeout: float = 240.0) -> dict:
     """Load index.html?query in headless Chromium; the report the page posted ({state, output, ...})."""
-    got: dict = {}
-
-    class Handler(_Handler):
-        def do_POST(self):
-            size = int(self.headers.get("Content-Length", 0))
-            got["report"] = json.loads(self.rfile.read(size))
-            self.send_response(204)
-            self.end_headers()
-
-    server, base = serve_in_thread(site, 0, Handler)
-    url = base + "index.html?" + urllib.parse.urlencode({**query, "report": "/__report"})
-    proc = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        start = time.monotonic()
-        while "report" not in got and proc.poll() is None and time.monotonic() - start < timeout:
-            time.sleep(0.1)
-    finally:
-        proc.kill()
-        proc.wait()
-        server.shutdown()
-        server.server_close()
-    assert "report" in got, f"the page reported nothing within {timeout:.0f} s (chromium exit {proc.returncode})"
-    return got["report"]
+    report = open_headless(chromium, site, query, profile, timeout)
+    assert report is not None, f"the page reported nothing within {timeout:.0f} s"
+    return report
 
 
 def test_the_site_generates_the_python_runtimes_greedy_text(chromium, ort_web, bundled_export, tmp_path):

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from edgelin.attention import Attention, AttentionOptions
-from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.checkpoint import open_checkpoint
+from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
@@ -164,8 +165,8 @@ SKELETON_RENAMES = [
 
 def load_fla(path: str | Path, family: Family) -> CausalLM:
     """Build the edgelin model of an fla checkpoint folder of ``family`` (eval mode, float32, CPU)."""
-    path = Path(path)
-    source = read_config(path)
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults={**COMMON_FIELDS, **family.fields}, refused=REFUSED_FIELDS,
                      importer=family.name, where=path / CONFIG_FILE)
     common = Common.read(f)
@@ -175,7 +176,7 @@ def load_fla(path: str | Path, family: Family) -> CausalLM:
     if common.tie_embeddings:
         pairs.append(("lm_head.weight", "embed.weight"))  # a tied checkpoint may hold either copy
     rename = Renamer(pairs + family.renames(options))
-    return load_checkpoint_weights(path, lambda: build(family, source, options, common, attn), rename)
+    return load_checkpoint_weights(ckpt, lambda: build(family, source, options, common, attn), rename)
 
 # ---- pieces shared by the attention layers ---------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from edgelin.attention import Attention, AttentionOptions
-from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.checkpoint import open_checkpoint
+from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.hf.mamba2 import mixer_renames, read_time_step_limit
@@ -59,8 +60,8 @@ def mamba_options(f: Fields, hidden: int) -> Mamba2Options:
 
 def load(path: str | Path) -> CausalLM:
     """A ``bamba`` checkpoint folder (BambaForCausalLM)."""
-    path = Path(path)
-    source = read_config(path)
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/bamba", where=path / CONFIG_FILE)
     f.choice("hidden_act", ("silu",))
     for name in ("attention_bias", "mlp_bias"):
@@ -94,7 +95,7 @@ def load(path: str | Path) -> CausalLM:
     ]
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))
-    return load_checkpoint_weights(path, make, Renamer(pairs))
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs))
 
 
 __all__ = ["FIELDS", "load", "mamba_options"]

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from edgelin.attention import Attention, AttentionOptions
-from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.checkpoint import open_checkpoint
+from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import check_fields
 from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.hf.bamba import mamba_options
@@ -45,8 +46,8 @@ LAYER_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "atte
 
 def load(path: str | Path) -> CausalLM:
     """A ``granitemoehybrid`` checkpoint folder with dense MLPs (num_local_experts 0)."""
-    path = Path(path)
-    source = read_config(path)
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/granitemoehybrid", where=path / CONFIG_FILE)
     experts = f.get("num_local_experts")
     if experts != 0:
@@ -90,7 +91,7 @@ def load(path: str | Path) -> CausalLM:
     ]
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))
-    return load_checkpoint_weights(path, make, Renamer(pairs))
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs))
 
 
 __all__ = ["FIELDS", "load"]

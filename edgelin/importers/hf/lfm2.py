@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from edgelin.attention import Attention, AttentionOptions
-from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.checkpoint import open_checkpoint
+from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
@@ -74,8 +75,8 @@ def read_layer_types(f: Fields, n_layers: int) -> list[str]:
 
 def load(path: str | Path) -> CausalLM:
     """An ``lfm2`` checkpoint folder (Lfm2ForCausalLM)."""
-    path = Path(path)
-    source = read_config(path)
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
     defaults = {**FIELDS, **{name: None for name in UNREAD_FIELDS}}
     f = check_fields(source, defaults=defaults, refused=REFUSED_FIELDS, importer="hf/lfm2", where=path / CONFIG_FILE)
     hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("norm_eps")
@@ -108,7 +109,7 @@ def load(path: str | Path) -> CausalLM:
     ]
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))  # a tied checkpoint may hold either copy
-    return load_checkpoint_weights(path, make, Renamer(pairs))
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs))
 
 
 __all__ = ["FIELDS", "UNREAD_FIELDS", "load", "mlp_width"]

@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.checkpoint import open_checkpoint
+from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.mamba2 import Mamba2Mixer, Mamba2Options
@@ -50,8 +51,8 @@ def mixer_renames(module: str) -> list[tuple[str, str]]:
 
 def load(path: str | Path) -> CausalLM:
     """A ``mamba2`` checkpoint folder (Mamba2ForCausalLM)."""
-    path = Path(path)
-    source = read_config(path)
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/mamba2", where=path / CONFIG_FILE)
     f.choice("hidden_act", ("silu",))
     hidden, heads, head_dim = f.integer("hidden_size"), f.integer("num_heads"), f.integer("head_dim")
@@ -88,7 +89,7 @@ def load(path: str | Path) -> CausalLM:
     ]
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))
-    return load_checkpoint_weights(path, make, Renamer(pairs))
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs))
 
 
 __all__ = ["FIELDS", "load", "mixer_renames", "read_time_step_limit"]

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from edgelin.attention import Attention, AttentionOptions
-from edgelin.importers import CONFIG_FILE, read_config
+from edgelin.checkpoint import open_checkpoint
+from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.fla import Common
 from edgelin.importers.fla.delta import DeltaOptions, FlaDeltaAttention
@@ -124,23 +125,23 @@ def build(text: dict[str, Any], where: Path, *, tie: bool | None = None, source:
 
 def load_text(path: str | Path) -> CausalLM:
     """A ``qwen3_5_text`` checkpoint folder (Qwen3_5ForCausalLM)."""
-    path = Path(path)
-    source = read_config(path)
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
     make, rename = build(source, path / CONFIG_FILE, source=source, family="hf/qwen3_5_text")
-    return load_checkpoint_weights(path, make, rename, left_out=LEFT_OUT)
+    return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
 
 
 def load(path: str | Path) -> CausalLM:
     """A ``qwen3_5`` checkpoint folder (Qwen3_5ForConditionalGeneration): its text model, without the vision tower."""
-    path = Path(path)
-    source = read_config(path)
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
     where = path / CONFIG_FILE
     wrapper = check_fields(source, defaults=WRAPPER_FIELDS, refused={}, importer="hf/qwen3_5", where=where)
     text = wrapper.get("text_config")
     if not isinstance(text, dict):
         raise wrapper.fail("text_config", "must be an object (the text model's config)")
     make, rename = build(text, where, tie=wrapper.flag("tie_word_embeddings"), source=source, family="hf/qwen3_5")
-    model = load_checkpoint_weights(path, make, rename, left_out=LEFT_OUT)
+    model = load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
     model.config["left_out"] = "the vision tower (vision_config, model.visual.*): the export is the text model"
     return model
 
