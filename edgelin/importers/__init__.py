@@ -1,12 +1,12 @@
 """Importers: models built from foreign checkpoint folders (``config.json`` with a ``model_type`` + ``model.safetensors``).
 
-``IMPORTERS`` maps a ``model_type`` to a function ``(folder) -> model``; every model it returns follows
+``IMPORTERS`` maps a ``model_type`` to a function ``(checkpoint) -> model``; every model it returns follows
 edgelin's model protocol (``edgelin.protocol.ExportableModel``), so it exports, validates and generates like
 edgelin's own ``LinearLM``. Importers are loaded on first use: importing this package does not import torch.
 
-Adding a family: write a function ``(checkpoint) -> model`` (given an ``edgelin.checkpoint.Checkpoint``, the folder
-read once: ``open_checkpoint(path)`` returns it as it is, and makes one from a plain path) and register it under its ``model_type`` with
-``register_importer``. Every importer builds the one model skeleton (``edgelin.skeleton.CausalLM``) with its
+Adding a family: write a function ``(checkpoint) -> model`` -- it is given an ``edgelin.checkpoint.Checkpoint``, the
+folder read once (``open_checkpoint(path)`` returns that as it is, and makes one from a plain path) -- and register
+it under its ``model_type`` with ``register_importer``. Every importer builds the one model skeleton (``edgelin.skeleton.CausalLM``) with its
 mixers; flash-linear-attention families are one module each in ``edgelin.importers.fla`` and share its config
 reading (``edgelin.importers.fields``) and weight matching (``edgelin.importers.weights``).
 """
