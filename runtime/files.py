@@ -246,9 +246,44 @@ def atomic_write(
 def nearest_existing(path: Path) -> Path:
     """``path`` or its closest ancestor that exists (the folder new folders would be created in)."""
     path = Path(os.path.abspath(path))
-    while not path.exists() and path != path.parent:
+    while not _exists(path) and path != path.parent:
         path = path.parent
     return path
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a name too long for the file system: nothing of that name can exist
+        return False
+
+
+# what a temporary sibling adds to a name at most: ".{name}.{kind}.{pid}.{8 hex}" (temp_dir: kind 3 letters, a pid of
+# up to 7 digits) and ".{name}.{8 hex}.tmp" (atomic_write)
+TEMP_NAME_EXTRA = 22
+
+
+def check_name_lengths(path: str | os.PathLike, what: str) -> None:
+    """Refuse, before any work, a path whose new names the file system cannot hold: each name of at most the folder's
+    NAME_MAX bytes (255 on most), the last one with room for the temporary sibling edgelin writes first. OutputError."""
+    path = Path(os.path.abspath(path))
+    base = nearest_existing(path)
+    try:
+        limit = os.pathconf(base if base.is_dir() else base.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    new = path.relative_to(base).parts if path != base else ()
+    names = list(new) if new else [path.name]
+    for i, name in enumerate(names):
+        last = i == len(names) - 1
+        room = limit - (TEMP_NAME_EXTRA if last else 0)
+        size = len(os.fsencode(name))
+        if size > room:
+            raise OutputError(
+                f"cannot write the {what} {str(path)[:60]}...: the name {name[:20]!r}... is {size} bytes, and this file system "
+                f"holds names of at most {limit} bytes" + (f" ({room} for this one, with room for edgelin's temporary copy)" if last else "")
+                + "; choose a shorter name"
+            )
 
 
 def _writable_folder(folder: Path, path: Path, what: str) -> None:
@@ -268,6 +303,7 @@ def check_output_file(
     if str(path) == "":
         raise OutputError(f"the {what} path is empty; name a file")
     path = Path(path)
+    check_name_lengths(path, what)
     check_replace(path, what, overwrite=overwrite, ours=ours)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.exists() and not create_parents:
@@ -282,6 +318,7 @@ def check_output_folder(path: str | os.PathLike, what: str = "output folder") ->
     if str(path) == "":
         raise OutputError(f"the {what} path is empty; name a folder")
     path = Path(path)
+    check_name_lengths(path, what)
     if path.exists() and not path.is_dir():
         raise OutputError(f"the {what} {path} exists and is not a folder; choose another path")
     _writable_folder(nearest_existing(path), path, what)
@@ -376,6 +413,7 @@ def check_output_dir(
     if str(path) in ("", "."):
         raise OutputError(f"the {what} {str(path)!r} would be the current folder; name a new folder, e.g. -o out/")
     path = Path(path)
+    check_name_lengths(path, what)
     resolved = Path(os.path.realpath(path))
     if _inside(Path(os.path.realpath(Path.cwd())), resolved):
         raise OutputError(f"the {what} {path} is the current folder or holds it; name a new folder")

@@ -273,7 +273,10 @@ class Session:
             raise RuntimeInputError("prefill_batch takes a non-empty list of prompts (token-id sequences)")
         rows = []
         for i, p in enumerate(prompts):
-            r = np.asarray(p)
+            try:
+                r = np.asarray(p)
+            except ValueError:  # a prompt of nested lists
+                raise RuntimeInputError(f"prompt {i} must be a flat sequence of token ids, got {p!r:.80}") from None
             if r.ndim != 1 or r.size == 0:
                 raise RuntimeInputError(f"prompt {i} must be a non-empty flat sequence of token ids, got shape {list(r.shape)}")
             if not np.issubdtype(r.dtype, np.integer):
@@ -298,7 +301,10 @@ class Session:
 
     def decode(self, input_ids: Any, state: State) -> np.ndarray:
         """One token per sequence through the decode graph: ids [B, 1] (or [B]) -> logits [B, 1, V]."""
-        ids = np.asarray(input_ids)
+        try:
+            ids = np.asarray(input_ids)
+        except ValueError:  # nested lists of different lengths
+            raise RuntimeInputError("decode takes one token id per sequence: [batch, 1] or [batch]") from None
         if ids.ndim == 1:
             ids = ids[:, None]  # [B, 1]
         ids = self._check_ids(ids, state)

@@ -153,11 +153,14 @@ def check_options(source: Any, provider: str, threads: Any, sections: Any) -> tu
     return path, sections
 
 
+MAX_MEMORY_CAP_GB = 1e6  # a petabyte: a larger cap is a typo (1e300 overflowed the byte count)
+
+
 def memory_cap(memory_cap_gb: Any) -> int:
     """Bytes: prefill cases predicted to need more are skipped (default: half the available memory)."""
     if memory_cap_gb is None:
         return int((meminfo("MemAvailable") or (16 << 30)) // 2)
-    check_number("memory cap", memory_cap_gb, low=0, open_low=True, hint="GB", error=BenchError)
+    check_number("memory cap", memory_cap_gb, low=0, high=MAX_MEMORY_CAP_GB, open_low=True, hint="GB", error=BenchError)
     return int(memory_cap_gb * 1e9)
 
 

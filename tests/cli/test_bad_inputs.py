@@ -195,6 +195,13 @@ CASES = {
     "export/nan-weights-no-check": Case(["export", CK, "-o", "out", "--no-check"], "NaN", nan_weights),
     # export: the output folder
     "export/out-empty-string": Case(["export", CK, "-o", ""], "current folder"),
+    # a name the file system cannot hold (NAME_MAX, 255 bytes on most): refused before any work (was an OSError traceback)
+    "export/out-name-too-long": Case(["export", CK, "-o", "a" * 300], "is 300 bytes, and this file system holds names of at most"),
+    "export/out-name-too-long-for-the-temporary": Case(["export", CK, "-o", "a" * 250], "with room for edgelin's temporary copy"),
+    "web/out-name-too-long": Case(["web", EX, "-o", "x/" + "a" * 300 + "/y"], "holds names of at most"),
+    "bench/out-name-too-long": Case(["bench", CK, "--out", "a" * 300], "holds names of at most"),
+    "generate/state-out-name-too-long": Case(["generate", EX, "-p", "Hi", "--state-out", "a" * 300 + ".npz"], "holds names of at most"),
+    "validate/json-name-too-long": Case(["validate", EX, "--json", "a" * 300 + ".json"], "holds names of at most"),
     "export/out-dot": Case(["export", CK, "-o", "."], "current folder"),
     "export/out-dotdot": Case(["export", CK, "-o", "docs/.."], "current folder"),
     "export/out-is-checkpoint": Case(["export", CK, "-o", CK, "--force"], "checkpoint"),
@@ -310,6 +317,7 @@ CASES = {
     "bench/threads-zero": Case(["bench", CK, "--threads", "0"], "threads"),
     "bench/unknown-section": Case(["bench", CK, "--section", "nosuch"], "nosuch"),
     "bench/negative-memory-cap": Case(["bench", CK, "--memory-cap", "-1"], "memory cap"),
+    "bench/huge-memory-cap": Case(["bench", CK, "--memory-cap", "1e300"], "memory cap must be a number in (0, 1,000,000.0] (GB)"),
     "bench/missing-source": Case(["bench", "nope"], "nope"),
     "bench/provider-unknown": Case(["bench", CK, "--provider", "tpu"], "tpu"),
 }

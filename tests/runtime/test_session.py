@@ -166,6 +166,15 @@ def test_decode_refuses_more_than_one_token_and_out_of_vocab(session):
         session.decode([[1, 2], [3, 4]], state)
     with pytest.raises(RuntimeInputError, match="token id 999"):
         session.decode([1, 999], state)
+    with pytest.raises(RuntimeInputError, match=r"one token id per sequence: \[batch, 1\] or \[batch\]"):
+        session.decode([[1], [1, 2]], state)  # ragged nested lists (numpy's ValueError before)
+
+
+def test_ragged_nested_ids_are_one_error(session):
+    with pytest.raises(RuntimeInputError, match="rectangular"):
+        session.prefill([[1, 2, 3], [1, 2]], session.new_state(2))
+    with pytest.raises(RuntimeInputError, match=r"prompt 0 must be a flat sequence of token ids, got \[1, \[2\]\]"):
+        session.prefill_batch([[1, [2]], [3]])  # numpy's ValueError before
 
 
 def test_a_state_of_another_model_is_refused(session, exported):
