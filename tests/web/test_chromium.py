@@ -101,3 +101,19 @@ def test_a_broken_export_shows_the_error(chromium, ort_web, bundled_export, tmp_
     report = open_page(chromium, site, {"prompt": PROMPT, "n": 4}, tmp_path / "profile")
     assert report["state"] == "error"
     assert "sha256 differs" in report["output"]
+
+
+def test_a_hybrid_site_generates_the_python_runtimes_text(chromium, ort_web, exported, tmp_path):
+    """A hybrid in the browser: layer 1 softmax attention whose KV cache grows to its window of 16 positions, then
+    slides (the export tests/web/test_node.py drives in node). The page's greedy text over the prompt and 48 new
+    tokens is the Python runtime's."""
+    from edgelin.runtime import Manifest, generate_text
+
+    _, out = exported("elu+1", decay="scalar", attn_layers=(1,), attn_window=16)
+    assert Manifest.load(out).grows
+    want = generate_text(out, PROMPT, max_new_tokens=N, provider="cpu", threads=1)["text"]
+    assert want  # something to compare
+    site = write_site(out, tmp_path / "site", ort_web=ort_web).out_dir
+    report = open_page(chromium, site, {"prompt": PROMPT, "n": N}, tmp_path / "profile")
+    assert report["state"] == "done", report["output"]
+    assert report["output"] == want
