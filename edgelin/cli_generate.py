@@ -62,7 +62,7 @@ def _summary(r: dict) -> str:
               help="Hugging Face's (CTRL) penalty on every id already in the sequence: 1 = off, 1.1-1.3 discourages loops.")
 @click.option("--no-repeat-ngram-size", type=int, default=0, show_default=True, metavar="N",
               help="Hugging Face's n-gram ban: no N tokens in a row occur twice in the sequence (0 = off). "
-                   "Stops loops outright; a byte-level model needs N of a line's length (the demo uses 24).")
+                   "Stops loops outright; the demo uses 16 for its byte-level model (a run of spaces ends at 16).")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy; higher = more random.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="Sample only from the K most likely tokens (0 = off).")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling: smallest set of tokens with probability >= P (1 = off).")
@@ -100,7 +100,7 @@ def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, rep
       edgelin generate out/ -p " and then" --state-in chat.npz    # ... and continue it later
       edgelin generate out/ -p "def add(" -p "import " -n 40         # a batch of two prompts
       edgelin generate out/ -p "class Stack:" --repetition-penalty 1.2
-      edgelin generate out/ -p "class Stack:" -t 0.7 --top-p 0.9 --no-repeat-ngram-size 24 --seed 0
+      edgelin generate out/ -p "class Stack:" -t 0.7 --top-p 0.9 --no-repeat-ngram-size 16 --seed 0
       edgelin generate out/ --prompt-ids 1,2,3 -n 20                 # token ids in (and out, without a tokenizer)
       edgelin generate out/ --chat -p "What is a stack?" --system "Be brief."   # the chat template's turn
     """
