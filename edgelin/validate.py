@@ -167,12 +167,19 @@ class _Validator:
         self.checks: list[Check] = []
         self.rng = np.random.default_rng(seed)
         self.specs = manifest.states
+        self._model64 = None
         # state key -> (layer, name), as the model built the keys (a skeleton model says so; keys are never split)
         self.named = {key: (layer, name) for layer, keys in enumerate(model.layer_keys()) for name, key in keys.items()} \
             if hasattr(model, "layer_keys") else {}
         self.chunk = int(manifest.extra.get("chunk_size", protocol.chunk_size(model)))
 
     # ---- helpers -------------------------------------------------------------------------------
+    def model64(self):
+        """The model in float64 (the long-stream and KV references), copied once per validation."""
+        if self._model64 is None:
+            self._model64 = copy.deepcopy(self.model).double().eval()
+        return self._model64
+
     def add(self, check: Check) -> Check:
         self.checks.append(check)
         mark = {PASS: "ok", FAIL: "FAIL", NA: "n/a"}[check.status]
@@ -303,7 +310,7 @@ class _Validator:
     # ---- 6. long stream vs float64 -------------------------------------------------------------
     def long_stream(self, session: Session, steps: int) -> list[dict[str, float]]:
         lb = self.budgets["long"]
-        model64 = copy.deepcopy(self.model).double().eval()
+        model64 = self.model64()
         ids = self.ids(1, steps)
         state = session.new_state(1)
         ref_state = fresh_state(self.specs, 1, dtype=torch.float64)
@@ -338,7 +345,7 @@ class _Validator:
         run over the same ids in pieces (its attention is SDPA in float64), and the last position's logits (the
         long-stream budget). Lengths past the model's declared context are not run (n/a, saying why)."""
         sb, lb = self.budgets["state"], self.budgets["long"]
-        model64 = copy.deepcopy(self.model).double().eval()
+        model64 = self.model64()
         piece = self.manifest.prefill_piece
         for L in lengths:
             name = f"{L:,} tokens prefilled vs float64"
