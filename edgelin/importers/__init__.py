@@ -51,6 +51,7 @@ for _family in ("linear_attn", "retnet", "gla", "delta_net", "gated_deltanet"): 
 # Hugging Face transformers: one module per family
 register_importer("qwen3_5_text", _lazy("edgelin.importers.hf.qwen3_5", "load_text"), "transformers")
 register_importer("qwen3_5", _lazy("edgelin.importers.hf.qwen3_5", "load"), "transformers")
+register_importer("qwen3_next", _lazy("edgelin.importers.hf.qwen3_next", "load"), "transformers")
 register_importer("lfm2", _lazy("edgelin.importers.hf.lfm2", "load"), "transformers")
 register_importer("mamba2", _lazy("edgelin.importers.hf.mamba2", "load"), "transformers")
 register_importer("bamba", _lazy("edgelin.importers.hf.bamba", "load"), "transformers")

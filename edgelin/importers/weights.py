@@ -7,13 +7,45 @@ fragment occurs wins; a name no pair touches is kept). Several checkpoint names 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+
 import torch
 from torch import nn
 
 from edgelin.errors import CheckpointError
 
 WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """A checkpoint tensor whose rows hold several tensors in a layout of its own (transformers' Qwen3-Next packs
+    q, k, v and the gate of each key-head group into one ``in_proj_qkvz``): every checkpoint tensor whose name ends
+    with ``suffix`` is read as the tensors ``parts`` names, part ``(new_suffix, rows)`` taking the fused tensor's
+    rows ``rows`` in that order. The parts then match the model by name like any other tensor."""
+
+    suffix: str
+    parts: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(len(rows) for _, rows in self.parts)
+
+    def names(self, name: str) -> list[str]:
+        return [name[: -len(self.suffix)] + new for new, _ in self.parts]
+
+    def shapes(self, name: str, shape: tuple[int, ...], where) -> dict[str, tuple[int, ...]]:
+        if not shape or shape[0] != self.rows:
+            raise CheckpointError(f"{where}: tensor {name} has shape {tuple(shape)}, the config expects {self.rows} rows")
+        return {part: (len(rows), *shape[1:]) for part, (_, rows) in zip(self.names(name), self.parts)}
+
+    def split(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {part: tensor[list(rows)] for part, (_, rows) in zip(self.names(name), self.parts)}
+
+
+def _split_for(name: str, splits: tuple[RowSplit, ...]) -> RowSplit | None:
+    return next((s for s in splits if name.endswith(s.suffix)), None)
 
 
 
@@ -106,7 +138,9 @@ def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], groups: dic
     model.load_state_dict({target: tensors[sources[0]].to(torch.float32) for target, sources in groups.items()})
 
 
-def load_checkpoint_weights(path, build, rename: Renamer, *, left_out: tuple[str, ...] = ()) -> nn.Module:
+def load_checkpoint_weights(
+    path, build, rename: Renamer, *, left_out: tuple[str, ...] = (), splits: tuple[RowSplit, ...] = ()
+) -> nn.Module:
     """``build()``'s model with the weights of checkpoint ``path`` (a folder, or an ``edgelin.checkpoint.Checkpoint``
     whose files are already listed) loaded into it along ``rename`` (eval mode, float32):
     ``model.safetensors``, or the shards a ``model.safetensors.index.json`` names.
@@ -114,7 +148,8 @@ def load_checkpoint_weights(path, build, rename: Renamer, *, left_out: tuple[str
     Names and shapes first, from ``build`` on the meta device and the files' headers: a config that disagrees with
     the weights is refused, naming the tensor, before memory is spent on either. Checkpoint tensors whose names
     start with a ``left_out`` prefix (a vision tower, a multi-token-prediction head) are not part of the model:
-    they are neither matched nor read."""
+    they are neither matched nor read. ``splits``: fused checkpoint tensors read as the tensors their rows hold
+    (``RowSplit``); the fused tensor's row count is checked from the header, its parts are matched by name."""
     from edgelin.checkpoint import Checkpoint, weight_files
     from edgelin.safety import expected_shapes, header_shapes
 
@@ -129,13 +164,21 @@ def load_checkpoint_weights(path, build, rename: Renamer, *, left_out: tuple[str
             if not name.startswith(left_out) or not left_out:
                 found[name], home[name] = shape, file
     where = files[0] if len(files) == 1 else path
+    for name in [n for n in found if _split_for(n, splits)]:
+        parts = _split_for(name, splits).shapes(name, found.pop(name), where)
+        twice = sorted(set(parts) & set(found))
+        if twice:
+            raise CheckpointError(f"{where}: tensor {twice[0]} is held twice: on its own and in the rows of {name}")
+        found.update(parts)
     groups = match(expected_shapes(build), found, rename, where)
     model = build()
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(read_safetensors(file.parent, only={n for n, f in home.items() if f == file}, file=file.name))
+    for name in [n for n in tensors if _split_for(n, splits)]:
+        tensors.update(_split_for(name, splits).split(name, tensors.pop(name)))
     load_weights(model, tensors, groups, where)
     return model.eval()
 
 
-__all__ = ["Renamer", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match", "read_safetensors"]
+__all__ = ["Renamer", "RowSplit", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match", "read_safetensors"]

@@ -57,11 +57,27 @@ def rope_misread(module: str, how):
     return apply
 
 
+def ba_swapped(monkeypatch):
+    """A wrong import: Qwen3-Next's in_proj_ba unpacked with its b rows and a rows exchanged."""
+    from edgelin.importers.hf import qwen3_next
+    from edgelin.importers.weights import RowSplit
+
+    real = qwen3_next.fused_splits
+
+    def swapped(f):
+        qkvz, ba = real(f)
+        (b_name, b_rows), (a_name, a_rows) = ba.parts
+        return qkvz, RowSplit(ba.suffix, ((b_name, a_rows), (a_name, b_rows)))
+    monkeypatch.setattr(qwen3_next, "fused_splits", swapped)
+
+
 # id -> (framework, model_type, config / fla options, a wrong import, the layer where it first departs)
 CASES = {
     # a partial rotary width taken as full: the first attention layer (3) departs
     "qwen3_5": ("transformers", "qwen3_5_text", HF_TINY_QWEN,
                 rope_misread("edgelin.importers.hf.qwen3_5", lambda r, d: (r[0], d)), "layer 3 (attention)"),
+    # Qwen3-Next's fused in_proj_ba read with b and a swapped: the first Gated DeltaNet layer departs
+    "qwen3_next": ("transformers", "qwen3_next", {**HF_TINY_QWEN, "num_experts": 0}, ba_swapped, "layer 0"),
     # conv, attention, conv, attention: rope_theta read 10x too large departs at layer 1
     "lfm2": ("transformers", "lfm2", {"vocab_size": 97, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
                                       "block_multiple_of": 32, "intermediate_size": 192, "num_hidden_layers": 4,

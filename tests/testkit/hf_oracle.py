@@ -18,9 +18,12 @@ from __future__ import annotations
 import json
 import sys
 
-CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
+CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+           "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
            "mamba2": ("Mamba2Config", "Mamba2ForCausalLM"), "bamba": ("BambaConfig", "BambaForCausalLM"),
            "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM")}
+
+ZERO_CENTRED = ("qwen3_5_text", "qwen3_next")  # families whose RMSNorms compute x / rms(x) * (1 + w)
 
 
 def main(spec_file: str) -> None:
@@ -37,9 +40,9 @@ def main(spec_file: str) -> None:
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("linear_attn.norm.weight") or (spec["model_type"] != "qwen3_5_text" and name.endswith("norm.weight")):
+            if name.endswith("linear_attn.norm.weight") or (spec["model_type"] not in ZERO_CENTRED and name.endswith("norm.weight")):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))  # plain norm weights: around 1
-            elif name.endswith("norm.weight"):  # Qwen3.5's zero-centred norms: (1 + w), w around 0
+            elif name.endswith("norm.weight"):  # Qwen3.5's and Qwen3-Next's zero-centred norms: (1 + w), w around 0
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
             elif "embed" in name or "lm_head" in name:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))

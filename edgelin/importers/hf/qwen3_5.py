@@ -68,12 +68,12 @@ def read_layer_types(f: Fields, n_layers: int) -> list[str]:
     return kinds
 
 
-def build(text: dict[str, Any], where: Path, *, tie: bool | None = None, source: dict[str, Any], family: str) -> tuple:
-    """(a function that builds the model, the renames) from the text config ``text``."""
-    f = check_fields(text, defaults=TEXT_FIELDS, refused=REFUSED_FIELDS, importer=family, where=where)
+def build(f: Fields, *, tie: bool | None = None, source: dict[str, Any], family: str) -> tuple:
+    """(a function that builds the model, the renames) from the checked text config ``f`` (Qwen3.5's fields, or a
+    family's that reads them the same way: Qwen3-Next's)."""
     f.choice("hidden_act", ("silu",))
     if f.flag("attention_bias"):
-        raise f.fail("attention_bias", "is true (biases on q/k/v/o); edgelin's qwen3_5 importer supports false only")
+        raise f.fail("attention_bias", f"is true (biases on q/k/v/o); edgelin's {family} importer supports false only")
     f.get("attention_dropout")
     hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("rms_norm_eps")
     heads, kv_heads, head_dim = f.integer("num_attention_heads"), f.integer("num_key_value_heads"), f.integer("head_dim")
@@ -106,7 +106,7 @@ def build(text: dict[str, Any], where: Path, *, tie: bool | None = None, source:
             tie_embeddings=tie, chunk_size=DEFAULT_CHUNK, norm=UnitOffsetRMSNorm,
             config={"family": family, "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )
-        return declare_context(model, text, "full_attention" in kinds)
+        return declare_context(model, f.data, "full_attention" in kinds)
 
     pairs = [
         ("model.language_model.", "model."),  # the multimodal checkpoint's text model
@@ -127,7 +127,8 @@ def load_text(path: str | Path) -> CausalLM:
     """A ``qwen3_5_text`` checkpoint folder (Qwen3_5ForCausalLM)."""
     ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
     path, source = ckpt.path, ckpt.config
-    make, rename = build(source, path / CONFIG_FILE, source=source, family="hf/qwen3_5_text")
+    f = check_fields(source, defaults=TEXT_FIELDS, refused=REFUSED_FIELDS, importer="hf/qwen3_5_text", where=path / CONFIG_FILE)
+    make, rename = build(f, source=source, family="hf/qwen3_5_text")
     return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
 
 
@@ -140,10 +141,11 @@ def load(path: str | Path) -> CausalLM:
     text = wrapper.get("text_config")
     if not isinstance(text, dict):
         raise wrapper.fail("text_config", "must be an object (the text model's config)")
-    make, rename = build(text, where, tie=wrapper.flag("tie_word_embeddings"), source=source, family="hf/qwen3_5")
+    f = check_fields(text, defaults=TEXT_FIELDS, refused=REFUSED_FIELDS, importer="hf/qwen3_5", where=where)
+    make, rename = build(f, tie=wrapper.flag("tie_word_embeddings"), source=source, family="hf/qwen3_5")
     model = load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
     model.config["left_out"] = "the vision tower (vision_config, model.visual.*): the export is the text model"
     return model
 
 
-__all__ = ["LEFT_OUT", "TEXT_FIELDS", "load", "load_text"]
+__all__ = ["LEFT_OUT", "TEXT_FIELDS", "build", "load", "load_text", "read_layer_types"]
