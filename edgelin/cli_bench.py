@@ -6,7 +6,7 @@ import click
 
 from edgelin.cli_common import fail, progress, user_errors
 
-SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering, hybrid"
+SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering, hybrid, transformers"
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -62,6 +62,12 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 the last layer softmax attention with a KV cache, every layer softmax; decode ms
                 per token at batch 1 at context positions 1k, 16k and 64k (state built there),
                 and the state's MB at each
+      transformers  one checkpoint per Hugging Face family (Qwen3.5, Qwen3-Next dense, LFM2,
+                Mamba2, Bamba, Granite-4.0-H; hidden 256, 4 layers, random weights) exported at
+                fp32: decode ms/token (64 tokens) and prefill tokens/s (128, 1024) against
+                transformers' own eager model with its cache, same threads, alternating rounds;
+                greedy ids from a text prompt vs transformers' generate. Needs transformers
+                (the test extra); skipped, with why, without it
 
     Writes OUT/bench.json (atomically) and OUT/*.png (if matplotlib is installed: pip install
     'edgelin[plots]'); prints the table to stdout and progress to stderr. The table opens with

@@ -498,6 +498,37 @@ def test_hybrid_section_quick(tmp_path):
     assert "10. hybrid" in report.table()
 
 
+def test_transformers_section_quick(tmp_path):
+    """An LFM2 checkpoint built by transformers, exported, and measured against transformers' own eager model in one
+    worker: every figure positive and finite, the prompt encoded alike by both tokenizers, and the greedy ids from
+    the text prompt equal to transformers' generate."""
+    pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
+    from edgelin.bench import run_bench
+
+    report = run_bench(None, sections=["transformers"], quick=True, threads=1, out_dir=tmp_path / "out", plots=False)
+    x = json.loads(report.json_path.read_text())["transformers"]
+    assert x["status"] == "ok" and [r["model"] for r in x["rows"]] == ["lfm2"] and x["lengths"] == [32]
+    (row,) = x["rows"]
+    assert row["export_check"] == "passed" and row["model_type"] == "lfm2"
+    for engine in ("transformers", "edgelin"):
+        positive(row["decode_ms"][engine], f"{engine} decode ms")
+        positive(row["prefill_tokens_per_s"]["32"][engine], f"{engine} prefill tokens/s")
+    positive(row["decode_transformers_over_edgelin"], "decode ratio")
+    g = x["greedy"]["lfm2"]
+    assert g["prompt_ids_equal"] and len(g["prompt_ids"]) > 10
+    assert len(g["transformers"]) == 16 and g["edgelin"] == g["transformers"] and g["equal"]
+    assert "11. transformers" in report.table() and "lfm2" in report.table()
+
+
+def test_transformers_section_is_skipped_with_the_reason_without_transformers(monkeypatch):
+    from edgelin.bench import QUICK, transformers_eager
+
+    monkeypatch.setattr("edgelin.upstream.unavailable", lambda framework: f"{framework} is not installed here")
+    x = transformers_eager.transformers_section(QUICK, 1, lambda msg: None)
+    assert x == {"status": "skipped", "reason": "transformers is not installed here"}
+    assert "skipped" in "\n".join(transformers_eager.transformers_lines(x))
+
+
 def test_precision_section_quick(tmp_path):
     """The model in every precision, one run: smaller on disk below fp32, every figure positive, the floor
     below the measurement; an export as the source is skipped with the reason."""

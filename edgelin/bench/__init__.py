@@ -16,6 +16,7 @@ Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
     llamacpp    llamacpp (opt-in): LFM2 and Mamba2 transformers checkpoints, edgelin vs llama.cpp (EDGELIN_LLAMA_CPP)
     lowering    lowering (opt-in): portable vs fused graphs (export --ops) in the Python runtime, node and WASM
     hybrid      hybrid (opt-in): linear, hybrid and softmax stacks of one size, decode and state against context
+    transformers_eager  transformers (opt-in): each Hugging Face family's export vs transformers' eager model
     report      BenchReport, the JSON file, the table, the plots
     run         run_bench
 

@@ -5,6 +5,7 @@
     python -m edgelin.bench --foreign SPEC_JSON  the fla section (torch, fla under Triton's interpreter)
     python -m edgelin.bench --hf-build SPEC_JSON the llamacpp section's checkpoints (transformers, triton and fla hidden)
     python -m edgelin.bench --llama-greedy SPEC_JSON  the llamacpp section's greedy ids of a GGUF (llama.cpp's ctypes bindings)
+    python -m edgelin.bench --hf-eager SPEC_JSON  the transformers section's measurements of one model (transformers + runtime)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from edgelin.bench.measure import worker_main  # torch-free
 
 USAGE = ("usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON | --foreign SPEC_JSON | --hf-build SPEC_JSON | "
-         "--llama-greedy SPEC_JSON (internal; use `edgelin bench`)")
+         "--llama-greedy SPEC_JSON | --hf-eager SPEC_JSON (internal; use `edgelin bench`)")
 
 
 def main(argv: list[str]) -> None:
@@ -34,6 +35,10 @@ def main(argv: list[str]) -> None:
         from edgelin.bench import llamacpp
 
         (llamacpp.hf_build_main if argv[0] == "--hf-build" else llamacpp.llama_greedy_main)(json.loads(argv[1]))
+    elif len(argv) == 2 and argv[0] == "--hf-eager":
+        from edgelin.bench.transformers_eager import hf_eager_main
+
+        hf_eager_main(json.loads(argv[1]))
     else:
         sys.exit(USAGE)
 

@@ -142,8 +142,9 @@ def hf_build_main(spec: dict[str, Any]) -> None:
     transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(spec["folder"])
 
 
-def build_checkpoint(name: str, folder: Path) -> Path:
-    model_type, config = MODELS[name]
+def build_checkpoint(name: str, folder: Path, models: dict[str, tuple[str, dict]] | None = None) -> Path:
+    """Model ``name`` of ``models`` (default: this section's MODELS) built and saved by transformers in a subprocess."""
+    model_type, config = (MODELS if models is None else models)[name]
     spec = {"model_type": model_type, "config": config, "folder": str(folder)}
     _run([sys.executable, "-m", "edgelin.bench", "--hf-build", json.dumps(spec)], f"building the {name} checkpoint")
     return folder

@@ -38,7 +38,9 @@ SECTIONS = ("decode", "throughput", "position", "prefill", "sweep", "floor")  # 
 #   lowering  portable vs fused graphs (export --ops) of three models in the Python runtime, node and WASM (``lowering``)
 #   hybrid  linear, hybrid (last layer softmax attention) and softmax stacks of one size: decode ms and state bytes
 #           against context position (``hybrid``)
-OPT_IN_SECTIONS = ("fla", "decay", "precision", "llamacpp", "lowering", "hybrid")
+#   transformers  each Hugging Face family's export vs transformers' own eager model: decode, prefill, greedy ids
+#           from a text prompt (``transformers_eager``)
+OPT_IN_SECTIONS = ("fla", "decay", "precision", "llamacpp", "lowering", "hybrid", "transformers")
 ALL_SECTIONS = SECTIONS + OPT_IN_SECTIONS
 PROVIDERS = ("cpu", "auto", "cuda")
 FORMAT = "edgelin-bench/1"
@@ -96,6 +98,10 @@ class Plan:
     lowering_rounds: int  # lowering section: rounds, the two lowerings interleaved (lengths: decay_lengths)
     lowering_steps: int  # ... decode steps per measurement
     hybrid_positions: tuple[int, ...]  # hybrid section: context positions to decode at (models: decay_widths)
+    hf_models: tuple[str, ...]  # transformers section: the models of transformers_eager.MODELS measured
+    hf_decode: int  # ... decode tokens per measurement (from an empty state)
+    hf_lengths: tuple[int, ...]  # ... prefill lengths (one call each)
+    hf_rounds: int  # ... rounds, alternating which engine goes first
 
 
 FULL = Plan(
@@ -109,6 +115,7 @@ FULL = Plan(
     opt_in_lengths=(1024, 4096), decay_lengths=(1024, 4096, 16384), decay_widths=(256, 4, 4, 64),  # the bundled model's size
     llama_lengths=(512, 4096), llama_decode=128, llama_rounds=5, lowering_rounds=3, lowering_steps=100,
     hybrid_positions=(1024, 16384, 65536),
+    hf_models=("qwen3_5", "qwen3_next", "lfm2", "mamba2", "bamba", "granitemoehybrid"), hf_decode=64, hf_lengths=(128, 1024), hf_rounds=5,
 )
 QUICK = Plan(
     decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8, throughput_batches=(1, 4),
@@ -121,6 +128,7 @@ QUICK = Plan(
     opt_in_lengths=(64, 256), decay_lengths=(64, 256), decay_widths=(32, 1, 2, 16),
     llama_lengths=(64,), llama_decode=16, llama_rounds=1, lowering_rounds=1, lowering_steps=5,
     hybrid_positions=(64, 256),
+    hf_models=("lfm2",), hf_decode=8, hf_lengths=(32,), hf_rounds=1,
 )
 
 

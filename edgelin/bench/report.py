@@ -295,6 +295,10 @@ def format_table(d: dict) -> str:
         from .hybrid import hybrid_lines
 
         lines += ["", *hybrid_lines(d["hybrid"])]
+    if "transformers" in d:
+        from .transformers_eager import transformers_lines
+
+        lines += ["", *transformers_lines(d["transformers"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]

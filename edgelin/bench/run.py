@@ -19,6 +19,7 @@ from .precision import precision_section
 from .foreign import fla_section
 from .llamacpp import llamacpp_section
 from .hybrid import hybrid_section
+from .transformers_eager import transformers_section
 from .lowering import lowering_section
 from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, SECTIONS, Progress, check_options, memory_cap, out_folder,
                    require_cuda, resolve_subject)
@@ -29,7 +30,7 @@ from .report import BenchReport, write_json_atomic, write_plots
 from .sections import Bench
 
 OPT_IN = {"fla": fla_section, "decay": decay_section, "precision": precision_section, "llamacpp": llamacpp_section, "lowering": lowering_section,
-          "hybrid": hybrid_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
+          "hybrid": hybrid_section, "transformers": transformers_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
 ON_SOURCE = ("precision",)  # opt-in sections that measure the source (and take source, provider, quick)
 
 METHOD = {
@@ -76,7 +77,8 @@ def run_bench(
         reason, unless EDGELIN_LLAMA_CPP names a build of ``scripts/llamacpp_build.sh``); "lowering" exports three
         models with ``--ops portable`` and ``--ops fused`` and times both in the Python runtime, node and WASM
         (``edgelin.bench.lowering``); "hybrid" decodes linear, hybrid and softmax stacks of one size at 1k, 16k and
-        64k positions (``edgelin.bench.hybrid``).
+        64k positions (``edgelin.bench.hybrid``); "transformers" measures each Hugging Face family's export against
+        transformers' own eager model (``edgelin.bench.transformers_eager``; skipped, with the reason, without transformers).
     memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
     overwrite: replace ``out_dir/bench.json`` and the plots even where they are not an earlier bench run's
         (recognised by content: the JSON's format key, the PNGs' Software text); checked before any work.
