@@ -85,6 +85,9 @@ class Checkpoint:
     config: dict[str, Any]
     model_type: str | None
     files: tuple[Path, ...]
+    # a config without weights (``edgelin.importers.model_from_config``): the importer builds its model and the
+    # weights are left at their initial values; nothing is read
+    config_only: bool = False
 
     def __fspath__(self) -> str:
         return os.fspath(self.path)

@@ -122,8 +122,7 @@ class Session:
             raise RuntimeInputError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
         self.export_dir = Path(export_dir)
         self.manifest = Manifest.load(self.export_dir)
-        # a growing state (KV cache) changes shape every call: ONNX Runtime allocates it, no buffers are bound
-        self.io_binding = io_binding and not self.manifest.grows
+        self.io_binding = io_binding
         self._tokenizer: Tokenizer | None = None
         self._serial = next(_SERIALS)  # tells apart the IO bindings that states cache for each session
         paths = {g: self.manifest.graph_path(self.export_dir, g) for g in GRAPHS}
@@ -162,6 +161,16 @@ class Session:
     def providers(self) -> dict[str, list[str]]:
         """What ONNX Runtime reports as active, per graph."""
         return {g: s.get_providers() for g, s in self._sessions.items()}
+
+    @property
+    def io_binding(self) -> bool:
+        """Whether decode runs through IO binding. Set True, it holds only where the state keeps its shape: a growing
+        state (a KV cache) changes shape every call, so ONNX Runtime allocates it and no buffers are bound."""
+        return self._io_binding
+
+    @io_binding.setter
+    def io_binding(self, value: bool) -> None:
+        self._io_binding = bool(value) and not self.manifest.grows
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -16,7 +16,7 @@ from torch import nn
 from edgelin import protocol
 from edgelin.checkpoint import load_checkpoint
 from edgelin.config import ModelConfig
-from edgelin.errors import EdgelinError
+from edgelin.errors import ConfigError, EdgelinError
 from edgelin.exporters.exporter import DEFAULT_OPSET
 from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.model import LinearLM
@@ -235,6 +235,24 @@ def _random_model(cfg: ModelConfig) -> LinearLM:
     return LinearLM(cfg).float().eval()
 
 
+def _model_of_manifest(manifest: Manifest, source: Path) -> nn.Module:
+    """Random weights of the architecture an export's manifest records: a LinearLM's config, or an imported
+    checkpoint's own config (``source_config``) built by its importer."""
+    model = manifest.model
+    if "source_config" not in model:
+        try:
+            cfg = ModelConfig.from_dict(model)
+        except ConfigError:
+            raise BenchError(f"{source}: its model is neither a LinearLM nor an imported checkpoint (the manifest has no "
+                             "source_config), so the bench cannot build it for the PyTorch rows; bench the module itself "
+                             "from Python: edgelin.bench.run_bench(model)") from None
+        return _random_model(cfg)
+    from edgelin.importers import model_from_config
+
+    torch.manual_seed(MODEL_SEED)
+    return model_from_config(model["source_config"], f"{source / MANIFEST_FILE} (its model's source_config)").float().eval()
+
+
 def resolve_subject(source: Path | nn.Module | None) -> Subject:
     """The model to measure: a given model, an export folder, a checkpoint folder, the bundled model, or the
     default random model."""
@@ -242,8 +260,7 @@ def resolve_subject(source: Path | nn.Module | None) -> Subject:
         return Subject(source.eval(), f"{type(source).__name__} given in Python", False, None, DEFAULT_OPSET)
     if source is not None and (source / MANIFEST_FILE).is_file():
         manifest = Manifest.load(source)
-        cfg = ModelConfig.from_dict(manifest.model)
-        return Subject(_random_model(cfg), f"export {source} (ORT rows run its graphs; PyTorch and baseline rows use random weights of its config)",
+        return Subject(_model_of_manifest(manifest, source), f"export {source} (ORT rows run its graphs; PyTorch and baseline rows use random weights of its config)",
                        True, source, int(manifest.opset))
     if source is None:
         source = bundled_checkpoint()

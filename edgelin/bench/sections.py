@@ -99,7 +99,9 @@ class Bench:
         out: dict[str, Any] = {"what": "ms per decode call (one token per sequence); tokens/s = batch / median",
                                "contenders": {"torch_eager": f"{type(self.model).__name__}.step, PyTorch eager (CPU), inference_mode",
                                               "ort_run": "runtime Session.decode, io_binding=False (InferenceSession.run, numpy feeds)",
-                                              "ort_iobinding": "runtime Session.decode, io_binding=True (state buffers reused)"},
+                                              "ort_iobinding": "runtime Session.decode, io_binding=True (state buffers reused)"
+                                              if not sess.manifest.grows else "runtime Session.decode asked for IO binding: not "
+                                              "used, the state grows (KV caches), so this is ort_run again"},
                                "batches": {}}
         dtype = next(self.model.parameters()).dtype
         for B in p.decode_batches:

@@ -94,6 +94,18 @@ def foreign_model_type(path: str | Path) -> str | None:
     return model_type
 
 
+def model_from_config(config: dict[str, Any], where: str = "the config") -> Any:
+    """The model a foreign checkpoint with this ``config.json`` content would import to, with its weights as
+    initialised (the caller seeds torch): for measuring speed where only an export's manifest (its
+    ``source_config``) is at hand. The importer reads and checks the config exactly as for a checkpoint."""
+    from edgelin.checkpoint import Checkpoint
+
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str):
+        raise CheckpointError(f"{where} has no model_type naming an importer")
+    return import_checkpoint(Checkpoint(Path(where), config, model_type, (), config_only=True))
+
+
 def import_checkpoint(path: Any) -> Any:
     """Build the model of a foreign checkpoint folder (or ``edgelin.checkpoint.Checkpoint``, read once) with the
     importer registered for its ``model_type``; the importer is given the Checkpoint."""
@@ -108,4 +120,4 @@ def import_checkpoint(path: Any) -> Any:
     return importer(ckpt)
 
 
-__all__ = ["FRAMEWORKS", "IMPORTERS", "Importer", "foreign_model_type", "import_checkpoint", "read_config", "register_importer", "supported"]
+__all__ = ["FRAMEWORKS", "IMPORTERS", "Importer", "foreign_model_type", "import_checkpoint", "model_from_config", "read_config", "register_importer", "supported"]

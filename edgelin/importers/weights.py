@@ -153,6 +153,9 @@ def load_checkpoint_weights(
     from edgelin.checkpoint import Checkpoint, weight_files
     from edgelin.safety import expected_shapes, header_shapes
 
+    if isinstance(path, Checkpoint) and path.config_only:  # the architecture alone: weights as initialised
+        return build().eval()
+
     files = list(path.files) if isinstance(path, Checkpoint) else weight_files(path)
     path = Path(path)
     found: dict[str, tuple[int, ...]] = {}

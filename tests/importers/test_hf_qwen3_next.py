@@ -10,6 +10,8 @@ row of the fused projections read from the wrong group or piece shows.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -85,6 +87,13 @@ def test_fused_export_matches_transformers(tmp_path_factory):
     folder, prompt, steps, ref = oracle("qwen3_next-mlp-only-tied", tmp_path_factory)
     out = tmp_path_factory.mktemp("qwen3_next-fused") / "export"
     fused_export_vs_reference(folder, out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
+    # `edgelin bench EXPORT` on an imported export: its PyTorch rows get the importer's model of the manifest's
+    # source_config (random weights), its ORT rows run the export
+    from edgelin.bench import run_bench
+
+    report = run_bench(out, sections=["decode"], quick=True, threads=1, out_dir=out.parent / "bench", plots=False)
+    row = json.loads(report.json_path.read_text())["decode"]["batches"]["1"]
+    assert row["torch_eager"]["median"] > 0 and row["ort_iobinding"]["median"] > 0
 
 
 @pytest.mark.parametrize("changes, field, fragment", [
