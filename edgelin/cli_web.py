@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 
 import click
 
@@ -37,7 +36,7 @@ def web(export_dir, out_dir, force, ort_web, tokenizers_js, serve, port):
       edgelin web out/ --serve --port 8080
     """
     from edgelin.errors import RuntimeInputError
-    from edgelin.web import check_port, make_server, write_site
+    from edgelin.web import check_port, make_server, serve_dir, write_site
 
     if out_dir is None and not serve:
         raise RuntimeInputError("name the site folder with -o SITE (or pass --serve to serve a temporary one)")
@@ -45,7 +44,7 @@ def web(export_dir, out_dir, force, ort_web, tokenizers_js, serve, port):
         check_port(port)
     scratch = None
     if out_dir is None:
-        scratch = tempfile.mkdtemp(prefix="edgelin-web-")
+        scratch = serve_dir()  # removed below; one a killed run left is removed by the next --serve
         out_dir = f"{scratch}/site"
     try:
         result = write_site(export_dir, out_dir, ort_web=ort_web, force=force, progress=progress, tokenizers_js=tokenizers_js)

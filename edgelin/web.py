@@ -26,7 +26,10 @@ from pathlib import Path
 from typing import Callable
 
 from edgelin.errors import ManifestError, OutputError, RuntimeInputError
-from edgelin.runtime.files import MAX_RECOGNISED_BYTES, check_output_dir, file_sha256, read_regular, remove_created, replace_dir, work_dir
+from edgelin.runtime.files import (
+    MAX_RECOGNISED_BYTES, WORK_MARKER, check_output_dir, file_sha256, read_regular, remove_created, remove_stale_temps, replace_dir,
+    temp_dir, work_dir, work_files,
+)
 from edgelin.runtime.golden import GOLDEN_FILE, Golden
 from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest
 
@@ -121,6 +124,36 @@ def site_files(folder: Path) -> list[str] | str:
     return present
 
 
+SITE_ENTRIES = frozenset({MODULE, PAGE, "export", "ort", Path(TOK_SITE).parts[0], MARKER})  # what a site's top level holds
+SERVE_SCRATCH = "edgelin-web-serve"  # `edgelin web --serve` without -o: .edgelin-web-serve.tmp.PID.* in the temp folder
+
+
+def _no_links(folder: Path) -> bool:
+    return not any(p.is_symlink() for p in folder.rglob("*"))
+
+
+def site_work(folder: Path, name: str) -> bool:
+    """A killed ``edgelin web``'s work folder holds only a site's own entries (a ``.old`` one: the site ``name``)."""
+    top = {e.name for e in folder.iterdir()} - {WORK_MARKER}
+    return (top <= SITE_ENTRIES or top == {name}) and _no_links(folder)
+
+
+def serve_scratch(folder: Path, name: str) -> bool:
+    """A killed ``edgelin web --serve``'s temporary folder holds its site (or the site's work folder) and nothing else."""
+    entries = [e for e in folder.iterdir() if e.name != WORK_MARKER]
+    return all(e.is_dir() and not e.is_symlink() and (e.name == "site" or e.name.startswith(".site.")) and site_work(e, "site")
+               for e in entries)
+
+
+def serve_dir() -> Path:
+    """A new temporary folder for ``edgelin web --serve`` without -o, after removing those a killed one left."""
+    import tempfile
+
+    root = Path(tempfile.gettempdir())
+    remove_stale_temps(root, SERVE_SCRATCH, serve_scratch)
+    return temp_dir(root, SERVE_SCRATCH)
+
+
 @dataclass
 class SiteResult:
     out_dir: Path
@@ -194,6 +227,8 @@ def write_site(
     tok_dist = find_tokenizers_js(tokenizers_js) if tokenizer_files else None
     check = dict(force=force, protect=(export_dir,), ours=site_files, kind="a site written by edgelin web", protected="the export")
     replacing = check_output_dir(out, what="site folder", **check)
+    for stale in remove_stale_temps(out.parent if str(out.parent) else Path("."), out.name, site_work):
+        say(f"removed {stale}, left by an earlier edgelin web that was killed")
     source = web_dir()
     for name in (MODULE, PAGE):
         if not (source / name).is_file():
@@ -220,7 +255,7 @@ def write_site(
         (tmp / "ort").mkdir()
         for f in ORT_FILES:
             shutil.copyfile(dist / f, tmp / "ort" / f)
-        files = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        files = {str(p.relative_to(tmp)): p.stat().st_size for p in work_files(tmp)}
         record = {"format": "edgelin-site/1", "files": {f: file_sha256(tmp / f) for f in sorted(files)}}  # how --force tells a site edgelin wrote
         (tmp / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         if replacing:

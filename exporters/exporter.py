@@ -37,7 +37,7 @@ from edgelin.exporters.precision import embedding_choice
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once
 from edgelin.runtime import golden
-from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir
+from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir, work_files
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest, file_sha256
 from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
@@ -383,7 +383,7 @@ def export(
                     + f" (budget {smoke_bounds}); run `edgelin validate` on an export made with --no-check to see where, "
                     "or state a budget of your own with --budget"
                 )
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        files = {p.name: p.stat().st_size for p in work_files(tmp)}
         if replacing:
             say(f"replacing {out_dir}: {replacing}")
         replace_dir(tmp, out_dir, force=force, protect=protect)

@@ -8,9 +8,11 @@ is ever replaced. Standard library only.
   or a device.
 - ``check_output_file`` / ``check_output_dir``: every output path is checked before any work starts.
 - ``replace_dir``: move a finished folder into place, replacing only what ``check_output_dir`` allowed.
-- ``remove_stale_temps``: the hidden ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders an export killed
-  by SIGKILL leaves behind are removed by the next export to the same place (only that pattern, only
-  when the process that made them is gone, only when they hold nothing but export files).
+- ``remove_stale_temps``: the hidden ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders an export or a site killed
+  by SIGKILL leaves behind are removed by the next one to the same place: only folders that hold edgelin's work
+  marker (``WORK_MARKER``, naming the process that made the folder) for that name, only when that process is
+  gone, and only when they hold nothing but what edgelin writes there. A folder of the same name that lacks the
+  marker is the user's, and is left alone.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from edgelin.errors import OutputError, RuntimeInputError
 
 MANIFEST_FILE = "edgelin.json"  # also runtime.manifest.MANIFEST_FILE (that module imports numpy; this one must not)
 EXPORT_FILE_SUFFIXES = (".onnx", ".json", ".data")  # what an export (or its temporary folder) may hold
+WORK_MARKER = ".edgelin-work"  # in each temporary folder while edgelin builds in it; removed before it is moved into place
 
 
 def _fresh(parent: Path, prefix: str, suffix: str, create: Callable[[Path], object]):
@@ -479,10 +482,34 @@ def remove_created(folders: list[Path]) -> bool:
     return True
 
 
+def _marker_text(folder_name: str) -> str:
+    return f"edgelin work folder {folder_name}\n"
+
+
 def temp_dir(folder: Path, name: str, kind: str = "tmp") -> Path:
-    """A new hidden folder ``.NAME.KIND.PID.xxxxxxxx`` in ``folder`` with ordinary permissions."""
+    """A new hidden folder ``.NAME.KIND.PID.xxxxxxxx`` in ``folder`` with ordinary permissions, holding the work
+    marker (``WORK_MARKER``: its own name) by which a later run tells it from a user's folder of the same name."""
     path, _ = _fresh(Path(folder), f".{name}.{kind}.{os.getpid()}.", "", lambda p: os.mkdir(p, 0o777))
+    try:
+        (path / WORK_MARKER).write_text(_marker_text(path.name), encoding="utf-8")
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     return path
+
+
+def work_files(folder: Path) -> list[Path]:
+    """Every file below ``folder`` but the work marker, in name order: what a finished folder will hold."""
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != WORK_MARKER]
+
+
+def _has_marker(folder: Path) -> bool:
+    marker = folder / WORK_MARKER
+    try:
+        return not marker.is_symlink() and marker.is_file() and marker.stat().st_size < 256 and \
+            marker.read_text(encoding="utf-8") == _marker_text(folder.name)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def work_dir(out: Path) -> tuple[Path, list[Path]]:
@@ -512,6 +539,8 @@ def _pid_alive(pid: int) -> bool:
 def _only_export_files(folder: Path, name: str) -> bool:
     """The folder holds only export files, or (a ``.old`` folder) one subfolder ``name`` that does."""
     for entry in os.scandir(folder):
+        if entry.name == WORK_MARKER:
+            continue
         if entry.is_symlink():
             return False
         if entry.is_dir():
@@ -522,9 +551,11 @@ def _only_export_files(folder: Path, name: str) -> bool:
     return True
 
 
-def remove_stale_temps(folder: Path, name: str) -> list[Path]:
-    """Remove ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders in ``folder`` left by an export that was
-    killed (its process is gone) and that hold only export files. Returns the folders removed."""
+def remove_stale_temps(folder: Path, name: str, allowed: Callable[[Path, str], bool] | None = None) -> list[Path]:
+    """Remove ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders in ``folder`` left by a run that was killed: each
+    must hold edgelin's work marker for its own name, its process must be gone, and what it holds must pass
+    ``allowed(path, name)`` (default: export files only). Returns the folders removed."""
+    allowed = allowed or _only_export_files
     pattern = re.compile(rf"^\.{re.escape(name)}\.(tmp|old)\.(\d+)\.[A-Za-z0-9_]+$")
     removed = []
     try:
@@ -537,7 +568,7 @@ def remove_stale_temps(folder: Path, name: str) -> list[Path]:
             continue
         path = Path(entry.path)
         try:
-            if _only_export_files(path, name):
+            if _has_marker(path) and allowed(path, name):
                 shutil.rmtree(path)
                 removed.append(path)
         except OSError:
@@ -554,6 +585,7 @@ def replace_dir(
     rename fails, the old folder is put back. Returns what was replaced, as ``check_output_dir``."""
     replaced = check_output_dir(out, force=force, protect=protect, ours=ours, kind=kind, protected=protected)
     try:
+        (tmp / WORK_MARKER).unlink(missing_ok=True)  # the finished folder holds only what the work wrote
         if replaced is None:
             os.replace(tmp, out)
             return None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from edgelin.errors import OutputError
-from edgelin.runtime.files import check_output_dir, remove_stale_temps
+from edgelin.runtime.files import WORK_MARKER, check_output_dir, remove_stale_temps
 from edgelin.runtime.manifest import canonical_manifest_equal
 
 
@@ -203,9 +203,54 @@ def test_stale_temps_of_a_live_process_or_with_user_files_are_kept(tmp_path):
     (with_user_file / "thesis.txt").write_text("mine")
     stale = tmp_path / f".out.tmp.{dead_pid}.def"
     stale.mkdir()
+    (stale / WORK_MARKER).write_text(f"edgelin work folder {stale.name}\n")  # what temp_dir writes
     (stale / "prefill.onnx").write_bytes(b"x")
+    # a user's folder of the very pattern, holding only files of export suffixes, but no marker: not edgelin's
+    lookalike = tmp_path / f".out.tmp.{dead_pid}.abcd"
+    lookalike.mkdir()
+    (lookalike / "notes.json").write_text('{"my": "notes"}')
+    (lookalike / "thesis.data").write_text("x")
+    # a marker copied from another folder (its name is not this folder's) proves nothing either
+    copied = tmp_path / f".out.tmp.{dead_pid}.ghi"
+    copied.mkdir()
+    (copied / WORK_MARKER).write_text(f"edgelin work folder {stale.name}\n")
+    (copied / "notes.json").write_text("{}")
     assert remove_stale_temps(tmp_path, "out") == [stale]
     assert live.exists() and with_user_file.exists() and not stale.exists()
+    assert (lookalike / "notes.json").read_text() == '{"my": "notes"}' and (copied / "notes.json").exists()
+
+
+def test_work_folders_carry_the_marker_and_finished_folders_do_not(tmp_path):
+    from edgelin.runtime.files import replace_dir, temp_dir
+
+    work = temp_dir(tmp_path, "out")
+    assert (work / WORK_MARKER).read_text() == f"edgelin work folder {work.name}\n"
+    (work / "edgelin.json").write_text("{}")
+    replace_dir(work, tmp_path / "out", force=False)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["edgelin.json"]
+
+
+def test_a_killed_web_serve_leaves_a_scratch_folder_the_next_one_removes(tmp_path, monkeypatch):
+    import tempfile
+
+    from edgelin.runtime.files import temp_dir
+    from edgelin.web import SERVE_SCRATCH, serve_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead_pid = 2**22 + 12345
+    killed = temp_dir(tmp_path, SERVE_SCRATCH)  # as a --serve run made it, then renamed as if its process were gone
+    killed = killed.rename(tmp_path / f".{SERVE_SCRATCH}.tmp.{dead_pid}.aaaa")
+    (killed / WORK_MARKER).write_text(f"edgelin work folder {killed.name}\n")
+    (killed / "site" / "export").mkdir(parents=True)
+    (killed / "site" / "index.html").write_text("<html>")
+    (killed / "site" / "export" / "decode.onnx").write_bytes(b"x")
+    users = tmp_path / f".{SERVE_SCRATCH}.tmp.{dead_pid}.bbbb"  # the pattern, the marker, and a user's file beside the site
+    users.mkdir()
+    (users / WORK_MARKER).write_text(f"edgelin work folder {users.name}\n")
+    (users / "notes.txt").write_text("mine")
+    fresh = serve_dir()
+    assert not killed.exists() and (users / "notes.txt").read_text() == "mine"
+    assert fresh.parent == tmp_path and fresh.name.startswith(f".{SERVE_SCRATCH}.tmp.{os.getpid()}.")
 
 
 # ---- manifests compare by content ------------------------------------------------------------------
