@@ -54,6 +54,9 @@ def user_errors(fn):
         main_thread = threading.current_thread() is threading.main_thread()
         previous = {sig: signal.signal(sig, _terminate) for sig in STOPPING} if main_thread else {}
         try:
+            given = kwargs.get("export_dir")
+            if isinstance(given, str) and not given.strip():  # a Path would read '' as '.', the current folder
+                fail(f"EXPORT_DIR is {given!r}, an empty name; pass an export folder (the one holding edgelin.json)")
             return fn(*args, **kwargs)
         except EdgelinError as exc:
             fail(str(exc))

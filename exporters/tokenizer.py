@@ -42,20 +42,40 @@ class TokenizerEntry:
     sources: dict[str, str]  # "bos_id" / "eos_id" / "pad_id" / "add_bos" -> where it was read
 
 
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` (which exists as a name) is not a regular file to read, or None if it is one."""
+    if path.is_symlink() and not path.exists():
+        return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
+    if path.is_dir():
+        return f"{path} is a folder"
+    if not path.is_file():
+        return f"{path} is not a regular file (a FIFO, device or socket is never read)"
+    return None
+
+
 def find_tokenizer(checkpoint: str | os.PathLike | None, given: str | os.PathLike | None) -> Path | None:
     """The tokenizer.json to export with: ``given`` (a folder holding one, or the file itself), else the
-    checkpoint folder's own, else None."""
+    checkpoint folder's own, else None. A tokenizer.json that is there but cannot be read as a file (a FIFO, a
+    dangling link) is refused, never passed over for the byte tokenizer."""
     if given is not None:
         path = Path(given)
         if path.is_dir():
             path = path / TOKENIZER_FILE
-            if not path.is_file():
+            if not os.path.lexists(path):
                 raise ExportError(f"{given} holds no {TOKENIZER_FILE}; {HINT}")
-        elif not path.is_file():
+        elif not os.path.lexists(path):
             raise ExportError(f"tokenizer {given} does not exist; {HINT}")
+        why = _not_a_file(path)
+        if why:
+            raise ExportError(f"tokenizer: {why}; {HINT}")
         return path
-    if checkpoint is not None and Path(checkpoint).is_dir() and (Path(checkpoint) / TOKENIZER_FILE).is_file():
-        return Path(checkpoint) / TOKENIZER_FILE
+    if checkpoint is not None and Path(checkpoint).is_dir() and os.path.lexists(Path(checkpoint) / TOKENIZER_FILE):
+        path = Path(checkpoint) / TOKENIZER_FILE
+        why = _not_a_file(path)
+        if why:
+            raise ExportError(f"the checkpoint's tokenizer: {why}; make it the tokenizer's file (or remove it to export "
+                              "without a tokenizer, or name one with --tokenizer)")
+        return path
     return None
 
 

@@ -258,7 +258,13 @@ class Generator:
             raise RuntimeInputError("mix of text and token-id prompts; pass one kind")
         out = []
         for i, p in enumerate(prompts):
-            ids = self.session.tokenizer.encode(p) if texts[0] else np.asarray(p)
+            if texts[0]:
+                ids = self.session.tokenizer.encode(p)
+            else:
+                try:
+                    ids = np.asarray(p)
+                except ValueError:  # numpy: a ragged nesting ([3, [4]]) is no array
+                    raise RuntimeInputError(f"prompt {i} must be a flat sequence of token ids, got {str(p)[:60]}") from None
             if ids.ndim != 1 or ids.size == 0:
                 raise RuntimeInputError(f"prompt {i} is empty" if ids.size == 0 else f"prompt {i} must be a flat sequence of token ids")
             if not np.issubdtype(ids.dtype, np.integer):
@@ -497,9 +503,11 @@ def generate_text(
         if not prompts:
             raise RuntimeInputError("no prompt given; give some text with --prompt")
         for i, p in enumerate(prompts):
-            if not isinstance(p, str) or not p:
-                raise RuntimeInputError(f"prompt {i + 1} of {len(prompts)} is empty; give some text with --prompt" if batch
-                                        else "the prompt is empty; give some text with --prompt")
+            where = f"prompt {i + 1} of {len(prompts)}" if batch else "the prompt"
+            if not isinstance(p, str):
+                raise RuntimeInputError(f"{where} is {type(p).__name__} {str(p)[:40]}, not text; pass strings (token ids go in prompt_ids)")
+            if not p:
+                raise RuntimeInputError(f"{where} is empty; give some text with --prompt")
     if batch and on_text is not None:
         raise RuntimeInputError("on_text streams one prompt; with several, read each continuation from the results")
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load

@@ -336,6 +336,9 @@ def _init_bytes(value: bytes):
 
 CASES["validate/init-infinite"] = Case(["validate", EX], "'init' must be a finite number", _init_bytes(b"1e400"))
 CASES["generate/init-nan"] = Case(["generate", EX, "-p", "Hi"], "not valid JSON", _init_bytes(b"NaN"))
+# an empty EXPORT_DIR was read as '.', the current folder ("'.' is not an edgelin export")
+for _cmd, _rest in (("validate", []), ("generate", ["-p", "Hi"]), ("check", []), ("web", ["-o", "site"])):
+    CASES[f"{_cmd}/empty-export-name"] = Case([_cmd, "", *_rest], "EXPORT_DIR is '', an empty name")
 
 
 @pytest.mark.parametrize("name", [pytest.param(k, id=k) for k in CASES])

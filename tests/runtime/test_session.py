@@ -175,6 +175,17 @@ def test_ragged_nested_ids_are_one_error(session):
         session.prefill([[1, 2, 3], [1, 2]], session.new_state(2))
     with pytest.raises(RuntimeInputError, match=r"prompt 0 must be a flat sequence of token ids, got \[1, \[2\]\]"):
         session.prefill_batch([[1, [2]], [3]])  # numpy's ValueError before
+    from edgelin.runtime import Generator, State, generate_text
+
+    for ids in ([[1, 2], [3, [4]]], [[1, [2]], [3]]):  # the Generator's own reading of the prompts (numpy's ValueError before)
+        with pytest.raises(RuntimeInputError, match="must be a flat sequence of token ids"):
+            list(Generator(session, ids, max_new_tokens=2))
+    with pytest.raises(RuntimeInputError, match="State.stack takes a list of states, got NoneType"):
+        State.stack(None)  # TypeError before
+    with pytest.raises(RuntimeInputError, match=r"prompt 2 of 2 is int 1, not text"):
+        generate_text(session, ["a", 1], max_new_tokens=2)  # "is empty" before
+    with pytest.raises(RuntimeInputError, match=r"prompt 2 of 2 is list \['b'\], not text"):
+        generate_text(session, ["a", ["b"]], max_new_tokens=2)
 
 
 def test_a_state_of_another_model_is_refused(session, exported):

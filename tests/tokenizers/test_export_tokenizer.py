@@ -127,6 +127,29 @@ def test_cli_a_tokenizer_too_large_and_a_missing_path_are_one_line_exit_2(tiny_c
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("kind", ["dangling-link", "fifo"])
+def test_a_checkpoint_tokenizer_that_is_not_a_file_is_refused_not_passed_over(tiny_checkpoint, tmp_path, kind):
+    """A checkpoint whose tokenizer.json is a dangling link (a copied hub snapshot) or a FIFO: refused by name, exit 2,
+    never exported with the byte tokenizer in its place."""
+    import os
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint(300), ckpt)
+    if kind == "fifo":
+        os.mkfifo(ckpt / "tokenizer.json")
+    else:
+        os.symlink("../blobs/abc", ckpt / "tokenizer.json")
+    r = export_cli(ckpt, "-o", tmp_path / "out", "--no-check")
+    want = "does not exist" if kind == "dangling-link" else "is not a regular file"
+    assert r.exit_code == 2 and "the checkpoint's tokenizer" in r.stderr and want in r.stderr and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "out").exists()
+    # named with --tokenizer (the file, or a folder holding it): the same, not "does not exist" / "holds no"
+    for given in (ckpt / "tokenizer.json", ckpt):
+        r = export_cli(tiny_checkpoint(300), "-o", tmp_path / "out", "--tokenizer", given, "--no-check")
+        assert r.exit_code == 2 and want in r.stderr and "holds no" not in r.stderr, r.output
+
+
 # ---- the runtime reads it ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["bytelevel", "sentencepiece", "ascii"])
 def test_generated_text_is_the_tokenizers_decoding_of_the_generated_ids(hf_export, hf_tokenizer, kind):
