@@ -20,6 +20,7 @@ from edgelin.ops import delta
 from edgelin.protocol import ExportableModel, check_model
 from edgelin.runtime.manifest import Manifest
 from testkit import max_abs
+from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.stateful import edited_copy, pieces_and_steps_agree
 
 MAX_ABS = 1e-4
@@ -88,9 +89,6 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     return fla_oracle.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT,
                                   steps=STEPS)
 
-
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 @pytest.mark.parametrize("case_id", same_worker(CASES))

@@ -20,6 +20,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from edgelin.protocol import ExportableModel, check_model
 from testkit.stateful import pieces_and_steps_agree
+from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S, relative L2
@@ -70,9 +71,6 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     return fla_oracle.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT,
                                   steps=STEPS, fused=not options)
 
-
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 @pytest.mark.parametrize("case_id", same_worker(CASES))

@@ -17,6 +17,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from edgelin.ops import delta
 from testkit import max_abs
+from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 
 from testkit import hf_oracle
 from testkit.stateful import edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
@@ -51,9 +52,6 @@ def oracle(case_id: str, tmp_path_factory):
     return hf_oracle.cached(_RESULTS, case_id, "qwen3_5_text", CASES[case_id], tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS,
                             vocab=TINY["vocab_size"])
 
-
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def test_registry_lists_qwen3_5():

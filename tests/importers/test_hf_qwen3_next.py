@@ -19,6 +19,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from edgelin.importers.hf.qwen3_next import group_rows
 from testkit import hf_oracle
+from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.stateful import edited_copy, fused_export_vs_reference, import_vs_reference
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
@@ -50,9 +51,6 @@ def oracle(case_id: str, tmp_path_factory):
     return hf_oracle.cached(_RESULTS, case_id, "qwen3_next", CASES[case_id], tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS,
                             vocab=TINY["vocab_size"])
 
-
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def test_registry_lists_qwen3_next():
