@@ -10,8 +10,8 @@ is ever replaced. Standard library only.
 - ``replace_dir``: move a finished folder into place, replacing only what ``check_output_dir`` allowed.
 - ``remove_stale_temps``: the hidden ``.NAME.tmp.PID.*`` / ``.NAME.old.PID.*`` folders an export or a site killed
   by SIGKILL leaves behind are removed by the next one to the same place: only folders that hold edgelin's work
-  marker (``WORK_MARKER``, naming the process that made the folder) for that name, only when that process is
-  gone, and only when they hold nothing but what edgelin writes there. A folder of the same name that lacks the
+  marker (``WORK_MARKER``, naming the folder itself, whose name holds the id of the process that made it), only
+  when that process is gone, and only when they hold nothing but what edgelin writes there. A folder of the same name that lacks the
   marker is the user's, and is left alone.
 """
 

@@ -167,8 +167,9 @@ def load_checkpoint_weights(
             if not name.startswith(left_out) or not left_out:
                 found[name], home[name] = shape, file
     where = files[0] if len(files) == 1 else path
-    for name in [n for n in found if _split_for(n, splits)]:
-        parts = _split_for(name, splits).shapes(name, found.pop(name), where)
+    fused = {n: s for n in found if (s := _split_for(n, splits)) is not None}  # checkpoint name -> its RowSplit
+    for name, split in fused.items():
+        parts = split.shapes(name, found.pop(name), where)
         twice = sorted(set(parts) & set(found))
         if twice:
             raise CheckpointError(f"{where}: tensor {twice[0]} is held twice: on its own and in the rows of {name}")
@@ -178,8 +179,8 @@ def load_checkpoint_weights(
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(read_safetensors(file.parent, only={n for n, f in home.items() if f == file}, file=file.name))
-    for name in [n for n in tensors if _split_for(n, splits)]:
-        tensors.update(_split_for(name, splits).split(name, tensors.pop(name)))
+    for name, split in fused.items():
+        tensors.update(split.split(name, tensors.pop(name)))
     load_weights(model, tensors, groups, where)
     return model.eval()
 
