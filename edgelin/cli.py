@@ -75,8 +75,12 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
               help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
                    "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer; ONNX Runtime >= 1.30: Python, "
                    "onnxruntime-node, onnxruntime-web). The state is the same either way. The README's Performance section says which is faster where.")
+@click.option("--max-sequence", type=int, default=4096, show_default=True, metavar="TOKENS",
+              help="The most tokens one prefill call takes, for graphs whose size depends on it (the portable delta rule's "
+                   "scan across chunks: each doubling adds a level, ~1 s of export per layer). Recorded in edgelin.json; "
+                   "the runtimes cut longer prompts into pieces of at most this many tokens. Other models take any length.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, ops):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, ops, max_sequence):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -102,7 +106,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
         force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
-        tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding, ops=ops,
+        tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding, ops=ops, max_sequence=max_sequence,
     )
     click.echo(result.summary())
 

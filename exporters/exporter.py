@@ -36,6 +36,7 @@ from edgelin.exporters.precision import convert as convert_precision
 from edgelin.exporters.precision import embedding_choice
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once
+from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE, sequence_bound
 from edgelin.runtime import golden
 from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir, work_files
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest, file_sha256
@@ -45,6 +46,7 @@ from edgelin.state import fresh_state, from_numpy, to_numpy
 MIN_OPSET, MAX_OPSET = 18, 23  # the default exporter's lowest opset .. the newest ORT 1.2x runs
 DEFAULT_OPSET = 18  # the most portable: older edge runtimes read it
 MAX_CHUNK = 4096
+MAX_SEQUENCE_LIMIT = 1 << 31  # the manifest's bound on max_sequence
 GRAPH_FILES = {"prefill": "prefill.onnx", "decode": "decode.onnx"}
 
 Progress = Callable[[str], None]
@@ -76,6 +78,8 @@ class ExportResult:
             lines.append(f"  state per sequence: {m.state_bytes(1):,} bytes (constant in sequence length)")
         if self.manifest.lengths is not None:
             lines.append(f"  ragged prefill: input {self.manifest.lengths!r} takes each row's length (prompts of different lengths in one call)")
+        if m.max_sequence is not None:
+            lines.append(f"  prefill calls: at most {m.max_sequence:,} tokens each (max_sequence; the runtimes cut longer prompts into pieces)")
         if self.smoke is None:
             lines.append("  smoke check: skipped (--no-check)")
         else:
@@ -86,9 +90,12 @@ class ExportResult:
         return "\n".join(lines)
 
 
-def _check_options(opset: int, chunk_size: int | None) -> None:
+def _check_options(opset: int, chunk_size: int | None, max_sequence: int = DEFAULT_MAX_SEQUENCE) -> None:
     if not isinstance(opset, int) or not MIN_OPSET <= opset <= MAX_OPSET:
         raise ExportError(f"opset {opset!r} is not supported; choose {MIN_OPSET}..{MAX_OPSET} (default {DEFAULT_OPSET})")
+    if isinstance(max_sequence, bool) or not isinstance(max_sequence, int) or not 1 <= max_sequence <= MAX_SEQUENCE_LIMIT:
+        raise ExportError(f"max sequence {max_sequence!r} is out of range; choose 1..{MAX_SEQUENCE_LIMIT} tokens per prefill call "
+                          f"(default {DEFAULT_MAX_SEQUENCE})")
     if chunk_size is not None and (not isinstance(chunk_size, int) or not 1 <= chunk_size <= MAX_CHUNK):
         raise ExportError(f"chunk size {chunk_size!r} is out of range; choose 1..{MAX_CHUNK} (64 is a good default)")
 
@@ -273,6 +280,7 @@ def export(
     budget: dict[str, dict[str, float]] | None = None,
     embedding: str | None = None,
     ops: str = fused.DEFAULT_LOWERING,
+    max_sequence: int = DEFAULT_MAX_SEQUENCE,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -298,9 +306,14 @@ def export(
 
     ``ops``: the graphs' lowering (``edgelin.fused``): "portable" (the default: ONNX standard operators, every
     runtime) or "fused" (linear attention's recurrence as ONNX Runtime's com.microsoft.LinearAttention node;
-    recorded as the manifest's ``ops``). The state contract is the same either way."""
+    recorded as the manifest's ``ops``). The state contract is the same either way.
+
+    ``max_sequence``: the most tokens one prefill call takes, where the prefill graph's size depends on it (the
+    portable delta rule's scan across chunks gets log2(max_sequence / chunk) levels, each ~1 s of export per
+    layer): the graph is exact up to it and gives NaN beyond, the manifest records it, and the runtimes cut
+    longer prompts into pieces of at most that many tokens. Other graphs take any length and record nothing."""
     say = progress or (lambda _msg: None)
-    _check_options(opset, chunk_size)
+    _check_options(opset, chunk_size, max_sequence)
     if ops not in fused.LOWERINGS:
         raise ExportError(f"ops {ops!r} is not a lowering; choose one of {', '.join(fused.LOWERINGS)}")
     check_precision(precision, state_dtype)
@@ -329,12 +342,14 @@ def export(
             protocol.check_float16_state(model)
         if ragged:
             protocol.check_lengths(model)
-        seconds = {}
+        seconds, bounded = {}, False
         for graph, fname in GRAPH_FILES.items():
             say(f"exporting the {graph} graph (opset {opset}) ...")
             t0 = time.perf_counter()
             spec = graph_spec(model, graph, lengths=ragged)
-            export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname, external=True, ops=ops)
+            with sequence_bound(max_sequence) as bound:
+                export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname, external=True, ops=ops)
+            bounded |= bound.used
             seconds[graph] = time.perf_counter() - t0
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
@@ -345,7 +360,8 @@ def export(
             extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0}, ragged=ragged,
             tokenizer=None if tok is None else tok.spec,
         )
-        manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype))
+        manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype),
+                                       max_sequence=max_sequence if bounded else None)
         manifest.extra["state_bytes_per_sequence"] = manifest.state_bytes(1)
         if budget:
             manifest.extra["parity_budgets"] = budget

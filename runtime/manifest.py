@@ -15,6 +15,7 @@ manifests are checked against it when written and when read. Standard library + 
       "input_ids": "input_ids", "logits": "logits",
       "logits_layout": {"axes": ["batch", "sequence", "vocab"], "positions": "every", "next_token": "last"},
       "min_sequence": 1, "prefill_piece": 1024,
+      "max_sequence": 4096,         (only where the prefill graph is exact up to a length: longer prompts go in pieces)
       "lengths": "lengths",         (only a ragged export: the prefill graph's per-row lengths, int64 [batch])
       "states": [{"input": "state.0.S", "output": "present.0.S", "shape": ["batch", 4, 64, 64],
                   "dtype": "float32", "init": 0.0}, ...],
@@ -69,7 +70,7 @@ REQUIRED_V1 = (
     "model", "opset", "precision", "edgelin_version", "source",
 )
 DROPPED_V1 = ("weights_file",)  # named a file that is not in the export
-FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "lengths", "max_positions", "weights")
+FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "max_sequence", "lengths", "max_positions", "weights")
 WEIGHTS = "weights"  # the key of the weights file's hash in ``sha256``
 SEQUENCE = "sequence"
 SYMBOLS = {
@@ -234,6 +235,7 @@ class Manifest:
     logits_dtype: str = "float32"
     min_sequence: int = 1
     prefill_piece: int = PREFILL_PIECE
+    max_sequence: int | None = None  # the most tokens one prefill call takes (the graph is exact up to it); None: any
     lengths: str | None = None  # the ragged prefill graph's per-row lengths input, int64 [batch]; None: no such input
     max_positions: int | None = None  # the context limit the model declares (positions per sequence); None: none
     weights: dict[str, Any] | None = None  # {"file", "bytes"}: the graphs' one external-data file; None: weights inside each graph
@@ -318,6 +320,7 @@ class Manifest:
             "logits_layout": dict(LOGITS_LAYOUT, axes=list(LOGITS_LAYOUT["axes"])),
             "min_sequence": self.min_sequence,
             "prefill_piece": self.prefill_piece,
+            **({} if self.max_sequence is None else {"max_sequence": self.max_sequence}),
             **({} if self.lengths is None else {"lengths": self.lengths}),  # absent: written exactly as before
             **({} if self.max_positions is None else {"max_positions": self.max_positions}),
             **({} if self.weights is None else {"weights": dict(self.weights)}),
@@ -403,8 +406,11 @@ class Manifest:
             precision=d["precision"], edgelin_version=d["edgelin_version"], source=d["source"], extra=extra,
             sha256=dict(d["sha256"]) if hashes_given else None, logits_dtype=logits_dtype,
             min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]), lengths=lengths,
+            max_sequence=None if d.get("max_sequence") is None else _int(d["max_sequence"]),
             max_positions=None if d.get("max_positions") is None else _int(d["max_positions"]), weights=weights,
         )
+        if m.max_sequence is not None and m.max_sequence < m.min_sequence:
+            raise ManifestError(f"{where}: max_sequence ({m.max_sequence}) is below min_sequence ({m.min_sequence}); re-export the model")
         for g in GRAPHS:
             if not json_equal(d["io"][g], m.io(g)):
                 raise ManifestError(

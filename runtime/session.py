@@ -210,7 +210,8 @@ class Session:
         pieces of at most ``chunk`` tokens (default: the manifest's ``prefill_piece``, 1,024 in edgelin's
         exports), the state carried between them, so memory stays bounded for any T and long prompts run
         at the speed of short ones (then ask for ``last_only``: all logits are T * V floats). ``chunk=T``
-        runs the whole prompt in one call.
+        runs the whole prompt in one call, unless the export bounds a call (the manifest's ``max_sequence``,
+        4,096 in a portable delta-rule export): pieces never exceed it.
         """
         ids = self._check_ids(input_ids, state)
         pieces = []
@@ -298,8 +299,10 @@ class Session:
 
     def _pieces(self, T: int, chunk: int | None) -> list[tuple[int, int]]:
         """(start, end) of each prefill call over T tokens: pieces of at most ``chunk`` (None: the manifest's
-        prefill_piece), none shorter than min_sequence."""
+        prefill_piece), never more than the manifest's max_sequence, none shorter than min_sequence."""
         chunk = self.manifest.prefill_piece if chunk is None else check_int("prefill chunk", chunk, low=1)
+        if self.manifest.max_sequence is not None:  # the graph is exact up to max_sequence tokens per call
+            chunk = min(chunk, self.manifest.max_sequence)
         least = self.manifest.min_sequence
         if T < least:
             raise RuntimeInputError(f"prefill takes at least {least} token(s) (the manifest's min_sequence), got {T}")

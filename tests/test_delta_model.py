@@ -113,7 +113,8 @@ def test_parallel_form_is_refused():
 
 # ---- through the exported graphs ------------------------------------------------------------------------
 
-GRAPH_LEVELS = 4  # the prefill scan lowered from MAX_SCAN_LEVELS for a faster export (2^4 chunks = 256 tokens)
+GRAPH_LEVELS = 4  # the prefill scan's levels at the export's bound: a faster export than at the default 4,096 tokens
+MAX_SEQUENCE = C << GRAPH_LEVELS  # 2^4 chunks = 256 tokens per prefill call
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +125,9 @@ def exported_delta(export_cache):
     m = model("scalar", "identity", n_layers=2, seed=3).float()
 
     def build(out):
-        levels, delta.MAX_SCAN_LEVELS = delta.MAX_SCAN_LEVELS, GRAPH_LEVELS
-        try:
-            export(m, out)  # with its own smoke check of both graphs
-        finally:
-            delta.MAX_SCAN_LEVELS = levels
+        export(m, out, max_sequence=MAX_SEQUENCE)  # with its own smoke check of both graphs
 
-    return m, export_cache.get("delta-lm", {"model": ["scalar", "identity", 2, 3], "levels": GRAPH_LEVELS}, build)
+    return m, export_cache.get("delta-lm", {"model": ["scalar", "identity", 2, 3], "max_sequence": MAX_SEQUENCE}, build)
 
 
 def sessions(out):
@@ -168,6 +165,33 @@ def test_exported_graphs_match_torch(exported_delta):
         ref, s_torch = m.step(token[:, None], s_torch)
         assert rel_err(logits, ref) <= 1e-5, t
     assert all(rel_err(s_graph[k], s_torch[k]) <= 1e-5 for k in s_torch)
+
+
+@pytest.mark.slow  # the export above, shared
+@torch.no_grad()
+def test_a_prefill_call_is_bounded_and_the_runtime_keeps_to_the_bound(exported_delta):
+    """The manifest records the export's max_sequence; the prefill graph is exact up to it (above) and NaN one token
+    past it (never silently wrong); the runtime cuts a longer prompt, even one asked for in one call, into pieces
+    within the bound, and gives PyTorch's logits and state."""
+    from edgelin.runtime import Session
+
+    m, out = exported_delta
+    manifest, graphs = sessions(out)
+    assert manifest.max_sequence == MAX_SEQUENCE
+    fresh = {s.key: t.numpy() for s, t in zip(manifest.states, m.init_state(2).values())}
+    logits, state = run(manifest, graphs["prefill"], ids(2, MAX_SEQUENCE + 1).numpy(), fresh)
+    assert np.isnan(logits).all()
+    scanned = [k for k in state if k.endswith(".S")]  # the delta rule's states (a conv window holds only its inputs)
+    assert len(scanned) == 2 and all(np.isnan(state[k]).all() for k in scanned)
+    x = ids(2, 2 * MAX_SEQUENCE + 37, seed=5)
+    ref, ref_state = m(x)
+    session = Session(out)
+    got_state = session.new_state(2)
+    got = session.prefill(x.numpy(), got_state, chunk=x.shape[1])
+    got_state = got_state.numpy()
+    assert rel_err(got, ref) <= 1e-5
+    assert all(rel_err(got_state[f"state.{k}"], ref_state[k]) <= 1e-5 for k in ref_state)
+    assert session._pieces(x.shape[1], None) == [(0, 256), (256, 512), (512, 549)]  # the manifest's piece (1,024) capped
 
 
 def _onnx(out, manifest, graph):

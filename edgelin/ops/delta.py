@@ -34,6 +34,10 @@ The chunk form's math, its matrix inverse with MatMuls only and its measured acc
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -43,10 +47,38 @@ from edgelin.ops.lengths import padding_mask
 
 L2NORM_EPS = 1e-6  # fla's l2norm epsilon: x / sqrt(sum x^2 + eps)
 # The exported prefill graph cannot know the number of chunks n when it is built, so its scan across chunks
-# runs this many levels: exact for n <= 2^16 chunks (4 M tokens at C = 64, 1 M at C = 16; the runtime prefills
-# in pieces of ~1k), NaN beyond (never silently wrong). Each level a call does not need costs one K x K
-# composition with the identity and ~30 small graph nodes; every level adds ~2 s to an export.
+# runs a fixed number of levels, exact for n <= 2^levels chunks and NaN beyond (never silently wrong). An export
+# bounds the tokens of one prefill call (``sequence_bound``: the manifest's ``max_sequence``; the runtimes cut
+# longer prompts into pieces) and the scan gets just enough levels for it: log2(4096 / 64) = 6 at edgelin's
+# default. Without a bound (a graph traced outside ``edgelin export``) it runs MAX_SCAN_LEVELS: 2^16 chunks, 4 M
+# tokens at C = 64. Each level costs one K x K composition and ~30 small graph nodes per layer, and ~1 s of export
+# per layer (a two-layer tiny model: 37 s to trace its prefill graph at 16 levels, 19 s at 4).
 MAX_SCAN_LEVELS = 16
+DEFAULT_MAX_SEQUENCE = 4096  # tokens per prefill call of an exported delta-rule graph, unless the export says otherwise
+
+
+@dataclass
+class SequenceBound:
+    """The most tokens one call of the graph being traced takes (``tokens``); ``used`` turns True when a form
+    built its graph to that bound (the export then records it in the manifest)."""
+
+    tokens: int
+    used: bool = False
+
+
+_BOUNDS: list[SequenceBound] = []
+
+
+@contextlib.contextmanager
+def sequence_bound(tokens: int) -> Iterator[SequenceBound]:
+    """While tracing an export: forms whose graph depends on the longest sequence it takes (the delta rule's
+    scan across chunks) build it for ``tokens`` tokens per call."""
+    bound = SequenceBound(int(tokens))
+    _BOUNDS.append(bound)
+    try:
+        yield bound
+    finally:
+        _BOUNDS.remove(bound)
 
 
 def delta_state_layout(*, n_heads: int, key_dim: int, value_dim: int) -> dict[str, tuple]:
@@ -195,10 +227,16 @@ def unit_lower_inverse(M: torch.Tensor) -> torch.Tensor:
     return X.reshape(*lead, P, P)[..., :C, :C]  # [..., C, C]
 
 
-def scan_levels(n) -> int:
-    """Levels of the scan across n chunks: exactly enough in eager mode; MAX_SCAN_LEVELS when n is symbolic
-    (an export with a dynamic sequence length), so one graph serves every length."""
-    return max(n - 1, 0).bit_length() if isinstance(n, int) else MAX_SCAN_LEVELS
+def scan_levels(n, chunk: int = 1) -> int:
+    """Levels of the scan across n chunks of ``chunk`` tokens: exactly enough in eager mode. When n is symbolic
+    (an export with a dynamic sequence length) one graph serves every length up to the ``sequence_bound`` in
+    force (its tokens in chunks), or up to 2^MAX_SCAN_LEVELS chunks without one."""
+    if isinstance(n, int):
+        return max(n - 1, 0).bit_length()
+    if not _BOUNDS:
+        return MAX_SCAN_LEVELS
+    _BOUNDS[-1].used = True
+    return scan_levels(-(-_BOUNDS[-1].tokens // chunk))
 
 
 def chunk_states(
@@ -327,7 +365,7 @@ def chunk_delta_rule(
     eye = torch.eye(K, dtype=q.dtype, device=q.device)  # [K, K]
     A = (eye if g is None else eb[..., -1, :, None] * eye) - kdt @ W  # [B, H, n, K, K]
     Bm = kdt @ U0  # [B, H, n, K, V]
-    starts, final = chunk_states(A, Bm, S0, scan_levels(n), tokens=T, chunk=C)  # [B, H, n, K, V], [B, H, K, V]
+    starts, final = chunk_states(A, Bm, S0, scan_levels(n, C), tokens=T, chunk=C)  # [B, H, n, K, V], [B, H, K, V]
     o = Qe @ starts + O0  # [B, H, n, C, V]
     return o.reshape(B, H, n * C, V)[:, :, :T], {"S": final}  # [B, H, T, V]
 
@@ -343,7 +381,9 @@ DELTA_SEQUENCE_FORMS = ("naive", "chunk", "recurrent")
 __all__ = [
     "DELTA_FORMS",
     "DELTA_SEQUENCE_FORMS",
+    "DEFAULT_MAX_SEQUENCE",
     "MAX_SCAN_LEVELS",
+    "SequenceBound",
     "chunk_delta_rule",
     "chunk_states",
     "delta_state_layout",
@@ -352,5 +392,6 @@ __all__ = [
     "naive_delta_rule",
     "recurrent_delta_rule",
     "scan_levels",
+    "sequence_bound",
     "unit_lower_inverse",
 ]

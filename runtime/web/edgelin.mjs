@@ -67,6 +67,7 @@ export function checkManifest(m) {
   if (!Number.isInteger(m.vocab_size) || m.vocab_size < 1) fail("'vocab_size' must be a positive integer");
   if (!Number.isInteger(m.prefill_piece) || m.prefill_piece < 1) fail("'prefill_piece' must be a positive integer");
   if (!Number.isInteger(m.min_sequence) || m.min_sequence < 1) fail("'min_sequence' must be a positive integer");
+  if (m.max_sequence !== undefined && (!Number.isInteger(m.max_sequence) || m.max_sequence < m.min_sequence)) fail("'max_sequence' must be an integer >= min_sequence");
   if (m.logits_layout.next_token !== "last" || m.logits_layout.positions !== "every") fail("unknown logits_layout");
   for (const s of m.states) {
     if (!TYPED[s.dtype]) fail(`state ${s.input} has dtype ${s.dtype}`);
@@ -784,14 +785,14 @@ export class Model {
 
   /**
    * Feed `ids` through the prefill graph in pieces of at most `piece` tokens (default: the manifest's
-   * prefill_piece), advancing `state`. Returns the last position's logits (Float32Array [V]), or with
+   * prefill_piece; never more than its max_sequence, up to which the graph is exact), advancing `state`. Returns the last position's logits (Float32Array [V]), or with
    * `all: true` every position's (Float32Array [T * V]).
    */
   async prefill(ids, state, { piece = this.manifest.prefill_piece, all = false } = {}) {
     const least = this.manifest.min_sequence;
     if (ids.length < least) throw new EdgelinError(`prefill takes at least ${least} token(s), got ${ids.length}`);
     this._checkIds(ids);
-    const step = Math.max(piece, least);
+    const step = Math.max(Math.min(piece, this.manifest.max_sequence ?? Infinity), least);
     const starts = [];
     for (let s = 0; s < ids.length; s += step) starts.push(s);
     if (starts.length > 1 && ids.length - starts[starts.length - 1] < least) starts.pop();

@@ -216,6 +216,7 @@ CASES = {
     "export/opset-not-a-number": Case(["export", CK, "-o", "out", "--opset", "eighteen"], "Invalid value"),
     "export/opset-out-of-range": Case(["export", CK, "-o", "out", "--opset", "7"], "opset 7"),
     "export/chunk-zero": Case(["export", CK, "-o", "out", "--chunk-size", "0"], "chunk size 0"),
+    "export/max-sequence-zero": Case(["export", CK, "-o", "out", "--max-sequence", "0"], "max sequence 0 is out of range; choose 1.."),
     "export/unknown-option": Case(["export", CK, "-o", "out", "--frobnicate"], "No such option"),
     "export/missing-out": Case(["export", CK], "Missing option"),
     "cli/unknown-command": Case(["exprot"], "No such command"),

@@ -16,7 +16,6 @@ import torch
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
-from edgelin.ops import delta
 from edgelin.protocol import ExportableModel, check_model
 from edgelin.runtime.manifest import Manifest
 from testkit import max_abs
@@ -26,7 +25,6 @@ from testkit.stateful import edited_copy, pieces_and_steps_agree
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S and the conv windows, relative L2
 BATCH, PROMPT, STEPS = 2, 150, 20
-GRAPH_LEVELS = 4  # the prefill scan lowered from MAX_SCAN_LEVELS for a faster export (16 chunks: 1,024 tokens)
 SMALL = {"head_dim": 16}  # Gated DeltaNet's default head_dim (256) is larger than the tiny model
 
 
@@ -112,12 +110,11 @@ def test_import_matches_fla(case_id, fla_oracle, tmp_path_factory):
 
 @pytest.mark.slow  # an export with the delta rule's scan: ~1 min each on a loaded 2-core machine
 @pytest.mark.parametrize("case_id", same_worker(EXPORTED))
-def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory, monkeypatch):
+def test_export_matches_fla(case_id, fla_oracle, tmp_path_factory):
     """The two ONNX graphs in ONNX Runtime, driven from the manifest alone, against fla; no Loop or Scan in
     them; then edgelin's validate of the export against the checkpoint passes."""
     import onnx
 
-    monkeypatch.setattr(delta, "MAX_SCAN_LEVELS", GRAPH_LEVELS)
     out = tmp_path_factory.mktemp(f"{case_id}-export") / "export"
     fla_oracle.export_matches_fla(fla_case(case_id, fla_oracle, tmp_path_factory), CASES[case_id][0], out, MAX_ABS)
     for file in Manifest.load(out).graphs.values():

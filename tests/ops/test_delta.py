@@ -159,6 +159,25 @@ def test_scan_levels():
     assert torch.isnan(got).all() and torch.isnan(final).all()
 
 
+class _Symbolic:
+    """Stands for a chunk count unknown while a graph is traced (anything but an int)."""
+
+
+@pytest.mark.parametrize("tokens, chunk, levels", [(4096, 64, 6), (1024, 64, 4), (1000, 64, 4), (1025, 64, 5), (64, 64, 0), (1, 64, 0),
+                                                   (4096, 16, 8), (100, 7, 4)])
+def test_a_sequence_bound_sets_the_levels_of_a_traced_scan(tokens, chunk, levels):
+    """While an export traces (a symbolic chunk count), the scan gets just enough levels for the bound's tokens in
+    chunks (2^levels chunks hold them; one level fewer would not), and the bound records that it was used;
+    without a bound, MAX_SCAN_LEVELS. An int count is always exact."""
+    n = -(-tokens // chunk)
+    assert 2**levels >= n and (levels == 0 or 2 ** (levels - 1) < n)
+    assert delta.scan_levels(_Symbolic(), chunk) == delta.MAX_SCAN_LEVELS
+    with delta.sequence_bound(tokens) as bound:
+        assert not bound.used and delta.scan_levels(5, chunk) == 3 and not bound.used
+        assert delta.scan_levels(_Symbolic(), chunk) == levels and bound.used
+    assert delta.scan_levels(_Symbolic(), chunk) == delta.MAX_SCAN_LEVELS  # the bound ends with its block
+
+
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("form", ["naive", "chunk"])
 def test_lengths_ragged(form, rule):
@@ -258,8 +277,8 @@ def test_fla_gated_delta_rule_recurrence(betas):
 # One prefill export (the gated chunk form, dynamic batch and length; DeltaNet runs through it as g = 0, which
 # test_zero_gate_is_deltanet shows is g=None's result) and one decode export holding both rules' steps.
 
-# The prefill graph's scan across chunks, lowered from MAX_SCAN_LEVELS (16) for the export's sake: each level
-# adds ~1 s to torch.export here and the graph's structure is the same at every level. 2^4 chunks = 256 tokens;
+# The prefill graph's scan across chunks, bounded to 2^4 chunks (a sequence_bound of C * 16 tokens) for the
+# export's sake: each level adds ~1 s to torch.export here and the graph's structure is the same at every level;
 # test_scan_levels runs the full 16 levels in PyTorch.
 GRAPH_LEVELS = 4
 NO_LOOPS = {"Loop", "Scan", "If", "SequenceMap"}
@@ -315,11 +334,8 @@ def _export_graphs(out):
         dims = {0: batch} if role == "decode" else {0: batch, 2: seq}
         dynamic = (dims,) * 5 + ({0: batch},) * (len(NAMES[role][0]) - 5)
         path = out / f"{role}.onnx"
-        levels, delta.MAX_SCAN_LEVELS = delta.MAX_SCAN_LEVELS, GRAPH_LEVELS
-        try:
+        with delta.sequence_bound(C << GRAPH_LEVELS):  # as `edgelin export --max-sequence` bounds it
             export_graph(module.eval(), graph_inputs(T, 0, role), NAMES[role], dynamic, 20, path)
-        finally:
-            delta.MAX_SCAN_LEVELS = levels
 
 
 def run_graph(graphs, role, inputs):

@@ -52,6 +52,8 @@ SCHEMA_BAD = [
     ("piece-text", _set(["prefill_piece"], "1024")),
     ("piece-bool", _set(["prefill_piece"], True)),
     ("piece-fraction", _set(["prefill_piece"], 10.5)),
+    ("max-seq-0", _set(["max_sequence"], 0)),
+    ("max-seq-text", _set(["max_sequence"], "4096")),
     ("state-dtype", _set(["states", 0, "dtype"], "float64")),
     ("state-init-text", _set(["states", 0, "init"], "0")),
     ("state-extra", _set(["states", 0, "note"], 1)),
@@ -78,6 +80,7 @@ READER_BAD = [
     ("eos-outside", _set(["tokenizer", "eos_id"], 4096), "outside the vocabulary"),
     ("integer-as-float", _set(["vocab_size"], 256.0), "must be a positive integer"),  # JSON Schema counts 256.0 an integer
     ("bytes-offset", _set(["tokenizer", "offset"], 1), "needs a vocabulary of 257"),
+    ("max-below-min", lambda d: d.update(min_sequence=8, max_sequence=4), r"max_sequence \(4\) is below min_sequence \(8\)"),
 ]
 
 
@@ -104,6 +107,15 @@ def test_exports_follow_the_schema(good):
         assert _jsonschema_errors(d) == []
         m = Manifest.from_dict(d)
         assert json.loads(m.to_json()) == d  # read and written back unchanged
+
+
+def test_a_bound_on_prefill_calls_is_read_and_written_back(good):
+    """max_sequence (a delta-rule export's bound on tokens per prefill call) is optional: absent where the graph
+    takes any length, read and written back where given."""
+    assert all("max_sequence" not in d for d in good) and all(Manifest.from_dict(d).max_sequence is None for d in good)
+    d = dict(copy.deepcopy(good[0]), max_sequence=4096)
+    assert validate(d) == [] and Manifest.from_dict(d).max_sequence == 4096
+    assert json.loads(Manifest.from_dict(d).to_json()) == d
 
 
 @pytest.mark.parametrize("edit", [pytest.param(e, id=i) for i, e in SCHEMA_BAD])

@@ -354,3 +354,24 @@ test("at V = 250k no sampling step sorts the vocabulary", { skip: false }, () =>
   }
   assert.ok(Math.max(0, ...lengths) <= 20000, `sorted ${JSON.stringify(lengths)}`);
 });
+
+test("prefill pieces never exceed the manifest's max_sequence", { skip: false }, async () => {
+  // the graph of a bounded export (a portable delta rule's scan) is exact only up to max_sequence tokens per call
+  const calls = [];
+  const model = Object.create(edgelin.Model.prototype);
+  const V = 3;
+  model.vocabSize = V;
+  model._run = async (graph, ids) => { calls.push([graph, ids.length]); return new Float32Array(ids.length * V); };
+  for (const [manifest, piece, expected] of [
+    [{ min_sequence: 1, prefill_piece: 1024, max_sequence: 256 }, undefined, [256, 256, 37]],
+    [{ min_sequence: 1, prefill_piece: 1024, max_sequence: 256 }, 549, [256, 256, 37]],
+    [{ min_sequence: 1, prefill_piece: 1024, max_sequence: 256 }, 100, [100, 100, 100, 100, 100, 49]],
+    [{ min_sequence: 1, prefill_piece: 1024 }, 549, [549]],
+    [{ min_sequence: 1, prefill_piece: 1024 }, undefined, [549]],
+  ]) {
+    model.manifest = manifest;
+    calls.length = 0;
+    await model.prefill(Array.from({ length: 549 }, (_, i) => i % V), {}, piece === undefined ? {} : { piece });
+    assert.deepEqual(calls.map((c) => c[1]), expected, JSON.stringify([manifest, piece]));
+  }
+});
