@@ -77,6 +77,7 @@ ACCURACY_LEVEL = 4
 MS_DOMAIN = "com.microsoft"
 _STOP = {"Div"}  # the normalising division: its output is a convex mix of values, safe in fp16
 _INTEGER_OPS = {"Shape", "Size"}  # read a tensor's shape, not its values: not part of the fp32 region
+_ACTIVATION_OPS = {"MatMul", "Gemm", "Conv", "MatMulNBits", "Gather"}  # a tensor past one of these is not a position's
 _FLOAT = onnx.TensorProto.FLOAT
 
 
@@ -141,6 +142,32 @@ def decay_region(graph: onnx.GraphProto, accumulators: set[str]) -> set[str]:
         feeding.add(node.name)
         frontier.extend(node.input)
     return ahead & feeding
+
+
+def angle_region(graph: onnx.GraphProto) -> set[str]:
+    """Names of the nodes that compute position angles and their Cos / Sin (RoPE, cosFormer's reweighting): from
+    each Cos and Sin back to the positions' Cast to float (included) and the constants they are multiplied by.
+    fp16 has 11 significant bits: position x frequency at 1,024 is off by up to 0.5 rad, at 16,384 by 8 rad, and the
+    rotation is lost (measured: an LFM2 of hidden 256, fp16, its attention key cache after 16,384 tokens at rel L2
+    0.44 against float64, the logits still within their budget). A Cos / Sin of anything a MatMul computed is not
+    a position's and is left alone."""
+    producers = {name: node for node in graph.node for name in node.output}
+    region: set[str] = set()
+    for trig in (n for n in graph.node if n.op_type in ("Cos", "Sin")):
+        path, frontier, positional = {trig.name}, list(trig.input), True
+        while frontier and positional:
+            node = producers.get(frontier.pop())
+            if node is None or node.name in path:  # a graph input, an initializer, or seen
+                continue
+            if node.op_type in _ACTIVATION_OPS:
+                positional = False
+                continue
+            path.add(node.name)
+            if node.op_type != "Cast" and node.op_type not in _INTEGER_OPS:  # the Cast of the positions starts the path
+                frontier.extend(node.input)
+        if positional:
+            region |= path
+    return region
 
 
 def norm_region(graph: onnx.GraphProto) -> set[str]:
@@ -309,25 +336,29 @@ def _fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp16") -> 
     _unnamed_nodes(proto.graph)
     region = accumulator_region(proto.graph)
     decays = decay_region(proto.graph, region)
-    norms = norm_region(proto.graph) - region - decays
+    angles = angle_region(proto.graph) - region - decays
+    norms = norm_region(proto.graph) - region - decays - angles
     logits = proto.graph.output[0].name
     states = [i.name for i in proto.graph.input if i.name.startswith(STATE_PREFIX)] + [o.name for o in proto.graph.output[1:]]
     # the converter turns every float graph input/output it is not told to keep into fp16, and puts a
     # Cast in front of each blocked (fp32) node that reads one
     keep_io = [logits] + ([] if state_dtype == "float16" else states)
     with _quiet():
-        out = convert_float_to_float16(proto, keep_io_types=keep_io, node_block_list=sorted(region | decays | norms), disable_shape_infer=False)
+        out = convert_float_to_float16(proto, keep_io_types=keep_io, node_block_list=sorted(region | decays | norms | angles), disable_shape_infer=False)
     _dedupe_casts(out.graph)
-    _drop_round_trips(out.graph, region | decays | norms)
+    _drop_round_trips(out.graph, region | decays | norms | angles)
     _unnamed_nodes(out.graph)
     _toposort(out.graph)  # the converter appends its Casts at the end; onnx.checker wants producers first
     del out.graph.value_info[:]  # some intermediate types it left are stale; they are optional, ORT infers them
-    note = Conversion("fp16", fp32_nodes=len(region) + len(decays) + len(norms))
+    note = Conversion("fp16", fp32_nodes=len(region) + len(decays) + len(norms) + len(angles))
     note.kept.append(f"{len(region)} nodes of the state accumulation and normaliser (fp32: running sums outgrow fp16)")
     if decays:
         note.kept.append(f"{len(decays)} nodes of the decays' path into them, from each Softplus (fp32: fp16 log-decays, "
                          "summed over a chunk, move the decays by ~1e-2)")
     note.kept.append(f"{len(norms)} nodes of the RMS norms' mean of squares (fp32: x^2 overflows fp16 for |x| > 256)")
+    if angles:
+        note.kept.append(f"{len(angles)} nodes of the position angles and their cos / sin (fp32: fp16 angles are off by "
+                         "0.5 rad at position 1,024)")
     return out, note
 
 
@@ -471,5 +502,5 @@ def embedding_choice(precision: str, embedding: str | None) -> str:
     return embedding
 
 
-__all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "INT4_BLOCK", "PRECISIONS", "STATE_DTYPES", "DEFAULT_EMBEDDING", "EMBEDDINGS", "TABLE_BLOCK", "accumulator_region",
+__all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "INT4_BLOCK", "PRECISIONS", "STATE_DTYPES", "DEFAULT_EMBEDDING", "EMBEDDINGS", "TABLE_BLOCK", "accumulator_region", "angle_region",
            "check_precision", "convert", "dequantise_table", "embedding_choice", "quantise_table", "state_dtypes"]
