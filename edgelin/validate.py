@@ -52,6 +52,8 @@ Progress = Callable[[str], None]
 
 
 @dataclass
+REF_LOGITS_BYTES = 256 << 20  # the float64 reference's logits held at once in the long-prompt (kv) checks
+
 class Check:
     group: str  # structure | prefill | decode | graphs | golden | providers | long | behaviour
     name: str
@@ -346,7 +348,9 @@ class _Validator:
         long-stream budget). Lengths past the model's declared context are not run (n/a, saying why)."""
         sb, lb = self.budgets["state"], self.budgets["long"]
         model64 = self.model64()
-        piece = self.manifest.prefill_piece
+        # the float64 model's pieces: its logits of a piece are piece x V float64 values (2 GB at 1,024 x 248k, where a
+        # Qwen3.5-0.8B's validate was killed for memory); at most REF_LOGITS_BYTES of them
+        piece = max(1, min(self.manifest.prefill_piece, REF_LOGITS_BYTES // (8 * self.manifest.vocab_size)))
         for L in lengths:
             name = f"{L:,} tokens prefilled vs float64"
             limit = self.manifest.max_positions

@@ -171,21 +171,39 @@ def angle_region(graph: onnx.GraphProto) -> set[str]:
 
 
 def norm_region(graph: onnx.GraphProto) -> set[str]:
-    """Names of the nodes of each RMS norm's statistic, from its Pow (x^2) to the Reciprocal/Div of the
-    root: x^2 overflows fp16 once |x| > 256. A guard: the bundled model's residual stream stayed below
-    that in the streams measured, the running sums did not (see _drop_round_trips)."""
-    return _forward_from(graph, "Pow", stop={"Reciprocal", "Div", "Mul"})
-
-
-def _forward_from(graph: onnx.GraphProto, op_type: str, *, stop: set[str], exclude: set[str] = frozenset()) -> set[str]:
-    """Names of every node of ``op_type`` and of the nodes reachable forward from them, never entering
-    ``exclude`` or a shape read, and not going past a node whose type is in ``stop`` (which is included)."""
+    """Names of the nodes of each norm's statistic: an RMS norm's from its Pow (x^2), an L2 norm's from its x * x
+    summed (Gated DeltaNet's q and k, fla's l2norm), to the Reciprocal / Div of the root. x^2 overflows fp16 once
+    |x| > 256 (a guard: the bundled model's residual stream stayed below that in the streams measured, the running
+    sums did not, see _drop_round_trips). The L2 norm's Div in fp32 hands the delta rule's fp32 region keys of norm 1
+    to fp32's precision: the state is multiplied by (I - beta k k^T) at every token, and keys rounded to fp16 (norm
+    off by ~1e-4) moved a Qwen3.5's prefill logits (hidden 256, 4 layers) from rel L2 3.0e-3 to 6.6e-3."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    region = {node.name for node in graph.node if node.op_type == op_type}
-    frontier = [name for node in graph.node if node.op_type == op_type for name in node.output]
+
+    def statistic(node: onnx.NodeProto) -> bool:  # x^2, or x * x read only by a sum or mean
+        if node.op_type == "Pow":
+            return True
+        readers = consumers.get(node.output[0], [])
+        return (node.op_type == "Mul" and node.input[0] == node.input[1] and bool(readers)
+                and all(r.op_type in ("ReduceSum", "ReduceMean") for r in readers))
+
+    return _forward_from(graph, statistic, stop={"Reciprocal", "Div", "Mul"})
+
+
+def _forward_from(graph: onnx.GraphProto, start: str | Callable[[onnx.NodeProto], bool], *, stop: set[str],
+                  exclude: set[str] = frozenset()) -> set[str]:
+    """Names of every node ``start`` names (an op type, or a test of the node) and of the nodes reachable forward
+    from them, never entering ``exclude`` or a shape read, and not going past a node whose type is in ``stop``
+    (which is included)."""
+    starts = [n for n in graph.node if (n.op_type == start if isinstance(start, str) else start(n))]
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    region = {node.name for node in starts}
+    frontier = [name for node in starts for name in node.output]
     while frontier:
         for node in consumers.get(frontier.pop(), []):
             if node.name in region or node.name in exclude or node.op_type in _INTEGER_OPS:
