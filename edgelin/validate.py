@@ -49,11 +49,10 @@ KV_LENGTHS = (1024, 16384)  # a KV cache (and every other state) after prompts t
 REPORT_FORMAT = "edgelin-validate/1"  # the report's own format key: how a later --json recognises a report edgelin wrote
 REPORT_FILE = json_format("edgelin-validate/", "an edgelin validate report (JSON with format edgelin-validate/1)")
 Progress = Callable[[str], None]
+REF_LOGITS_BYTES = 256 << 20  # the float64 reference's logits held at once in the long-prompt (kv) checks
 
 
 @dataclass
-REF_LOGITS_BYTES = 256 << 20  # the float64 reference's logits held at once in the long-prompt (kv) checks
-
 class Check:
     group: str  # structure | prefill | decode | graphs | golden | providers | long | behaviour
     name: str
