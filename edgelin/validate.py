@@ -38,7 +38,7 @@ from edgelin.parity import BUDGETS
 from edgelin.runtime import golden
 from edgelin.runtime.check import check_graph
 from edgelin.runtime.files import json_format, write_json
-from edgelin.runtime.manifest import Manifest
+from edgelin.runtime.manifest import Manifest, join_problems
 from edgelin.runtime.options import check_int
 from edgelin.runtime.session import EXECUTION_PROVIDERS, Session, open_session
 from edgelin.state import from_numpy, fresh_state
@@ -566,7 +566,7 @@ def check_structure(export_dir: Path, manifest: Manifest, checkpoint: Path | Non
         checks.append(Check("structure", "graph files <-> edgelin.json sha256", NA, where="an edgelin/1 manifest has no graph hashes"))
     else:
         problems = manifest.file_problems(export_dir)
-        checks.append(Check("structure", "graph files <-> edgelin.json sha256", FAIL if problems else PASS, where="; ".join(problems)))
+        checks.append(Check("structure", "graph files <-> edgelin.json sha256", FAIL if problems else PASS, where=join_problems(problems)))
     for graph, fname in manifest.graphs.items():
         try:
             sess = open_session(export_dir / fname, "cpu", optimization="disable")

@@ -31,7 +31,7 @@ from edgelin.runtime.files import (
     temp_dir, work_dir, work_files,
 )
 from edgelin.runtime.golden import GOLDEN_FILE, Golden
-from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest
+from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest, join_problems
 
 MODULE = "edgelin.mjs"
 PAGE = "index.html"
@@ -188,7 +188,7 @@ def _check_export(export_dir: Path) -> Manifest:
             raise ManifestError(f"{export_dir} lacks {m.graphs[g]}, the {g} graph named in {MANIFEST_FILE}; re-export the model")
     problems = m.file_problems(export_dir)
     if problems:
-        raise ManifestError(f"{export_dir}: {'; '.join(problems)}")
+        raise ManifestError(f"{export_dir}: {join_problems(problems)}")
     Golden.load(export_dir, m)  # golden.json, where the manifest names it: present, unchanged, readable (ManifestError)
     for name, digest in _tokenizer_files(m).items():
         path = export_dir / name

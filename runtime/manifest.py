@@ -216,6 +216,15 @@ def normalize_tokenizer(spec: Any, where: str = "tokenizer") -> dict[str, Any]:
     return out
 
 
+REEXPORT = "; re-export the model"
+
+
+def join_problems(problems: list[str]) -> str:
+    """``file_problems`` as one line: the problems in turn, the advice to re-export said once, at the end."""
+    advice = any(p.endswith(REEXPORT) for p in problems)
+    return "; ".join(p[: -len(REEXPORT)] if p.endswith(REEXPORT) else p for p in problems) + (REEXPORT if advice else "")
+
+
 @dataclass(frozen=True)
 class Manifest:
     graphs: dict[str, str]
@@ -657,5 +666,5 @@ def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
 __all__ = [
     "BATCH", "DTYPES", "FORMAT", "HUGGINGFACE", "TOKENIZER_FILES", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "PREFILL_PIECE", "SEQUENCE",
     "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "state_key", "canonical_json", "canonical_manifest_equal",
-    "file_sha256", "normalize_tokenizer", "parse_json", "plain_file_name", "sync_io",
+    "file_sha256", "join_problems", "normalize_tokenizer", "parse_json", "plain_file_name", "sync_io",
 ]

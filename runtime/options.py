@@ -17,6 +17,8 @@ from edgelin.errors import RuntimeInputError
 
 
 def _n(x: float) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 2**53:  # 1e6 reads "1,000,000", not "1,000,000.0"
+        x = int(x)
     return f"{x:,}" if abs(x) >= 10_000 else f"{x}"
 
 

@@ -28,7 +28,7 @@ import onnxruntime as ort
 from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
 from edgelin.runtime.check import check_graph, graph_io
 from edgelin.runtime.files import check_output_folder, check_replace, make_parents
-from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest
+from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest, join_problems
 from edgelin.runtime.state import CPU, Device, State, check_state_for, require_state, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 from edgelin.runtime.options import check_int, check_number
@@ -133,7 +133,7 @@ class Session:
         # the hashes, at least the weights file's size (a truncated copy would load and compute garbage)
         problems = self.manifest.file_problems(self.export_dir) if check_hashes else self.manifest.weights_problems(self.export_dir, hashes=False)
         if problems:
-            raise ManifestError(f"{self.export_dir}: {'; '.join(problems)}")
+            raise ManifestError(f"{self.export_dir}: {join_problems(problems)}")
         if save_optimized is not None:  # ONNX Runtime writes these files itself: check them as edgelin's own writes
             folder = check_output_folder(save_optimized, "folder for the optimised graphs")
             for g in GRAPHS:

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from edgelin.errors import RuntimeInputError
+from edgelin.errors import NonFiniteError, OutputError, RuntimeInputError
 from edgelin.runtime.files import atomic_write, regular_file
 from edgelin.runtime.manifest import Manifest
 from edgelin.runtime.memory import check_bytes
@@ -199,7 +199,14 @@ class State:
         an export, or with ``overwrite=True`` (never a folder, a link, a FIFO or a device)."""
         if not isinstance(path, (str, os.PathLike)):
             raise RuntimeInputError(f"State.save takes a file path, got {type(path).__name__}")
+        if not os.fspath(path):
+            raise RuntimeInputError("State.save takes a file path, got an empty one")
         path = Path(path)
+        for s, v in zip(self.manifest.states, self._values):  # load refuses such a state: do not write one
+            a = v.numpy()
+            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                raise NonFiniteError(f"state {s.input!r} holds {int((~np.isfinite(a)).sum())} NaN/infinite value(s); a state that "
+                                     f"went non-finite cannot be continued, so it is not saved to {path} -- start a fresh one")
         header = {
             "format": SNAPSHOT_FORMAT, "source": self.manifest.source, "model": self.manifest.model, "batch": self.batch,
             "states": [{"input": s.input, "shape": list(s.concrete_shape(self.batch, self.past)), "dtype": s.dtype} for s in self.manifest.states],
@@ -207,7 +214,7 @@ class State:
         arrays = {HEADER_KEY: np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8), **self.numpy()}
         folder = path.parent if str(path.parent) else Path(".")
         if not folder.is_dir():
-            raise RuntimeInputError(f"cannot write the state to {path}: folder {folder} does not exist")
+            raise OutputError(f"cannot write the state to {path}: folder {folder} does not exist")
         atomic_write(path, lambda f: np.savez(f, **arrays), overwrite=overwrite, ours=is_state_file, what="state file")
         return path
 

@@ -256,7 +256,7 @@ def test_plots_are_skipped_without_matplotlib(quick, tmp_path, monkeypatch):
         pytest.param(["{missing}"], "does not exist", id="missing-path"),
         pytest.param(["{empty}"], "is neither a checkpoint folder", id="not-a-model"),
         pytest.param(["--section", "everything"], "unknown section(s) 'everything'", id="section"),
-        pytest.param(["--memory-cap", "-1"], r"memory cap must be a number in (0, 1,000,000.0] (GB)", id="memory-cap"),
+        pytest.param(["--memory-cap", "-1"], r"memory cap must be a number in (0, 1,000,000] (GB)", id="memory-cap"),
     ],
 )
 def test_bad_options_are_one_line(tmp_path, args, message):

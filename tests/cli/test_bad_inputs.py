@@ -318,7 +318,7 @@ CASES = {
     "bench/threads-zero": Case(["bench", CK, "--threads", "0"], "threads"),
     "bench/unknown-section": Case(["bench", CK, "--section", "nosuch"], "nosuch"),
     "bench/negative-memory-cap": Case(["bench", CK, "--memory-cap", "-1"], "memory cap"),
-    "bench/huge-memory-cap": Case(["bench", CK, "--memory-cap", "1e300"], "memory cap must be a number in (0, 1,000,000.0] (GB)"),
+    "bench/huge-memory-cap": Case(["bench", CK, "--memory-cap", "1e300"], "memory cap must be a number in (0, 1,000,000] (GB)"),
     "bench/missing-source": Case(["bench", "nope"], "nope"),
     "bench/provider-unknown": Case(["bench", CK, "--provider", "tpu"], "tpu"),
 }

@@ -186,3 +186,11 @@ def test_an_edgelin_1_export_loads_upgraded_with_a_warning(exported, tmp_path):
     ids = [[1, 2, 3, 250]]
     a, b = s_old.prefill(ids, s_old.new_state()), s_new.prefill(ids, s_new.new_state())
     assert (a == b).all()
+
+
+def test_file_problems_say_re_export_once():
+    from edgelin.runtime.manifest import join_problems
+
+    both = ["prefill.onnx is not the file (...); re-export the model", "decode.onnx is not the file (...); re-export the model"]
+    assert join_problems(both) == "prefill.onnx is not the file (...); decode.onnx is not the file (...); re-export the model"
+    assert join_problems(["x is the decode graph (were the files swapped or renamed?)"]) == "x is the decode graph (were the files swapped or renamed?)"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edgelin.errors import RuntimeInputError
+from edgelin.errors import NonFiniteError, OutputError, RuntimeInputError
 from edgelin.runtime import State, load
 
 PROMPT = np.frombuffer(b"The state of a linear-attention model has a fixed size.", np.uint8).astype(np.int64)[None]
@@ -117,8 +117,21 @@ def test_a_failed_save_leaves_nothing_half_written(session, tmp_path, monkeypatc
 
 
 def test_save_into_a_missing_folder_is_refused(session, tmp_path):
-    with pytest.raises(RuntimeInputError, match="does not exist"):
+    with pytest.raises(OutputError, match="does not exist"):  # as every output path edgelin cannot write
         session.new_state(1).save(tmp_path / "no" / "such.npz")
+
+
+def test_save_refuses_an_empty_path_and_a_state_that_went_non_finite(session, tmp_path):
+    with pytest.raises(RuntimeInputError, match="got an empty one"):
+        session.new_state(1).save("")
+    state = session.new_state(1)
+    arrays = state.numpy()
+    first = next(k for k, a in arrays.items() if np.issubdtype(a.dtype, np.floating))
+    arrays[first].flat[0] = np.nan
+    bad = type(state).from_arrays(session.manifest, arrays)
+    with pytest.raises(NonFiniteError, match=f"state {first!r} holds 1 NaN/infinite"):  # load would refuse it
+        bad.save(tmp_path / "bad.npz")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_rows_and_stack_round_trip(session):

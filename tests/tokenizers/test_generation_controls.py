@@ -164,7 +164,7 @@ def test_penalty_keeps_the_logits_dtype():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(repetition_penalty=0), r"repetition_penalty must be a number in \(0, 100.0\]"),
+    (dict(repetition_penalty=0), r"repetition_penalty must be a number in \(0, 100\]"),
     (dict(repetition_penalty=float("nan")), "repetition_penalty"),
     (dict(min_new_tokens=-1), "min_new_tokens must be an integer"),
     (dict(no_repeat_ngram_size=-2), "no_repeat_ngram_size must be an integer"),
