@@ -373,7 +373,8 @@ def _fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp16") -> 
     if decays:
         note.kept.append(f"{len(decays)} nodes of the decays' path into them, from each Softplus (fp32: fp16 log-decays, "
                          "summed over a chunk, move the decays by ~1e-2)")
-    note.kept.append(f"{len(norms)} nodes of the RMS norms' mean of squares (fp32: x^2 overflows fp16 for |x| > 256)")
+    note.kept.append(f"{len(norms)} nodes of the norms' statistics (fp32: x^2 overflows fp16 for |x| > 256; L2-normalised keys "
+                     "reach the delta rule as unit vectors)")
     if angles:
         note.kept.append(f"{len(angles)} nodes of the position angles and their cos / sin (fp32: fp16 angles are off by "
                          "0.5 rad at position 1,024)")

@@ -202,16 +202,15 @@ class State:
         if not os.fspath(path):
             raise RuntimeInputError("State.save takes a file path, got an empty one")
         path = Path(path)
-        for s, v in zip(self.manifest.states, self._values):  # load refuses such a state: do not write one
-            a = v.numpy()
-            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-                raise NonFiniteError(f"state {s.input!r} holds {int((~np.isfinite(a)).sum())} NaN/infinite value(s); a state that "
-                                     f"went non-finite cannot be continued, so it is not saved to {path} -- start a fresh one")
+        values = self.numpy()
+        bad = _nonfinite(self.manifest, values)  # load refuses such a state: do not write one
+        if bad:
+            raise NonFiniteError(f"{bad}, so it is not saved to {path} -- start a fresh one")
         header = {
             "format": SNAPSHOT_FORMAT, "source": self.manifest.source, "model": self.manifest.model, "batch": self.batch,
             "states": [{"input": s.input, "shape": list(s.concrete_shape(self.batch, self.past)), "dtype": s.dtype} for s in self.manifest.states],
         }
-        arrays = {HEADER_KEY: np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8), **self.numpy()}
+        arrays = {HEADER_KEY: np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8), **values}
         folder = path.parent if str(path.parent) else Path(".")
         if not folder.is_dir():
             raise OutputError(f"cannot write the state to {path}: folder {folder} does not exist")
@@ -226,14 +225,20 @@ class State:
             raise RuntimeInputError(f"a state file is a path, got {type(path).__name__}")
         path = Path(path)
         arrays = _read_snapshot(path, manifest, batch)
-        for s in manifest.states:
-            a = arrays.get(s.input)
-            if a is not None and np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-                raise RuntimeInputError(
-                    f"{path}: state {s.input!r} holds {int((~np.isfinite(a)).sum())} NaN/infinite value(s); "
-                    "a state that went non-finite cannot be continued -- start a fresh one"
-                )
+        bad = _nonfinite(manifest, arrays)
+        if bad:
+            raise RuntimeInputError(f"{path}: {bad} -- start a fresh one")
         return cls.from_arrays(manifest, arrays, device, copy=False)
+
+
+def _nonfinite(manifest: Manifest, arrays: dict[str, np.ndarray]) -> str:
+    """What is wrong with the first float state of ``arrays`` that holds NaN or infinite values, or ''."""
+    for s in manifest.states:
+        a = arrays.get(s.input)
+        if a is not None and np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            return (f"state {s.input!r} holds {int((~np.isfinite(a)).sum())} NaN/infinite value(s); "
+                    "a state that went non-finite cannot be continued")
+    return ""
 
 
 NOT_A_STATE = "pass a file written by --state-out / State.save"

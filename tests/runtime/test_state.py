@@ -132,6 +132,14 @@ def test_save_refuses_an_empty_path_and_a_state_that_went_non_finite(session, tm
     with pytest.raises(NonFiniteError, match=f"state {first!r} holds 1 NaN/infinite"):  # load would refuse it
         bad.save(tmp_path / "bad.npz")
     assert list(tmp_path.iterdir()) == []
+    # the same check on the way in: a snapshot edited to hold a NaN is refused by load
+    path = state.save(tmp_path / "good.npz")
+    with np.load(path) as f:
+        edited = {k: f[k] for k in f.files}
+    edited[first] = arrays[first]
+    np.savez(path, **edited)
+    with pytest.raises(RuntimeInputError, match=f"state {first!r} holds 1 NaN/infinite value.*start a fresh one"):
+        session.load_state(path)
 
 
 def test_rows_and_stack_round_trip(session):
