@@ -11,11 +11,19 @@ from edgelin.errors import CheckpointError, NonFiniteError
 from edgelin.runtime.memory import available_memory
 
 
+FINITE_PIECE = 1 << 22  # elements checked at a time: torch.isfinite makes temporaries the size of its input
+
+
+def _finite(t: torch.Tensor) -> bool:
+    flat = t.detach().reshape(-1)
+    return all(bool(torch.isfinite(flat[i:i + FINITE_PIECE]).all()) for i in range(0, flat.numel(), FINITE_PIECE))
+
+
 def check_finite_weights(model: torch.nn.Module) -> None:
     """Raise NonFiniteError naming the first parameter or buffer that holds NaN or an infinity."""
     tensors = list(model.named_parameters()) + list(model.named_buffers())
     for name, t in tensors:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and not _finite(t):
             nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
             raise NonFiniteError(
                 f"weight {name!r} holds {nan} NaN and {inf} infinite value(s) of {t.numel()}; "

@@ -21,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -35,7 +35,7 @@ from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
 from edgelin.exporters.precision import embedding_choice
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
-from edgelin.exporters.weights import load_graph, save_graph, store_once
+from edgelin.exporters.weights import load_graph, save_graph, store_once, tied_head_in_place
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE, sequence_bound
 from edgelin.runtime import golden
 from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir, work_files
@@ -229,19 +229,35 @@ def _write_golden(model, manifest: Manifest, budget: dict, tmp: Path) -> dict:
     return {"file": golden.GOLDEN_FILE, "sha256": file_sha256(path), "bytes": path.stat().st_size}
 
 
-def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Errors]:
-    """ORT CPU vs PyTorch on a short prompt (batch 2, T = chunk + 3; a ragged graph: the second row 5 tokens
-    shorter) and 4 decode steps: logits errors."""
-    from edgelin.runtime.session import open_session
-
-    sessions = {g: open_session(out / f, "cpu") for g, f in GRAPH_FILES.items()}
+def _smoke_reference(model, manifest: Manifest) -> dict[str, Any]:
+    """PyTorch's side of the smoke check: a short prompt (batch 2, T = chunk + 3; a ragged graph: the second row
+    5 tokens shorter) and 4 greedy decode steps. Computed right after the golden outputs, so that the model is
+    no longer held when the graphs are converted, stored and loaded (an export's peak memory is then not the
+    model beside ONNX Runtime's sessions)."""
     specs = manifest.states
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, manifest.vocab_size, (2, protocol.chunk_size(model) + 3), generator=gen)
-    state = fresh_state(specs, 2)
     T = ids.shape[1]
     lengths = torch.tensor([T, max(T - 5, 1)]) if manifest.lengths else None
-    ragged = {} if lengths is None else {"lengths": lengths}
+    with torch.no_grad():
+        ref, state = model(ids, fresh_state(specs, 2), **({} if lengths is None else {"lengths": lengths}))
+        out = {"ids": ids, "lengths": lengths, "prefill": ref.numpy(), "steps": []}
+        for _ in range(4):
+            nxt = ref[:, -1:].argmax(-1)  # [2, 1]
+            ref, state = model.step(nxt, state)
+            out["steps"].append((nxt, ref.numpy()))
+    return out
+
+
+def _smoke_check(reference: dict[str, Any], out: Path, manifest: Manifest) -> dict[str, parity.Errors]:
+    """ORT CPU vs ``_smoke_reference``'s PyTorch outputs: logits errors of the prefill and the worst decode step.
+    The sessions keep the weights in the file's mapped pages (no prepacking: the check is not timed), shared by
+    both."""
+    from edgelin.runtime.session import open_session
+
+    sessions = {g: open_session(out / f, "cpu", prepack=False) for g, f in GRAPH_FILES.items()}
+    specs = manifest.states
+    lengths = reference["lengths"]
 
     def run(graph: str, x: torch.Tensor, st) -> tuple[np.ndarray, dict]:
         feeds = {name: a.astype(spec.np_dtype, copy=False) for (name, a), spec in zip(to_numpy(specs, st).items(), specs)}
@@ -250,17 +266,13 @@ def _smoke_check(model, out: Path, manifest: Manifest) -> dict[str, parity.Error
         got = sessions[graph].run([manifest.logits] + [s.output for s in specs], {INPUT_IDS: x.numpy(), **feeds})
         return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])})
 
-    with torch.no_grad():
-        ref, ref_state = model(ids, state, **ragged)
-        got, ort_state = run("prefill", ids, state)
-        errors = {"prefill": parity.errors(got, ref.numpy())}
-        worst = parity.NONE
-        for _ in range(4):
-            nxt = ref[:, -1:].argmax(-1)  # [2, 1]
-            ref, ref_state = model.step(nxt, ref_state)
-            got, ort_state = run("decode", nxt, ort_state)
-            worst = worst.worst(parity.errors(got, ref.numpy()))
-        errors["decode"] = worst
+    got, ort_state = run("prefill", reference["ids"], fresh_state(specs, 2))
+    errors = {"prefill": parity.errors(got, reference["prefill"])}
+    worst = parity.NONE
+    for nxt, ref in reference["steps"]:
+        got, ort_state = run("decode", nxt, ort_state)
+        worst = worst.worst(parity.errors(got, ref))
+    errors["decode"] = worst
     return errors
 
 
@@ -351,8 +363,13 @@ def export(
                 export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname, external=True, ops=ops)
             bounded |= bound.used
             seconds[graph] = time.perf_counter() - t0
+            del spec  # it holds the model: nothing but ``model`` should, once the reference outputs are made
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
+        if precision == "fp32":  # other precisions rewrite the head once converted (_convert_graphs)
+            for g, proto in protos.items():
+                if tied_head_in_place(proto):
+                    onnx.save(proto, str(tmp / GRAPH_FILES[g]))  # the nodes only: the weights stay in their data file
         nodes = {g: len(p.graph.node) for g, p in protos.items()}
         op_types = {g: _op_histogram(p) for g, p in protos.items()}
         manifest = build_manifest(
@@ -369,6 +386,8 @@ def export(
             manifest.extra["ops"] = ops
         say("golden outputs: the PyTorch model on fixed inputs ...")
         manifest.extra["golden"] = _write_golden(model, manifest, budget, tmp)
+        reference = _smoke_reference(model, manifest) if check else None
+        model = None  # not needed past here: an export from a checkpoint frees its weights before ONNX Runtime loads them
         if precision != "fp32":  # torch's graphs are checked before they are converted
             say("checking the fp32 graphs (onnx.checker, full check) ...")
             for graph in GRAPH_FILES:
@@ -390,7 +409,7 @@ def export(
         smoke = None
         if check:
             say("smoke check: ONNX Runtime (CPU) vs PyTorch ...")
-            smoke = _smoke_check(model, tmp, manifest)
+            smoke = _smoke_check(reference, tmp, manifest)
             bad = {k: e for k, e in smoke.items() if not parity.within(e, smoke_bounds)}
             if bad:
                 raise ExportError(
@@ -439,6 +458,7 @@ def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manif
     nodes, op_types, kept = {}, {}, {}
     for graph, fname in GRAPH_FILES.items():
         proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
+        tied_head_in_place(proto)
         save_graph(proto, tmp / fname)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))

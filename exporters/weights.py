@@ -11,7 +11,8 @@ Offsets of tensors of ``PAGE`` bytes or more are multiples of ``PAGE`` (64 KiB: 
 Windows, a multiple of Linux's 4 KiB pages) so that ONNX Runtime can memory-map them from the file instead of
 copying them; smaller tensors are aligned to 64 bytes.
 
-Only one graph's weights are in memory at a time: peak memory is that of the larger graph, not of both.
+The bytes are streamed from the per-graph files to the weights file a piece at a time: memory holds one piece, not
+a graph's weights.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import hashlib
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import onnx
-from onnx.external_data_helper import set_external_data
+from onnx import helper, numpy_helper
 
 from edgelin.errors import ExportError
 
@@ -29,6 +31,7 @@ WEIGHTS_FILE = "weights.data"
 MIN_BYTES = 1024  # smaller initializers stay inside the graph
 PAGE = 64 << 10
 SMALL_ALIGN = 64
+STREAM = 16 << 20  # bytes read and written at a time
 
 
 def initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -79,33 +82,120 @@ def save_graph(proto: onnx.ModelProto, path: Path) -> None:
 def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str]:
     """Move the weights of the graphs ``graph_files`` (graph -> file name in ``folder``) into one
     ``WEIGHTS_FILE``, each distinct tensor once; rewrite the graphs to point at it and remove the per-graph data
-    files they named. Returns the manifest's ``weights`` entry ({"file", "bytes"})."""
+    files they named. Returns the manifest's ``weights`` entry ({"file", "bytes"}).
+
+    Streaming: a tensor's bytes go from its graph's data file to the weights file in pieces of ``STREAM`` bytes,
+    hashed on the way (a tensor already written is cut off again), so memory stays at one piece whatever the
+    model's size."""
     path = folder / WEIGHTS_FILE
     stored: dict[bytes, tuple[int, int]] = {}  # sha256 of the bytes -> (offset, length)
     with open(path, "xb") as out:
+
+        def place(pieces: Iterator[bytes], length: int) -> tuple[int, int]:
+            start = out.tell()
+            out.write(b"\0" * (-start % (PAGE if length >= PAGE else SMALL_ALIGN)))
+            begin, digest = out.tell(), hashlib.sha256()
+            for piece in pieces:
+                digest.update(piece)
+                out.write(piece)
+            key = digest.digest()
+            if key in stored:  # written before: cut this copy off again
+                out.seek(start)
+                out.truncate()
+            else:
+                stored[key] = (begin, length)
+            return stored[key]
+
         for fname in graph_files.values():
             gpath = folder / fname
-            proto, leftover = _load(gpath)
+            proto = onnx.load(str(gpath), load_external_data=False)
+            leftover = external_files(proto)
+            for name in leftover:
+                if Path(name).name != name or not (folder / name).is_file():
+                    raise ExportError(f"{fname} names external data {name!r}, which is not a file beside it")
             for t in initializers(proto.graph):
-                if not t.HasField("raw_data") or len(t.raw_data) < MIN_BYTES:
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    info = {e.key: e.value for e in t.external_data}
+                    source = folder / info["location"]
+                    offset = int(info.get("offset", 0))
+                    length = int(info["length"]) if "length" in info else source.stat().st_size - offset
+                    if length < MIN_BYTES:  # small: back inside the graph, as save_graph keeps them
+                        data = b"".join(_read_range(source, offset, length))
+                        del t.external_data[:]
+                        t.data_location = onnx.TensorProto.DEFAULT
+                        t.raw_data = data
+                        continue
+                    where = place(_read_range(source, offset, length), length)
+                elif t.HasField("raw_data") and len(t.raw_data) >= MIN_BYTES:
+                    where = place(iter([t.raw_data]), len(t.raw_data))
+                    t.ClearField("raw_data")
+                else:
                     continue
-                key = hashlib.sha256(t.raw_data).digest()
-                if key not in stored:
-                    align = PAGE if len(t.raw_data) >= PAGE else SMALL_ALIGN
-                    pos = out.tell()
-                    out.write(b"\0" * (-pos % align))
-                    stored[key] = (out.tell(), len(t.raw_data))
-                    out.write(t.raw_data)
-                offset, length = stored[key]
-                set_external_data(t, WEIGHTS_FILE, offset=offset, length=length)
+                del t.external_data[:]
+                for key, value in (("location", WEIGHTS_FILE), ("offset", where[0]), ("length", where[1])):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = key, str(value)
                 t.data_location = onnx.TensorProto.EXTERNAL
-                t.ClearField("raw_data")
             onnx.save(proto, str(gpath))  # the graph alone now: its large tensors are references
             del proto
             for name in leftover - {WEIGHTS_FILE}:
                 (folder / name).unlink()
         size = out.tell()
     return {"file": WEIGHTS_FILE, "bytes": size}
+
+
+def _read_range(path: Path, offset: int, length: int) -> Iterator[bytes]:
+    """``length`` bytes of ``path`` from ``offset``, in pieces of at most ``STREAM`` bytes."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            piece = f.read(min(left, STREAM))
+            if not piece:
+                raise ExportError(f"{path.name} ends before the tensor it should hold ({length:,} bytes from {offset:,})")
+            left -= len(piece)
+            yield piece
+
+
+def tied_head_in_place(proto: onnx.ModelProto) -> int:
+    """Rewrite each MatMul that reads a constant [V, D] table through Transpose [1, 0] (a tied head: its weight is
+    the token embedding, which the Gather reads row by row) as Gemm with ``transB`` on the table itself, the
+    input flattened to [N, D] and the product shaped back. ONNX Runtime folds such a Transpose into a new
+    [D, V] tensor in each session that loads the graph (1 GB for a 250k x 1,024 vocabulary, twice for the two
+    graphs); Gemm reads the table where it is, mapped from the weights file. The same product, in place.
+    fp32 tables only (an fp16 Gemm is not in every ONNX Runtime's CPU kernels). Returns the number of heads
+    rewritten."""
+    graph = proto.graph
+    tables = {t.name: t for t in graph.initializer if len(t.dims) == 2 and t.data_type == onnx.TensorProto.FLOAT}
+    transposed = {}
+    for n in graph.node:
+        perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
+        if n.op_type == "Transpose" and n.input[0] in tables and perm in (None, [1, 0]):
+            transposed[n.output[0]] = n
+    done = 0
+    for m in [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in transposed]:
+        t = transposed[m.input[1]]
+        V, D = tables[t.input[0]].dims
+        x, y, base = m.input[0], m.output[0], m.name or f"tied_head_{done}"
+        flat_shape = numpy_helper.from_array(np.array([-1, D], dtype=np.int64), f"{base}_flat_shape")
+        vocab = numpy_helper.from_array(np.array([V], dtype=np.int64), f"{base}_vocab")
+        graph.initializer.extend([flat_shape, vocab])
+        new = [
+            helper.make_node("Reshape", [x, flat_shape.name], [f"{base}_flat"], name=f"{base}_flat"),
+            helper.make_node("Gemm", [f"{base}_flat", t.input[0]], [f"{base}_gemm"], name=f"{base}_gemm", transB=1),
+            helper.make_node("Shape", [x], [f"{base}_lead"], name=f"{base}_lead", end=-1),
+            helper.make_node("Concat", [f"{base}_lead", vocab.name], [f"{base}_shape"], name=f"{base}_shape", axis=0),
+            helper.make_node("Reshape", [f"{base}_gemm", f"{base}_shape"], [y], name=f"{base}_out"),
+        ]
+        at = list(graph.node).index(m)
+        graph.node.remove(m)
+        for k, node in enumerate(new):
+            graph.node.insert(at + k, node)
+        done += 1
+    for t in transposed.values():
+        if not any(t.output[0] in n.input for n in graph.node) and t.output[0] not in {o.name for o in graph.output}:
+            graph.node.remove(t)
+    return done
 
 
 def tensor_bytes(proto: onnx.ModelProto) -> int:
@@ -120,4 +210,4 @@ def tensor_bytes(proto: onnx.ModelProto) -> int:
     return total
 
 
-__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "external_files", "initializers", "load_graph", "save_graph", "store_once", "tensor_bytes"]
+__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "external_files", "initializers", "load_graph", "save_graph", "store_once", "tensor_bytes", "tied_head_in_place"]

@@ -5,9 +5,12 @@
 Builds a random-init checkpoint with the exact published configuration of the named model (transformers' or
 fla's own classes, ``save_pretrained`` as safetensors), then for each precision, each step in a child process:
 
-- ``edgelin export CKPT -o OUT --precision P``: wall time and peak resident memory (the child's ru_maxrss);
+- ``edgelin export CKPT -o OUT --precision P``: wall time and peak resident memory (the child's ru_maxrss, which
+  counts the checkpoint's and the weights file's mapped pages too) and peak anonymous memory (RssAnon, sampled
+  every 0.1 s: what has to fit in memory);
 - the export's files on disk;
-- a fresh process loads it with ``edgelin.runtime.load`` (ONNX Runtime, CPU, ``--threads``): resident memory
+- a fresh process loads it with ``edgelin.runtime.load`` (ONNX Runtime, CPU, ``--threads``; once with ONNX
+  Runtime's prepacking, the default, and once with ``prepack=False``): resident memory
   (Pss from /proc/self/smaps_rollup) after loading, then decode ms/token at batch 1 (median of 20 steps after
   5 warm-up steps) and prefill tokens/s at 1,024 and 4,096 tokens (one ``prefill`` call, best of 2);
 - ``edgelin validate OUT --checkpoint CKPT --steps 8 --kv 1024``: the verdict and the worst logits errors (a model
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +40,14 @@ MODELS = {
     "lfm2-350m": ("lfm2", {
         "vocab_size": 65536, "hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
         "intermediate_size": 6656, "block_ff_dim": 6656, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": True, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "conv_L_cache": 3, "conv_bias": False,
+        "norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "max_position_embeddings": 128000,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
+    }),
+    "lfm2-1.2b": ("lfm2", {
+        "vocab_size": 65536, "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 12288, "block_ff_dim": 12288, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
         "block_auto_adjust_ff_dim": True, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "conv_L_cache": 3, "conv_bias": False,
         "norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "max_position_embeddings": 128000,
         "tie_word_embeddings": True,
@@ -70,7 +82,7 @@ MEASURE = textwrap.dedent(
     import json, sys, time
     import numpy as np
     from edgelin.runtime import load
-    folder, threads = sys.argv[1], int(sys.argv[2])
+    folder, threads, prepack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "on"
 
     def pss():
         for line in open("/proc/self/smaps_rollup"):
@@ -78,7 +90,7 @@ MEASURE = textwrap.dedent(
                 return int(line.split()[1]) * 1024
 
     t = time.perf_counter()
-    session = load(folder, provider="cpu", threads=threads)
+    session = load(folder, provider="cpu", threads=threads, prepack=prepack)
     load_s, loaded = time.perf_counter() - t, pss()
     rng = np.random.default_rng(0)
     V = session.manifest.vocab_size
@@ -106,14 +118,47 @@ MEASURE = textwrap.dedent(
 )
 
 
+# the CLI of the Python running this script (its environment's, whether or not it is on PATH)
+EDGELIN = [sys.executable, "-c", "import sys; from edgelin.cli import main; sys.exit(main())"]
+
+PEAK_ANON: dict[int, int] = {}  # child pid -> the largest RssAnon sampled
+
+
+def _sample_anon(pid: int, stop: threading.Event) -> None:
+    """Anonymous resident memory of ``pid`` every 0.1 s: ru_maxrss also counts file pages mapped from the
+    checkpoint and the weights file, which the kernel can drop; RssAnon is what must fit in memory."""
+    while not stop.wait(0.1):
+        try:
+            for line in open(f"/proc/{pid}/status"):
+                if line.startswith("RssAnon:"):
+                    PEAK_ANON[pid] = max(PEAK_ANON.get(pid, 0), int(line.split()[1]) * 1024)
+        except OSError:
+            return
+
+
 def run_child(args: list[str], log: Path) -> tuple[int, float, int]:
-    """(exit status, wall seconds, peak resident bytes) of one child process, its output to ``log``."""
+    """(exit status, wall seconds, peak resident bytes) of one child process, its output to ``log``; its peak
+    anonymous memory is left in ``PEAK_ANON[pid]`` (``last_peak_anon()``)."""
+    global _LAST_PID
     with open(log, "w") as out:
         t = time.perf_counter()
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        stop = threading.Event()
+        sampler = threading.Thread(target=_sample_anon, args=(proc.pid, stop), daemon=True)
+        sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
+        stop.set()
+        sampler.join()
         proc.returncode = os.waitstatus_to_exitcode(status)
+    _LAST_PID = proc.pid
     return proc.returncode, time.perf_counter() - t, usage.ru_maxrss * 1024
+
+
+_LAST_PID = 0
+
+
+def last_peak_anon() -> int:
+    return PEAK_ANON.get(_LAST_PID, 0)
 
 
 def main() -> int:
@@ -123,6 +168,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", type=Path, default=None, help="keep the checkpoint and exports here [default: a temporary folder]")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON record here")
+    ap.add_argument("--skip-validate", action="store_true", help="export and measure only (validate holds the checkpoint in fp32 and "
+                    "float64 beside the sessions: about 7x the weights)")
     args = ap.parse_args()
     if not Path("/proc/self/smaps_rollup").exists():
         print("this script reads /proc/self/smaps_rollup (Linux)", file=sys.stderr)
@@ -148,25 +195,37 @@ def main() -> int:
             out = work / f"export-{precision}"
             row = {"precision": precision}
             print(f"{precision}: exporting ...", flush=True)
-            code, seconds, peak = run_child(["edgelin", "export", str(ckpt), "-o", str(out), "--precision", precision, "--force"],
+            code, seconds, peak = run_child([*EDGELIN, "export", str(ckpt), "-o", str(out), "--precision", precision, "--force"],
                                             work / f"export-{precision}.log")
-            row.update(export_s=seconds, export_peak_rss=peak, export_ok=code == 0)
+            row.update(export_s=seconds, export_peak_rss=peak, export_peak_anon=last_peak_anon(), export_ok=code == 0)
             if code:
                 row["error"] = (work / f"export-{precision}.log").read_text().strip().splitlines()[-1][:500]
                 print(f"  export failed: {row['error']}", flush=True)
                 record["rows"].append(row)
                 continue
             row["files"] = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
-            print(f"  {seconds:.0f} s, peak {peak / 1e9:.2f} GB, on disk {sum(row['files'].values()) / 1e6:,.0f} MB; measuring ...", flush=True)
-            code, _, _ = run_child([sys.executable, "-c", MEASURE, str(out), str(args.threads)], work / f"measure-{precision}.log")
-            if code:
-                row["measure_error"] = (work / f"measure-{precision}.log").read_text()[-1000:]
-            else:
-                row.update(json.loads((work / f"measure-{precision}.log").read_text().strip().splitlines()[-1]))
-                print(f"  resident {row['pss_after'] / 1e9:.2f} GB, decode {row['decode_ms']:.1f} ms/token, prefill "
-                      + ", ".join(f"{k}: {v:,.0f} tok/s" for k, v in row["prefill_tok_s"].items()), flush=True)
+            print(f"  {seconds:.0f} s, peak {peak / 1e9:.2f} GB (anonymous {row['export_peak_anon'] / 1e9:.2f} GB), "
+                  f"on disk {sum(row['files'].values()) / 1e6:,.0f} MB; measuring ...", flush=True)
+            for prepack in ("on", "off"):  # ONNX Runtime's default (packed copies per session), then the file's pages
+                log = work / f"measure-{precision}-prepack-{prepack}.log"
+                code, _, _ = run_child([sys.executable, "-c", MEASURE, str(out), str(args.threads), prepack], log)
+                if code:
+                    row[f"measure_error_prepack_{prepack}"] = log.read_text()[-1000:]
+                    continue
+                got = json.loads(log.read_text().strip().splitlines()[-1])
+                if prepack == "on":
+                    row.update(got)
+                else:
+                    row["prepack_off"] = got
+                print(f"  prepack {prepack}: resident {got['pss_loaded'] / 1e9:.2f} GB loaded, {got['pss_after'] / 1e9:.2f} GB after prefill, "
+                      f"decode {got['decode_ms']:.1f} ms/token, prefill " + ", ".join(f"{k}: {v:,.0f} tok/s" for k, v in got["prefill_tok_s"].items()),
+                      flush=True)
+            if args.skip_validate:
+                row["parity"] = "not run (--skip-validate)"
+                record["rows"].append(row)
+                continue
             report = work / f"validate-{precision}.json"
-            code, seconds, _ = run_child(["edgelin", "validate", str(out), "--checkpoint", str(ckpt), "--steps", "8", "--kv", "1024",
+            code, seconds, _ = run_child([*EDGELIN, "validate", str(out), "--checkpoint", str(ckpt), "--steps", "8", "--kv", "1024",
                                           "--json", str(report), "--force"], work / f"validate-{precision}.log")
             row["validate_s"] = seconds
             if report.exists():

@@ -7,8 +7,10 @@ fragment occurs wins; a name no pair touches is kept). Several checkpoint names 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -80,24 +82,6 @@ class Renamer:
         return name
 
 
-def read_safetensors(path: Path, only: set[str] | None = None, file: str = WEIGHTS_FILE) -> dict[str, torch.Tensor]:
-    """Every tensor of ``path/file`` (CPU; default ``model.safetensors``), or those named in ``only``. Never
-    unpickles."""
-    from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file
-
-    file = path / file
-    if not file.is_file():
-        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}; save the model with safetensors (save_pretrained does by default)")
-    try:
-        if only is not None:
-            with safe_open(str(file), framework="pt", device="cpu") as f:
-                return {name: f.get_tensor(name) for name in f.keys() if name in only}
-        return load_file(file, device="cpu")
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
-
-
 def _names(names: list[str]) -> str:
     return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
 
@@ -125,17 +109,22 @@ def match(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]
     return groups
 
 
-def load_weights(model: nn.Module, tensors: dict[str, torch.Tensor], groups: dict[str, list[str]], where: Path) -> None:
-    """Copy ``tensors`` into ``model`` as float32 along ``groups`` (from ``match``). CheckpointError if a
-    tensor is not floating point or tied copies differ."""
+def load_weights(model: nn.Module, read: Callable[[str], torch.Tensor], groups: dict[str, list[str]], where: Path) -> None:
+    """Copy the checkpoint's tensors into ``model`` as float32 along ``groups`` (from ``match``), one tensor at a
+    time: ``read(checkpoint name)`` gives it, and it is let go once copied, so that loading holds the model and
+    one tensor, not the model and the whole checkpoint. CheckpointError if a tensor is not floating point or
+    tied copies differ."""
+    targets = model.state_dict(keep_vars=False)  # tensors sharing the parameters' and buffers' storage
     for target, sources in groups.items():
-        first = tensors[sources[0]]
+        first = read(sources[0])
         if not first.is_floating_point():
             raise CheckpointError(f"{where}: tensor {sources[0]} has dtype {first.dtype}, expected a floating-point tensor")
         for source in sources[1:]:
-            if not torch.equal(first.to(torch.float32), tensors[source].to(torch.float32)):
+            if not torch.equal(first.to(torch.float32), read(source).to(torch.float32)):
                 raise CheckpointError(f"{where}: tied tensors {sources[0]} and {source} differ; the config ties them")
-    model.load_state_dict({target: tensors[sources[0]].to(torch.float32) for target, sources in groups.items()})
+        with torch.no_grad():
+            targets[target].copy_(first.to(torch.float32))
+        del first
 
 
 def load_checkpoint_weights(
@@ -176,13 +165,39 @@ def load_checkpoint_weights(
         found.update(parts)
     groups = match(expected_shapes(build), found, rename, where)
     model = build()
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(read_safetensors(file.parent, only={n for n, f in home.items() if f == file}, file=file.name))
-    for name, split in fused.items():
-        tensors.update(split.split(name, tensors.pop(name)))
-    load_weights(model, tensors, groups, where)
+    with contextlib.ExitStack() as stack:
+        handles = {file: _open_safetensors(file, stack) for file in files}
+        pending: dict[str, torch.Tensor] = {}  # the parts of a fused tensor read, not yet copied
+
+        def read(name: str) -> torch.Tensor:
+            if name in pending:
+                return pending.pop(name)
+            if name in home:
+                return _get(handles[home[name]], name, home[name])
+            fused_name = next(n for n, split in fused.items() if name in split.names(n))
+            pending.update(fused[fused_name].split(fused_name, _get(handles[home[fused_name]], fused_name, home[fused_name])))
+            return pending.pop(name)
+
+        load_weights(model, read, groups, where)
     return model.eval()
 
 
-__all__ = ["Renamer", "RowSplit", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match", "read_safetensors"]
+def _open_safetensors(file: Path, stack: contextlib.ExitStack):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
+
+
+def _get(handle, name: str, file: Path) -> torch.Tensor:
+    from safetensors import SafetensorError
+
+    try:
+        return handle.get_tensor(name)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
+
+
+__all__ = ["Renamer", "RowSplit", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match"]
