@@ -179,6 +179,8 @@ def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundl
     _, cos_dir = exported("cosformer")
     # a hybrid: layer 1 softmax attention with a KV cache of at most 16 positions (a growing state, "past")
     _, hybrid_dir = exported("elu+1", decay="scalar", attn_layers=(1,), attn_window=16)
+    # a tied head read in place: Gemm with transB on the embedding (a vocabulary of 1,024: test_weights_file's export)
+    _, gemm_dir = exported("elu+1", options={"precision": "fp32"}, vocab_size=1024)
     from edgelin.runtime.manifest import Manifest
 
     assert any(s.dtype == "int64" for s in Manifest.load(cos_dir).states), "the cosFormer export should carry an int64 state"
@@ -191,6 +193,7 @@ def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundl
             _export_case("cosformer", cos_dir, python_greedy, 24, prompts),
             _export_case("cosformer-ragged", ragged_export, python_greedy, 24, prompts),
             _export_case("hybrid-window16", hybrid_dir, python_greedy, 24, prompts),
+            _export_case("tied-head-gemm", gemm_dir, python_greedy, 24, prompts),
         ],
         "decoding": decoding, "encoding": encoding, "sampling": _sampling_cases(),
         "golden": _golden_cases(bundled_export, tmp_path),
