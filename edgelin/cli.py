@@ -129,8 +129,12 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
 @click.option("--kv", "kv_lengths", default="1024,16384", show_default=True, metavar="LENGTHS",
               help="For a model with a KV cache (a hybrid): prompt lengths after which the cache and every state are "
                    "compared with a float64 PyTorch run (comma list; 0 = none). Lengths past the model's context are n/a.")
+@click.option("--prepack/--no-prepack", default=True, show_default=True,
+              help="Let ONNX Runtime pack the CPU session's weights, as the runtime does by default; --no-prepack reads "
+                   "them in place from weights.data (one copy of the weights fewer: for a large model beside the float64 "
+                   "reference; the same kernels on unpacked weights).")
 @user_errors
-def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force, budgets, upstream, kv_lengths):
+def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path, seed, force, budgets, upstream, kv_lengths, prepack):
     """Check that EXPORT_DIR computes what its PyTorch checkpoint computes.
 
     \b
@@ -169,7 +173,7 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
     if json_path is not None:  # before the checks run: a bad path must not cost the report
         check_output_file(json_path, "report file", overwrite=force, ours=REPORT_FILE)
     report = validate(export_dir, checkpoint, providers=providers, steps=steps, long=long_steps, seed=seed, progress=progress,
-                      budget=overrides, upstream=upstream, kv=kv)
+                      budget=overrides, upstream=upstream, kv=kv, prepack=prepack)
     click.echo(report.table())
     if json_path:
         report.write_json(json_path, overwrite=force)

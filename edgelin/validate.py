@@ -88,6 +88,7 @@ class Report:
     overrides: dict[str, dict[str, float]] = field(default_factory=dict)  # bounds set by the export or --budget
     # the framework's own run (--upstream): framework, how it ran, its model class, seconds; {} where none ran
     upstream: dict[str, Any] = field(default_factory=dict)
+    prepack: bool = True  # ONNX Runtime's CPU sessions packed their weights (the runtime's default) or read them in place
 
     @property
     def passed(self) -> bool:
@@ -123,6 +124,8 @@ class Report:
         if self.upstream.get("framework"):
             u = self.upstream
             lines.append(f"upstream: {u['model_class']} run by {u['how']}, {u['seconds']['total']:.1f} s")
+        if not self.prepack:
+            lines.append("ONNX Runtime's CPU session read the weights in place (--no-prepack): the same kernels on unpacked weights")
         if self.overrides:
             lines.append("budgets set for this export or by --budget: "
                          + ", ".join(f"{k}.{b}={v:g}" for k, bounds in self.overrides.items() for b, v in bounds.items()))
@@ -631,6 +634,7 @@ def validate(
     budget=None,
     upstream: str = "auto",
     kv: Sequence[int] = KV_LENGTHS,
+    prepack: bool = True,
 ) -> Report:
     """Run every check on ``export_dir`` against ``checkpoint`` (a folder, a model that follows
     edgelin.protocol, or None = the bundled model).
@@ -651,9 +655,14 @@ def validate(
     ``kv``: for a model with a KV cache (a hybrid), prompt lengths whose cache (and every other state) after the
     prompt is compared with the float64 model's (the "kv" group; default 1k and 16k, each within the model's declared
     context; () for none). Costs a float64 PyTorch run over each prompt.
+
+    ``prepack``: the CPU session as the runtime loads it by default (True: ONNX Runtime packs each MatMul weight
+    into a copy of its own) or with the weights read in place from the weights file (``Session(prepack=False)``:
+    the same kernels on unpacked weights, one copy of the weights fewer beside the float64 model).
     """
     with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1):
-        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget, upstream, kv)
+        return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget, upstream, kv,
+                         prepack=prepack)
 
 
 def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
@@ -664,7 +673,7 @@ def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, fl
 
 
 def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192, budget=None,
-              upstream="auto", kv=KV_LENGTHS) -> Report:
+              upstream="auto", kv=KV_LENGTHS, prepack=True) -> Report:
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
@@ -690,7 +699,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     framework, no_upstream = _upstream_plan(upstream, ckpt_path)
 
     report = Report(str(export_dir), str(ckpt_path or "<in-memory model>"), manifest.precision, {},
-                    strict_providers=providers != "auto", budgets=budgets, overrides=overrides)
+                    strict_providers=providers != "auto", budgets=budgets, overrides=overrides, prepack=prepack)
     say("structure ...")
     for c in check_structure(export_dir, manifest, ckpt_path, model):
         report.checks.append(c)
@@ -702,7 +711,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     try:
         # the hash check is a structure check of its own above: the numbers are still compared where the
         # files differ, to say where they diverge
-        cpu = Session(export_dir, provider="cpu", threads=threads, check_hashes=False)
+        cpu = Session(export_dir, provider="cpu", threads=threads, check_hashes=False, prepack=prepack)
     except ManifestError as exc:
         report.checks.append(Check("structure", "runtime can load the export", FAIL, where=str(exc)))
         report.seconds = time.perf_counter() - t_start

@@ -15,7 +15,8 @@ fla's own classes, ``save_pretrained`` as safetensors), then for each precision,
   5 warm-up steps) and prefill tokens/s at 1,024 and 4,096 tokens (one ``prefill`` call, best of 2);
 - ``edgelin validate OUT --checkpoint CKPT --steps 8 --kv 1024``: the verdict and the worst logits errors (a model
   with attention: its KV cache after 1,024 tokens against float64; the default's 16,384-token float64 run of a
-  0.75 B model takes most of an hour here).
+  0.75 B model takes most of an hour here); fla models with ``--upstream off`` (fla's kernels run in Triton's CPU
+  interpreter: hours at this size).
 
 Random weights are not a trained model: quality measures (held-out bits/byte) do not apply, and the bundled
 model's precision budgets were set on a trained model; the parity verdict is what the budgets say of these
@@ -53,6 +54,13 @@ MODELS = {
         "tie_word_embeddings": True,
         "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
     }),
+    # fla's published training config (configs/gla_340M.json of fla's flame)
+    "fla-gla-340m": ("gla", {
+        "attn_mode": "chunk", "bos_token_id": 1, "clamp_min": None, "eos_token_id": 2, "expand_k": 0.5, "expand_v": 1,
+        "fuse_cross_entropy": True, "fuse_norm": True, "hidden_act": "swish", "hidden_ratio": 4, "hidden_size": 1024,
+        "initializer_range": 0.006, "intermediate_size": None, "num_heads": 4, "num_hidden_layers": 24, "norm_eps": 1e-06,
+        "tie_word_embeddings": True, "use_cache": True, "use_gk": True, "use_gv": False, "vocab_size": 32000,
+    }),
     "qwen3.5-0.8b": ("qwen3_5_text", {
         "vocab_size": 248320, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
         "head_dim": 256, "intermediate_size": 3584, "linear_num_key_heads": 16, "linear_num_value_heads": 16,
@@ -62,12 +70,17 @@ MODELS = {
     }),
 }
 
+FLA_MODEL_TYPES = {"gla"}  # built with flash-linear-attention's classes (fla registers them with transformers' Auto classes)
+
 BUILD = textwrap.dedent(
     """
     import json, sys, time
-    sys.modules["fla"] = None  # transformers' own PyTorch paths
+    model_type, config, folder, kit = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+    if kit == "fla":
+        import fla  # noqa: F401
+    else:
+        sys.modules["fla"] = None  # transformers' own PyTorch paths
     import torch, transformers
-    model_type, config, folder = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     torch.manual_seed(0)
     cfg = transformers.AutoConfig.for_model(model_type, **config)
     t = time.perf_counter()
@@ -168,6 +181,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", type=Path, default=None, help="keep the checkpoint and exports here [default: a temporary folder]")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON record here")
+    ap.add_argument("--validate-prepack", choices=("on", "off"), default="on",
+                    help="validate's CPU session with ONNX Runtime's prepacking (on, the runtime's default) or with the weights read "
+                         "in place (off: one copy of the weights fewer beside the float64 model; LFM2-1.2B needs it on 24 GB)")
     ap.add_argument("--skip-validate", action="store_true", help="export and measure only (validate holds the checkpoint in fp32 and "
                     "float64 beside the sessions: about 7x the weights)")
     args = ap.parse_args()
@@ -183,7 +199,8 @@ def main() -> int:
                   "cpus": os.cpu_count(), "rows": []}
         if not (ckpt / "config.json").exists():
             print(f"building a random-init {args.model} ({model_type}) ...", flush=True)
-            code, seconds, peak = run_child([sys.executable, "-c", BUILD, model_type, json.dumps(config), str(ckpt)], work / "build.log")
+            code, seconds, peak = run_child([sys.executable, "-c", BUILD, model_type, json.dumps(config), str(ckpt),
+                                                  "fla" if model_type in FLA_MODEL_TYPES else "transformers"], work / "build.log")
             if code:
                 print((work / "build.log").read_text()[-3000:], file=sys.stderr)
                 return 1
@@ -225,8 +242,13 @@ def main() -> int:
                 record["rows"].append(row)
                 continue
             report = work / f"validate-{precision}.json"
+            # fla's own model runs its Triton kernels in the CPU interpreter: hours at this size, so not here
+            upstream = ["--upstream", "off"] if model_type in FLA_MODEL_TYPES else []
+            row["validate_upstream"] = not upstream
             code, seconds, _ = run_child([*EDGELIN, "validate", str(out), "--checkpoint", str(ckpt), "--steps", "8", "--kv", "1024",
-                                          "--json", str(report), "--force"], work / f"validate-{precision}.log")
+                                          "--json", str(report), "--force", *upstream,
+                                          *(["--no-prepack"] if args.validate_prepack == "off" else [])], work / f"validate-{precision}.log")
+            row["validate_prepack"] = args.validate_prepack
             row["validate_s"] = seconds
             if report.exists():
                 data = json.loads(report.read_text())

@@ -66,7 +66,9 @@ def test_correct_export_passes_every_check(feature_map, export_cache, export_of)
     assert report.drift and report.drift[-1]["step"] == 300
 
 
-def test_decode_weight_changed_by_1e_3(base, broken):
+@pytest.mark.parametrize("prepack", [True, False], ids=["prepack", "no-prepack"])
+def test_decode_weight_changed_by_1e_3(base, broken, prepack):
+    """Caught with the session's weights packed (the runtime's default) and read in place (--no-prepack)."""
     ckpt, _ = base
     model = tiny("elu+1")
     target = model.blocks[1].attn.v_proj.weight.detach().numpy().T  # the exporter stores x @ W^T as W^T
@@ -78,9 +80,9 @@ def test_decode_weight_changed_by_1e_3(base, broken):
     hits[0].CopyFrom(onnx.numpy_helper.from_array(arr, hits[0].name))
     onnx.save(proto, str(broken / "decode.onnx"))
 
-    report = validate(broken, ckpt, steps=8)
+    report = validate(broken, ckpt, steps=8, prepack=prepack)
     fails = failed(report)
-    assert not report.passed
+    assert not report.passed and report.prepack is prepack
     assert "decode/8 steps, state fed back" in fails
     assert "first diverging step 0: layer 1, state S (present.1.S)" in fails["decode/8 steps, state fed back"]
     assert not any(k.startswith("prefill/") for k in fails)  # the prefill graph is intact
@@ -174,7 +176,11 @@ def test_cli_exit_codes_and_json(base, tmp_path):
     assert ok.exit_code == 0, ok.output
     assert "PASS: " in ok.stdout
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["passed"] is True and report["budgets"] == BUDGETS["fp32"]
+    assert report["passed"] is True and report["budgets"] == BUDGETS["fp32"] and report["prepack"] is True
+    unpacked = runner.invoke(main, ["validate", str(out), "--checkpoint", str(ckpt), "--steps", "4", "--no-prepack", "--json",
+                                    str(tmp_path / "r2.json")])
+    assert unpacked.exit_code == 0 and "read the weights in place (--no-prepack)" in unpacked.stdout, unpacked.output
+    assert json.loads((tmp_path / "r2.json").read_text())["prepack"] is False
 
     cuda = runner.invoke(main, ["validate", str(out), "--checkpoint", str(ckpt), "--steps", "4", "--providers", "cpu,cuda"])
     if cuda.exit_code == 0:  # a machine with a working GPU
