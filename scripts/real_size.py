@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -208,6 +209,11 @@ def main() -> int:
             record.update(params=built["params"], build_s=seconds, build_peak_rss=peak)
             print(f"  {built['params'] / 1e6:,.1f} M parameters in {seconds:.0f} s (peak {peak / 1e9:.2f} GB)", flush=True)
         record["checkpoint_bytes"] = sum(p.stat().st_size for p in ckpt.iterdir())
+        if "params" not in record:  # a checkpoint built by an earlier run: counted from the safetensors headers
+            from edgelin.checkpoint import weight_files
+            from edgelin.safety import header_shapes
+
+            record["params"] = sum(math.prod(shape) for f in weight_files(ckpt) for shape in header_shapes(f).values())
         for precision in args.precisions.split(","):
             out = work / f"export-{precision}"
             row = {"precision": precision}
