@@ -125,3 +125,31 @@ def test_a_checkpoint_folder_is_read_once_per_export(single, tmp_path, monkeypat
     assert isinstance(raised.value.__cause__, Traced)  # it got as far as tracing
     reads = [p for p in opened if Path(p).name == "config.json"]
     assert len(reads) == 1, reads
+
+
+def test_weights_are_copied_into_the_model_one_tensor_at_a_time(single, tmp_path, monkeypatch):
+    """Loading holds the model and the tensor being copied, not the whole checkpoint beside the model: when a
+    tensor is read, every tensor read before it has been let go. The sharded
+    copy imports the same way."""
+    import gc
+    import weakref
+
+    from edgelin.importers import weights
+
+    live: list[weakref.ref] = []
+    most = [0]
+    real_get = weights._get
+
+    def get(handle, name, file):
+        gc.collect()
+        most[0] = max(most[0], sum(r() is not None for r in live))
+        t = real_get(handle, name, file)
+        live.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(weights, "_get", get)
+    for folder in (single, shard(single, tmp_path / "sharded")):
+        live.clear()
+        model = load_checkpoint(folder)
+        assert len(live) >= len(list(model.parameters())) > 2  # every tensor went through the reader
+        assert most[0] == 0, f"{most[0]} earlier tensor(s) still held when one was read"
