@@ -5,7 +5,8 @@ what this process hides or patches to make the framework run on a CPU (below) ne
 
   transformers  triton and fla are hidden before transformers is imported: with them importable, transformers
                 picks GPU kernels for its linear-attention layers (Gated DeltaNet, Mamba2), which fail on a CPU
-                ("0 active drivers"); hidden, it runs its own PyTorch paths.
+                ("0 active drivers"); hidden, it runs its own PyTorch paths. The model runs in float64 with its
+                modelling code's float32 casts lifted (``float64_throughout``): the exact reference.
   fla           fla's Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by the caller), the
                 autotuner kept to its first config (its benchmark step needs a GPU driver), device functions
                 not re-patching the language inside a kernel (``interpret_on_cpu``); models load with
@@ -13,7 +14,7 @@ what this process hides or patches to make the framework run on a CPU (below) ne
                 config has them, fuse_norm / fuse_swiglu off (the same math in PyTorch: far fewer kernel launches).
 
 SPEC (JSON): {"framework", "checkpoint", "prompt": [[ids]] (B x T), "steps": [[ids]] (B x N), "greedy": k,
-"threads", "out"}. Writes ``out`` (safetensors, float32 / int64): "prefill" [B, T, V] logits of one forward over the
+"threads", "out"}. Writes ``out`` (safetensors, float64 / int64): "prefill" [B, T, V] logits of one forward over the
 prompt (cache kept); "decode" [N, B, V], each column of ``steps`` fed one token at a time through the framework's
 cache; "greedy" [B, k] greedy ids continuing each row after the prompt and the steps, through the same cache;
 "hidden.{i}" [B, T, d] the output of decoder layer i over the prompt (a forward hook on the framework's own layer
@@ -33,26 +34,62 @@ import time
 def _load_transformers(folder: str):
     sys.modules["triton"] = None  # type: ignore[assignment]  # transformers then takes its PyTorch paths
     sys.modules["fla"] = None  # type: ignore[assignment]
+    import torch
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(folder)
     auto = transformers.AutoModelForCausalLM
     if getattr(config, "vision_config", None) is not None:  # a vision-language checkpoint (qwen3_5): its own class
         auto = transformers.AutoModelForImageTextToText
-    model = _loaded(auto, folder, {})
-    how = "transformers' own PyTorch paths (triton and fla hidden in its process)"
+    model = _loaded(auto, folder, {}, dtype=torch.float64)
+    lifted = float64_throughout(model)
+    how = ("transformers' own PyTorch paths in float64 (triton and fla hidden in its process; the float32 casts of "
+           + ", ".join(lifted) + " lifted to float64)")
     return model, config, how
+
+
+class _Float64Torch:
+    """``torch`` as a modelling module sees it, with its float32 dtype names meaning float64."""
+
+    def __init__(self, torch) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name: str):
+        if name in ("float32", "float"):
+            return self._torch.float64
+        return getattr(self._torch, name)
+
+
+def float64_throughout(model) -> list[str]:
+    """Make a transformers model compute in float64 where its code casts to float32 on purpose (RMSNorm statistics,
+    the gated delta rule, the SSM scan, softmax, rotary angles: float32 islands for bf16/fp16 weights, which in a
+    float64 model would round its reference to float32): each modelling module of the model's classes sees
+    ``torch.float32`` as float64, and ``Tensor.float()`` gives float64 in this process. The same code, the same
+    math, in float64: the reference edgelin's float32 import and graphs are then held to is the exact one, not
+    transformers' own float32 rounding (2.3e-5 of the logits' scale for a Qwen3-Next model whose import agrees
+    with it to 3.9e-8 when both run in float64). Returns the names of the modules patched."""
+    import torch
+
+    names = sorted({type(m).__module__ for m in model.modules() if type(m).__module__.startswith("transformers.models.")})
+    names += [n for n in ("transformers.modeling_rope_utils", "transformers.integrations.sdpa_attention") if n in sys.modules]
+    proxy = _Float64Torch(torch)
+    for name in names:
+        module = sys.modules[name]
+        if getattr(module, "torch", None) is torch:
+            module.torch = proxy
+    torch.Tensor.float = lambda self, *args, **kwargs: self.double()  # type: ignore[method-assign]
+    return [n.rsplit(".", 1)[-1] for n in names]
 
 
 class MissingWeights(RuntimeError):
     pass
 
 
-def _loaded(auto, folder: str, options: dict):
+def _loaded(auto, folder: str, options: dict, dtype=None):
     """The model with every weight from the checkpoint: one left at its random init would make a wrong reference."""
     import torch
 
-    model, info = auto.from_pretrained(folder, dtype=torch.float32, output_loading_info=True, **options)
+    model, info = auto.from_pretrained(folder, dtype=dtype or torch.float32, output_loading_info=True, **options)
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         raise MissingWeights(f"{type(model).__name__} found no weights in the checkpoint for {len(missing)} of its tensors "
@@ -158,7 +195,7 @@ def main(spec_file: str) -> None:
 
     def keep(i):
         def hook(_module, _inputs, output):
-            hidden[i] = (output[0] if isinstance(output, (tuple, list)) else output).detach().float().clone()
+            hidden[i] = (output[0] if isinstance(output, (tuple, list)) else output).detach().to(torch.float64).clone()
         return hook
 
     handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(_layers(model, n_layers))]
@@ -181,7 +218,7 @@ def main(spec_file: str) -> None:
         out = model(ids, use_cache=True, **cache, **extra)
         if not with_cache:
             cache[cache_arg] = out.past_key_values
-        return out.logits.float()
+        return out.logits.to(torch.float64)
 
     out: dict[str, torch.Tensor] = {}
     B, T = prompt.shape

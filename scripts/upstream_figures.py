@@ -6,7 +6,8 @@ what a misread config field looks like, and what the framework's run costs on th
 For each family of tests/importers/test_upstream.py (the same tiny random checkpoints, the same misread fields) it
 runs the framework's own model as ``edgelin validate --upstream`` does (edgelin.upstream.run: a prompt of 69 tokens,
 batch 2, ``--steps`` cached decode steps, 16 greedy tokens) and compares edgelin's import with it, then the wrongly
-imported model. Needs the test extra (transformers, fla, triton).
+imported model; for transformers (run in float64, its float32 casts lifted) also edgelin's import in float64, which
+should compute the same function. Needs the test extra (transformers, fla, triton).
 """
 
 from __future__ import annotations
@@ -95,11 +96,16 @@ def main() -> None:
                 row[label] = {"prefill": vars(ep), "decode": vars(ed), "greedy_agreement": upstream.greedy_agreement(g, ref.greedy)[0],
                               "passes": parity.within(ep, budget) and parity.within(ed, budget),
                               "where": upstream.first_departure(model, hidden, ref.hidden, budget["rel_l2"])}
+            if framework == "transformers":  # its run is float64 (casts lifted): the import in float64 should be the same function
+                p64, d64, _, _ = upstream.import_outputs(load_checkpoint(folder).double(), prompt, steps, 1)
+                row["import_float64"] = {"prefill": vars(parity.errors(p64, ref.prefill)), "decode": vars(parity.errors(d64, ref.decode))}
             row["misread_expected"] = layer
             rows[case_id] = row
             i, m = row["import"], row["misread"]
             print(f"{case_id:17s} {framework:12s} import max rel {i['prefill']['max_rel']:.1e}/{i['decode']['max_rel']:.1e} "
                   f"rel L2 {i['prefill']['rel_l2']:.1e}/{i['decode']['rel_l2']:.1e} greedy {i['greedy_agreement']:.2f} | "
+                  + (f"import in float64: max rel {row['import_float64']['prefill']['max_rel']:.1e}/{row['import_float64']['decode']['max_rel']:.1e} | "
+                     if "import_float64" in row else "") +
                   f"misread: max rel {m['prefill']['max_rel']:.1e}, {m['where']} | {ref.model_class} {wall:.1f} s "
                   f"(load {ref.seconds['load']:.1f}, prefill {ref.seconds['prefill']:.1f}, decode {ref.seconds['decode']:.1f}, "
                   f"greedy {ref.seconds['greedy']:.1f})", flush=True)
