@@ -22,6 +22,7 @@ Checks, in order:
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -183,6 +184,12 @@ class _Validator:
         if self._model64 is None:
             self._model64 = copy.deepcopy(self.model).double().eval()
         return self._model64
+
+    def drop_model64(self) -> None:
+        """Let the float64 copy go once its checks are done (twice the fp32 weights: at real size the upstream
+        framework's own float64 model, in its subprocess, needs that memory)."""
+        self._model64 = None
+        gc.collect()
 
     def add(self, check: Check) -> Check:
         self.checks.append(check)
@@ -768,6 +775,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     text = heldout_text(manifest)
     v.greedy_agreement(cpu, text)
     report.heldout = v.heldout(cpu, text, heldout_bytes)
+    v.drop_model64()
     if framework is not None:
         report.upstream = v.upstream(cpu, ckpt_path, framework, steps, threads, required=upstream == "required")
     elif no_upstream:

@@ -244,12 +244,13 @@ def main() -> int:
                 continue
             report = work / f"validate-{precision}.json"
             # fla's own model runs its Triton kernels in the CPU interpreter: hours at this size, so not here
+            report.unlink(missing_ok=True)  # an earlier run's report must not stand for this one (a killed validate writes none)
             upstream = ["--upstream", "off"] if model_type in FLA_MODEL_TYPES else []
             row["validate_upstream"] = not upstream
             code, seconds, _ = run_child([*EDGELIN, "validate", str(out), "--checkpoint", str(ckpt), "--steps", "8", "--kv", "1024",
                                           "--json", str(report), "--force", *upstream,
                                           *(["--no-prepack"] if args.validate_prepack == "off" else [])], work / f"validate-{precision}.log")
-            row["validate_prepack"] = args.validate_prepack
+            row.update(validate_prepack=args.validate_prepack, validate_exit=code)
             row["validate_s"] = seconds
             if report.exists():
                 data = json.loads(report.read_text())
@@ -258,7 +259,8 @@ def main() -> int:
                            worst_rel_l2=max((c["rel_l2"] for c in numeric), default=None),
                            failed=[f"{c['group']}/{c['name']}" for c in data["checks"] if c["status"] == "fail"])
             else:
-                row["parity"] = "error: " + (work / f"validate-{precision}.log").read_text().strip().splitlines()[-1][:300]
+                killed = f"killed by signal {-code} (SIGKILL: the kernel's out-of-memory killer, as a rule) during: " if code < 0 else "error: "
+                row["parity"] = killed + (work / f"validate-{precision}.log").read_text().strip().splitlines()[-1][:300]
             print(f"  validate: {row['parity']} ({seconds:.0f} s)", flush=True)
             record["rows"].append(row)
         if args.out:
