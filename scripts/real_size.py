@@ -180,6 +180,9 @@ def main() -> int:
     ap.add_argument("--validate-prepack", choices=("on", "off"), default="on",
                     help="validate's CPU session with ONNX Runtime's prepacking (on, the runtime's default) or with the weights read "
                          "in place (off: one copy of the weights fewer beside the float64 model; LFM2-1.2B needs it on 24 GB)")
+    ap.add_argument("--budget", action="append", default=[], metavar="KIND.BOUND=VALUE",
+                    help="a parity bound of this model's own for the export's smoke check and for validate (edgelin export/validate "
+                         "--budget), e.g. for random weights whose fp32 forward is itself that far from float64; recorded")
     ap.add_argument("--skip-validate", action="store_true", help="export and measure only (validate holds the checkpoint in fp32 and "
                     "float64 beside the sessions: about 7x the weights)")
     args = ap.parse_args()
@@ -191,7 +194,8 @@ def main() -> int:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         ckpt = work / "ckpt"
-        record = {"model": args.model, "model_type": model_type, "config": config, "threads": args.threads, "machine": os.uname().machine,
+        record = {"model": args.model, "model_type": model_type, "config": config, "threads": args.threads, "budget": args.budget,
+                  "machine": os.uname().machine,
                   "cpus": os.cpu_count(), "rows": []}
         if not (ckpt / "config.json").exists():
             print(f"building a random-init {args.model} ({model_type}) ...", flush=True)
@@ -213,7 +217,8 @@ def main() -> int:
             out = work / f"export-{precision}"
             row = {"precision": precision}
             print(f"{precision}: exporting ...", flush=True)
-            code, seconds, peak = run_child([*EDGELIN, "export", str(ckpt), "-o", str(out), "--precision", precision, "--force"],
+            code, seconds, peak = run_child([*EDGELIN, "export", str(ckpt), "-o", str(out), "--precision", precision, "--force",
+                                             *(f"--budget={b}" for b in args.budget)],
                                             work / f"export-{precision}.log")
             row.update(export_s=seconds, export_peak_rss=peak, export_peak_anon=last_peak_anon(), export_ok=code == 0)
             if code:
@@ -249,7 +254,8 @@ def main() -> int:
             row["validate_upstream"] = not upstream
             code, seconds, _ = run_child([*EDGELIN, "validate", str(out), "--checkpoint", str(ckpt), "--steps", "8", "--kv", "1024",
                                           "--json", str(report), "--force", *upstream,
-                                          *(["--no-prepack"] if args.validate_prepack == "off" else [])], work / f"validate-{precision}.log")
+                                          *(["--no-prepack"] if args.validate_prepack == "off" else []),
+                                          *(f"--budget={b}" for b in args.budget)], work / f"validate-{precision}.log")
             row.update(validate_prepack=args.validate_prepack, validate_exit=code)
             row["validate_s"] = seconds
             if report.exists():
