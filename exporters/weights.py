@@ -57,17 +57,18 @@ def external_files(proto: onnx.ModelProto) -> set[str]:
 def load_graph(path: Path) -> onnx.ModelProto:
     """A graph file of the export being written, with the external data it names (files beside it, never
     elsewhere: the exporter wrote them)."""
-    return _load(path)[0]
+    proto, _ = _structure(path)
+    onnx.load_external_data_for_model(proto, str(path.parent))
+    return proto
 
 
-def _load(path: Path) -> tuple[onnx.ModelProto, set[str]]:
-    """(the graph with its external data, the names of the files that data came from)."""
+def _structure(path: Path) -> tuple[onnx.ModelProto, set[str]]:
+    """(the graph without its external data, the names of the data files it reads: each one beside it)."""
     proto = onnx.load(str(path), load_external_data=False)
     files = external_files(proto)
     for name in files:
         if Path(name).name != name or not (path.parent / name).is_file():
             raise ExportError(f"{path.name} names external data {name!r}, which is not a file beside it")
-    onnx.load_external_data_for_model(proto, str(path.parent))
     return proto, files
 
 
@@ -108,11 +109,7 @@ def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str
 
         for fname in graph_files.values():
             gpath = folder / fname
-            proto = onnx.load(str(gpath), load_external_data=False)
-            leftover = external_files(proto)
-            for name in leftover:
-                if Path(name).name != name or not (folder / name).is_file():
-                    raise ExportError(f"{fname} names external data {name!r}, which is not a file beside it")
+            proto, leftover = _structure(gpath)
             for t in initializers(proto.graph):
                 if t.data_location == onnx.TensorProto.EXTERNAL:
                     info = {e.key: e.value for e in t.external_data}
