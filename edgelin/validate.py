@@ -63,6 +63,7 @@ class Check:
     budget: dict[str, float] = field(default_factory=dict)
     where: str = ""  # on failure: first diverging step / layer / state, or what is wrong
     max_rel: float | None = None  # max abs / max(1, max |reference|): the bound that scales with the logits
+    floored: bool = False  # the budget was raised to the model's rounding floor (parity.floored)
 
     @classmethod
     def of(cls, group: str, name: str, ok: bool, errors: parity.Errors, budget: dict[str, float], where: str = "") -> "Check":
@@ -90,6 +91,9 @@ class Report:
     # the framework's own run (--upstream): framework, how it ran, its model class, seconds; {} where none ran
     upstream: dict[str, Any] = field(default_factory=dict)
     prepack: bool = True  # ONNX Runtime's CPU sessions packed their weights (the runtime's default) or read them in place
+    # the model's own fp32 rounding, the worst the checks measured (PyTorch fp32 vs float64 on their inputs):
+    # {"logits": {"max_rel", "rel_l2"}, "state": {"rel_l2"}, "factor"}; budgets below factor x it were raised to it
+    rounding_floor: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -125,6 +129,12 @@ class Report:
         if self.upstream.get("framework"):
             u = self.upstream
             lines.append(f"upstream: {u['model_class']} run by {u['how']}, {u['seconds']['total']:.1f} s")
+        raised = [c for c in self.checks if c.floored]
+        if raised:
+            f = self.rounding_floor
+            lines.append(f"rounding floor: PyTorch fp32 itself is up to max rel {f['logits']['max_rel']:.1e}, rel L2 {f['logits']['rel_l2']:.1e} "
+                         f"(states {f['state']['rel_l2']:.1e}) from float64 on these inputs; {len(raised)} check(s) held to "
+                         f"{f['factor']:g}x it where edgelin's budget is lower")
         if not self.prepack:
             lines.append("ONNX Runtime's CPU session read the weights in place (--no-prepack): the same kernels on unpacked weights")
         if self.overrides:
@@ -164,6 +174,11 @@ def _said(e: parity.Errors) -> str:
     return f"max abs {e.max_abs:.2e} (max rel {e.max_rel:.2e}), rel L2 {e.rel_l2:.2e}"
 
 
+# check group -> the budget kind it is held to (before the rounding floor)
+_KIND_OF = {"prefill": "logits", "decode": "logits", "graphs": "logits", "golden": "logits", "providers": "provider", "long": "long",
+            "kv": "long", "upstream": "upstream"}
+
+
 class _Validator:
     def __init__(self, export_dir: Path, model, manifest: Manifest, budgets: dict, seed: int, say: Progress,
                  overrides: dict | None = None) -> None:
@@ -177,6 +192,9 @@ class _Validator:
         self.named = {key: (layer, name) for layer, keys in enumerate(model.layer_keys()) for name, key in keys.items()} \
             if hasattr(model, "layer_keys") else {}
         self.chunk = int(manifest.extra.get("chunk_size", protocol.chunk_size(model)))
+        # the model's own fp32 rounding (PyTorch fp32 vs float64), the worst the checks have measured so far, per
+        # kind ("logits", "state"): a check that measures none on its own inputs is held to this (parity.floored)
+        self.floor: dict[str, parity.Errors] = {"logits": parity.NONE, "state": parity.NONE}
 
     # ---- helpers -------------------------------------------------------------------------------
     def model64(self):
@@ -191,7 +209,34 @@ class _Validator:
         self._model64 = None
         gc.collect()
 
+    def rounding(self, ids: np.ndarray, ref: torch.Tensor, ref_state: dict[str, torch.Tensor]) -> tuple[parity.Errors, parity.Errors]:
+        """The rounding floor of a prefill from a fresh state: PyTorch fp32's logits and states (``ref``,
+        ``ref_state``, already computed on ``ids``) against the float64 model's on the same ids, as (logits
+        errors, worst state rel L2); the running worst (``self.floor``) takes them in."""
+        with torch.no_grad():
+            ref64, state64 = self.model64()(torch.from_numpy(ids), fresh_state(self.specs, len(ids), dtype=torch.float64))
+        return self.floors(ref, ref64, ref_state, state64)
+
+    def floors(self, ref, ref64, state, state64) -> tuple[parity.Errors, parity.Errors]:
+        """(logits, states) floors of fp32 outputs against float64 ones (tensors); the running worst takes them in."""
+        logits = _errors(ref.numpy(), ref64.numpy())
+        rel = max((parity.errors(state[s.key].detach().numpy(), state64[s.key].detach().numpy()).rel_l2 for s in self.specs), default=0.0)
+        states = parity.Errors(0.0, rel, 0, None)
+        self.floor = {"logits": self.floor["logits"].worst(logits), "state": self.floor["state"].worst(states)}
+        return logits, states
+
+    def held(self, kind: str, floor: parity.Errors | None = None) -> dict[str, float]:
+        """The ``kind`` budget raised to the rounding floor (``floor``, else the worst measured so far), bounds
+        a user or the export set kept as given."""
+        return parity.floored(self.budgets[kind], self.floor["state" if kind == "state" else "logits"] if floor is None else floor,
+                              keep=self.overrides.get(kind, {}))
+
     def add(self, check: Check) -> Check:
+        kind = _KIND_OF.get(check.group)
+        if kind is not None:  # was its budget raised to the rounding floor?
+            table = BUDGETS["fp32"]["upstream"] if check.name.startswith("import vs") else self.budgets[kind]
+            table = {**parity.with_overrides({kind: table}, {kind: self.overrides.get(kind, {})})[kind], "state_rel_l2": self.budgets["state"]["rel_l2"]}
+            check.floored = any(check.budget.get(b, 0.0) > v for b, v in table.items())
         self.checks.append(check)
         mark = {PASS: "ok", FAIL: "FAIL", NA: "n/a"}[check.status]
         self.say(f"  {check.group:10s} {check.name:40s} {mark}")
@@ -214,13 +259,14 @@ class _Validator:
     # ---- 2. prefill vs PyTorch -----------------------------------------------------------------
     def prefill_vs_torch(self, session: Session) -> None:
         C = self.chunk
-        lb, sb = self.budgets["logits"], self.budgets["state"]
         for batch, T in ((1, 1), (3, max(C - 1, 1)), (2, C + 1), (3, 3 * C + 5)):
             ids = self.ids(batch, T)
             state = session.new_state(batch)
             logits = session.prefill(ids, state)
             with torch.no_grad():
                 ref, ref_state = self.model(torch.from_numpy(ids))
+            floor, state_floor = self.rounding(ids, ref, ref_state)
+            lb, sb = self.held("logits", floor), self.held("state", state_floor)
             e = _errors(logits, ref.numpy())
             state_rel, bad_state = self.compare_states(state.numpy(), ref_state, sb)
             ok = parity.within(e, lb) and not bad_state
@@ -233,16 +279,22 @@ class _Validator:
 
     # ---- 3. decode vs PyTorch, state fed back --------------------------------------------------
     def decode_vs_torch(self, session: Session, steps: int) -> None:
-        lb, sb = self.budgets["logits"], self.budgets["state"]
         batch = 2
         ids = self.ids(batch, steps)
         state = session.new_state(batch)
         ref_state = fresh_state(self.specs, batch)
+        state64 = fresh_state(self.specs, batch, dtype=torch.float64)
         worst, where = parity.NONE, ""
+        floor, state_floor = parity.NONE, parity.NONE  # the worst over the steps so far: rounding accumulates in the state
         for t in range(steps):
             logits = session.decode(ids[:, t : t + 1], state)
             with torch.no_grad():
-                ref, ref_state = self.model.step(torch.from_numpy(ids[:, t : t + 1]), ref_state)
+                x = torch.from_numpy(ids[:, t : t + 1])
+                ref, ref_state = self.model.step(x, ref_state)
+                ref64, state64 = self.model64().step(x, state64)
+            f, fs = self.floors(ref, ref64, ref_state, state64)
+            floor, state_floor = floor.worst(f), state_floor.worst(fs)
+            lb, sb = self.held("logits", floor), self.held("state", state_floor)
             e = _errors(logits, ref.numpy())
             worst = worst.worst(e)
             if not where:
@@ -253,10 +305,12 @@ class _Validator:
 
     # ---- 4. the two graphs agree ---------------------------------------------------------------
     def graphs_agree(self, session: Session) -> None:
-        lb, sb = self.budgets["logits"], self.budgets["state"]
         C = self.chunk
         T = 2 * C + 3
         ids = self.ids(2, T)
+        with torch.no_grad():  # two fp32 programs of different orders: the floor of a prefill over these ids
+            self.rounding(ids, *self.model(torch.from_numpy(ids)))
+        lb, sb = self.held("logits"), self.held("state")
         p_state = session.new_state(2)
         p_logits = session.prefill(ids, p_state)
         d_state = session.new_state(2)
@@ -287,7 +341,7 @@ class _Validator:
         together == each prompt prefilled alone (last logits, every state row), run two ways: in one call, and
         as a batched Generator runs them (grouped by length at <= 1.25x padding), here in pieces of C + 1
         tokens so that rows end in different pieces."""
-        lb, sb = self.budgets["logits"], self.budgets["state"]
+        lb, sb = self.held("logits"), self.held("state")
         C = self.chunk
         prompts = [self.ids(1, T)[0] for T in (1, max(C - 1, 1), C + 1, 3 * C + 5)]
         alone = []  # (last logits [1, V], state) of each prompt prefilled alone
@@ -309,18 +363,18 @@ class _Validator:
     # ---- 5. providers --------------------------------------------------------------------------
     def provider_vs_cpu(self, cpu_rows: np.ndarray, other: Session, name: str, plan: golden.Plan) -> None:
         """The runtime check's comparison across providers (``edgelin.runtime.golden``) on this run's inputs."""
-        for r in golden.against_provider(golden.run_plan(other, plan), cpu_rows, plan, self.budgets["provider"], "cpu"):
+        for r in golden.against_provider(golden.run_plan(other, plan), cpu_rows, plan, self.held("provider"), "cpu"):
             self.add(Check.of("providers", f"{name}: {r.name}", r.passed, r.errors, r.budget, r.where))
 
     def golden_outputs(self, session: Session, gold: golden.Golden) -> None:
         """The export's golden outputs (computed at export) as the runtime check compares them, held to this run's
         logits budget (the export's own bounds and --budget included)."""
-        for r in golden.against_golden(golden.run_plan(session, gold.plan), gold, self.budgets["logits"]):
+        for r in golden.against_golden(golden.run_plan(session, gold.plan), gold, self.held("logits", (gold.floor or parity.NONE).worst(self.floor["logits"]))):
             self.add(Check.of("golden", r.name, r.passed, r.errors, r.budget, r.where))
 
     # ---- 6. long stream vs float64 -------------------------------------------------------------
     def long_stream(self, session: Session, steps: int) -> list[dict[str, float]]:
-        lb = self.budgets["long"]
+        lb = self.held("long")
         model64 = self.model64()
         ids = self.ids(1, steps)
         state = session.new_state(1)
@@ -355,7 +409,7 @@ class _Validator:
         state (the caches: keys after RoPE, values; and the linear layers' states) against the float64 PyTorch model
         run over the same ids in pieces (its attention is SDPA in float64), and the last position's logits (the
         long-stream budget). Lengths past the model's declared context are not run (n/a, saying why)."""
-        sb, lb = self.budgets["state"], self.budgets["long"]
+        sb, lb = self.held("state"), self.held("long")
         model64 = self.model64()
         # the float64 model's pieces: its logits of a piece are piece x V float64 values (2 GB at 1,024 x 248k, where a
         # Qwen3.5-0.8B's validate was killed for memory); at most REF_LOGITS_BYTES of them
@@ -498,7 +552,8 @@ class _Validator:
             self.add(Check("upstream", f"import vs {framework}", FAIL if required else NA, where=str(exc)))
             return {}
         fp32 = parity.with_overrides(BUDGETS["fp32"], {k: v for k, v in self.overrides.items() if k == "upstream"})["upstream"]
-        graph_budget = self.budgets["upstream"]
+        fp32 = parity.floored(fp32, self.floor["logits"], keep=self.overrides.get("upstream", {}))
+        graph_budget = self.held("upstream")
         k = ref.greedy.shape[1]
         mine_prefill, mine_decode, mine_greedy, mine_hidden = up.import_outputs(self.model, prompt, ids, k)
         departs = ""
@@ -781,6 +836,8 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     elif no_upstream:
         v.add(Check("upstream", "import and graphs vs the checkpoint's own framework", NA, where=no_upstream))
     report.checks.extend(v.checks)
+    report.rounding_floor = {"logits": {"max_rel": v.floor["logits"].max_rel, "rel_l2": v.floor["logits"].rel_l2},
+                             "state": {"rel_l2": v.floor["state"].rel_l2}, "factor": parity.FLOOR_FACTOR}
     report.seconds = time.perf_counter() - t_start
     return report
 

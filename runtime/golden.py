@@ -91,9 +91,10 @@ def summarise(row: np.ndarray, k: int = TOP_K) -> dict[str, Any]:
 
 
 def make_golden(plan: Plan, prefill_logits: np.ndarray, decode_logits: np.ndarray, precision: str,
-                budgets: dict[str, dict[str, float]]) -> dict[str, Any]:
+                budgets: dict[str, dict[str, float]], floor: parity.Errors | None = None) -> dict[str, Any]:
     """The golden file's content: ``prefill_logits`` [BATCH, L, V] of the whole prompt from a fresh state and
-    ``decode_logits`` [BATCH, steps, V] of ``plan.decode`` fed one by one after it."""
+    ``decode_logits`` [BATCH, steps, V] of ``plan.decode`` fed one by one after it; ``floor``: the model's fp32
+    rounding on these inputs (fp32 vs float64 PyTorch), which ``budgets`` were raised to (``parity.floored``)."""
     rows = []
     for graph, b, at in plan.rows:
         src = prefill_logits[b, at] if graph == "prefill" else decode_logits[b, at]
@@ -104,6 +105,7 @@ def make_golden(plan: Plan, prefill_logits: np.ndarray, decode_logits: np.ndarra
         "format": GOLDEN_FORMAT, "precision": precision, "budgets": {k: dict(budgets[k]) for k in KINDS},
         "prompt": plan.prompt.tolist(), "pieces": list(plan.pieces), "positions": list(plan.positions),
         "decode": plan.decode.tolist(), "top_k": min(TOP_K, prefill_logits.shape[-1]), "rows": rows,
+        **({} if floor is None else {"rounding_floor": {"max_rel": floor.max_rel, "rel_l2": floor.rel_l2, "factor": parity.FLOOR_FACTOR}}),
     }
 
 
@@ -117,6 +119,7 @@ class Golden:
     rows: list[dict[str, Any]]
     budgets: dict[str, dict[str, float]]
     precision: str
+    floor: parity.Errors | None = None  # the model's fp32 rounding on the inputs (an earlier edgelin's file: None)
 
     @classmethod
     def load(cls, export_dir: str | Path, manifest: Manifest) -> "Golden | None":
@@ -161,9 +164,15 @@ class Golden:
                 if not (np.isfinite(values).all() and all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] >= 0 for k in ("absmax", "l2"))):
                     raise ValueError(f"row {r['graph']} {r['batch']}/{r['at']}: non-finite or negative numbers")
             budgets = {k: {b: float(v) for b, v in d["budgets"][k].items()} for k in KINDS}
+            floor = None
+            if "rounding_floor" in d:
+                f = {k: float(d["rounding_floor"][k]) for k in ("max_rel", "rel_l2")}
+                if not all(math.isfinite(v) and v >= 0 for v in f.values()):
+                    raise ValueError("rounding_floor: non-finite or negative numbers")
+                floor = parity.Errors(0.0, f["rel_l2"], 0, f["max_rel"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{where} is not a golden outputs file edgelin can read ({exc}); re-export the model") from None
-        return cls(plan, rows, budgets, str(d.get("precision")))
+        return cls(plan, rows, budgets, str(d.get("precision")), floor)
 
 
 # ---- running the plan and comparing -------------------------------------------------------------------------

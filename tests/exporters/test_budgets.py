@@ -7,6 +7,7 @@ fraction of a percent still fails. A bound stated at export is recorded in edgel
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -105,3 +106,84 @@ def test_cli_budget_options(loud, tmp_path):
     result = CliRunner().invoke(main, ["validate", str(out), "--checkpoint", str(ckpt), "--steps", "4", "--budget", "logits.max_rel=1e-12"])
     assert result.exit_code == 1, result.output
     assert "budgets set for this export or by --budget: logits.max_rel=1e-12" in result.output
+
+
+# ---- the rounding floor: a model fp32 itself cannot compute to the budget ---------------------------------
+J, K, THIRD = 0, 1, 3.0  # residual channel K is 3x channel J; the head reads M x (h_K - 3 h_J), nearly zero
+CANCEL = 100.0
+
+
+def _cancelling_model(M: float = CANCEL):
+    """The tiny model with a head that subtracts two nearly equal large numbers: its logits are nearly the tiny
+    model's (the added term cancels up to the weights' own fp32 storage), but fp32 rounds channel K and 3 x channel
+    J differently, and M amplifies the difference: PyTorch fp32 is ~7e-5 max rel from float64 here (the budget is 1e-5), a model
+    as badly conditioned as fla's GLA 340M (24 layers, init range 0.006) is through depth alone."""
+    model = tiny_model("elu+1", tie_embeddings=False, seed=3)
+    with torch.no_grad():
+        model.embed.weight[:, K] = THIRD * model.embed.weight[:, J]
+        for block in model.blocks:
+            block.attn.o_proj.weight[K] = THIRD * block.attn.o_proj.weight[J]
+            block.mlp.down.weight[K] = THIRD * block.mlp.down.weight[J]
+        model.norm.weight[K] = model.norm.weight[J]
+        a = torch.randn(model.lm_head.weight.shape[0], generator=torch.Generator().manual_seed(1))
+        model.lm_head.weight[:, K] += M * a
+        model.lm_head.weight[:, J] -= THIRD * M * a
+    return model
+
+
+@pytest.fixture(scope="module")
+def cancelling(export_of):
+    model = _cancelling_model()
+    return model, export_of(model, {"cancelling_tiny_model": [J, K, THIRD, CANCEL], "config": model.model_config()}, label="cancel", check=True)
+
+
+def test_rounding_floor_of_the_cancelling_model_is_above_the_budget():
+    """The premise, measured: fp32 PyTorch is out of the fp32 budget against the same model in float64, and the
+    head's added term nearly cancels (in float64 the logits are the plain model's to 1e-4 of their scale)."""
+    model, plain = _cancelling_model(), _cancelling_model(0.0)
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref64, plain64 = (copy.deepcopy(m).double()(ids)[0].numpy() for m in (model, plain))
+        floor = parity.errors(model(ids)[0].numpy(), ref64)
+    assert parity.errors(ref64, plain64).max_rel < 1e-4
+    assert floor.max_rel > 3 * parity.BUDGETS["fp32"]["logits"]["max_rel"], floor
+
+
+def test_floored_raises_to_the_floor_and_keeps_what_a_user_set():
+    table = {"max_rel": 1e-5, "rel_l2": 1e-5, "max_abs": 1e-3}
+    floor = parity.Errors(max_abs=9.0, rel_l2=1e-6, nonfinite=0, max_rel=1e-4)
+    got = parity.floored(table, floor)
+    assert got == {"max_rel": parity.FLOOR_FACTOR * 1e-4, "rel_l2": 1e-5, "max_abs": 1e-3}  # never lowered; max_abs never raised
+    assert parity.floored(table, floor, keep={"max_rel": 1e-5})["max_rel"] == 1e-5
+    assert parity.floored(table, None) == table and parity.floored(table, parity.INF) == table
+    assert parity.floored({"rel_l2": 1e-5}, parity.Errors(0.0, 1e-4, 0, None)) == {"rel_l2": parity.FLOOR_FACTOR * 1e-4}
+
+
+def test_a_model_fp32_cannot_compute_to_the_budget_exports_and_validates_within_its_floor(cancelling):
+    """The export's smoke check and validate hold fp32 comparisons to FLOOR_FACTOR x the model's own rounding
+    (PyTorch fp32 vs float64 on the same inputs) where that is above edgelin's budget, and say so."""
+    model, out = cancelling
+    gold = json.loads((out / "golden.json").read_text())
+    assert gold["rounding_floor"]["max_rel"] > parity.BUDGETS["fp32"]["logits"]["max_rel"]
+    assert gold["budgets"]["logits"]["max_rel"] == parity.FLOOR_FACTOR * gold["rounding_floor"]["max_rel"]
+    report = validate(out, model, steps=8)
+    assert report.passed, report.table()
+    raised = [c for c in report.checks if c.floored]
+    assert {c.group for c in raised} >= {"prefill", "decode", "golden"}, report.table()
+    assert all(c.budget["max_rel"] > parity.BUDGETS["fp32"]["logits"]["max_rel"] for c in raised if "max_rel" in c.budget)
+    # the comparisons the floor was needed for: over edgelin's budget, within the floor's
+    assert max(c.max_rel for c in report.checks if c.group in ("prefill", "decode")) > parity.BUDGETS["fp32"]["logits"]["max_rel"]
+    assert report.rounding_floor["logits"]["max_rel"] > parity.BUDGETS["fp32"]["logits"]["max_rel"]
+    assert "rounding floor: PyTorch fp32 itself is up to" in report.table()
+
+
+def test_the_floor_does_not_hide_a_wrong_model_or_override_a_user(cancelling):
+    model, out = cancelling
+    wrong = _cancelling_model()
+    with torch.no_grad():
+        wrong.lm_head.weight[7].mul_(1.001)
+    report = validate(out, wrong, steps=8)
+    assert {c.group for c in report.checks if c.failed and c.group in ("prefill", "decode")} == {"prefill", "decode"}, report.table()
+    # a bound the user states is held as stated, floor or not
+    report = validate(out, model, steps=4, budget=["logits.max_rel=1e-5"])
+    assert not report.passed and any(c.group == "prefill" and c.failed and c.budget["max_rel"] == 1e-5 for c in report.checks)
