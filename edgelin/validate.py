@@ -130,6 +130,8 @@ class Report:
             u = self.upstream
             lines.append(f"upstream: {u['model_class']} run by {u['how']}, {u['seconds']['total']:.1f} s")
         raised = [c for c in self.checks if c.floored]
+        if self.rounding_floor.get("not_measured"):
+            lines.append(f"rounding floor: not measured everywhere: {self.rounding_floor['not_measured']}; edgelin's budgets apply as they are there")
         if raised:
             f = self.rounding_floor
             lines.append(f"rounding floor: PyTorch fp32 itself is up to max rel {f['logits']['max_rel']:.1e}, rel L2 {f['logits']['rel_l2']:.1e} "
@@ -195,6 +197,7 @@ class _Validator:
         # the model's own fp32 rounding (PyTorch fp32 vs float64), the worst the checks have measured so far, per
         # kind ("logits", "state"): a check that measures none on its own inputs is held to this (parity.floored)
         self.floor: dict[str, parity.Errors] = {"logits": parity.NONE, "state": parity.NONE}
+        self.no_floor = ""  # why the floor could not be measured
 
     # ---- helpers -------------------------------------------------------------------------------
     def model64(self):
@@ -213,8 +216,12 @@ class _Validator:
         """The rounding floor of a prefill from a fresh state: PyTorch fp32's logits and states (``ref``,
         ``ref_state``, already computed on ``ids``) against the float64 model's on the same ids, as (logits
         errors, worst state rel L2); the running worst (``self.floor``) takes them in."""
-        with torch.no_grad():
-            ref64, state64 = self.model64()(torch.from_numpy(ids), fresh_state(self.specs, len(ids), dtype=torch.float64))
+        try:
+            with torch.no_grad():
+                ref64, state64 = self.model64()(torch.from_numpy(ids), fresh_state(self.specs, len(ids), dtype=torch.float64))
+        except (RuntimeError, TypeError, ValueError) as exc:  # a module that computes in float32 only: no floor
+            self.no_floor = self.no_floor or f"the model does not run in float64 ({str(exc).splitlines()[0][:200]})"
+            return parity.NONE, parity.NONE
         return self.floors(ref, ref64, ref_state, state64)
 
     def floors(self, ref, ref64, state, state64) -> tuple[parity.Errors, parity.Errors]:
@@ -291,9 +298,14 @@ class _Validator:
             with torch.no_grad():
                 x = torch.from_numpy(ids[:, t : t + 1])
                 ref, ref_state = self.model.step(x, ref_state)
-                ref64, state64 = self.model64().step(x, state64)
-            f, fs = self.floors(ref, ref64, ref_state, state64)
-            floor, state_floor = floor.worst(f), state_floor.worst(fs)
+                if not self.no_floor:
+                    try:
+                        ref64, state64 = self.model64().step(x, state64)
+                    except (RuntimeError, TypeError, ValueError) as exc:
+                        self.no_floor = f"the model does not run in float64 ({str(exc).splitlines()[0][:200]})"
+            if not self.no_floor:
+                f, fs = self.floors(ref, ref64, ref_state, state64)
+                floor, state_floor = floor.worst(f), state_floor.worst(fs)
             lb, sb = self.held("logits", floor), self.held("state", state_floor)
             e = _errors(logits, ref.numpy())
             worst = worst.worst(e)
@@ -838,6 +850,8 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     report.checks.extend(v.checks)
     report.rounding_floor = {"logits": {"max_rel": v.floor["logits"].max_rel, "rel_l2": v.floor["logits"].rel_l2},
                              "state": {"rel_l2": v.floor["state"].rel_l2}, "factor": parity.FLOOR_FACTOR}
+    if v.no_floor:
+        report.rounding_floor["not_measured"] = v.no_floor
     report.seconds = time.perf_counter() - t_start
     return report
 

@@ -187,3 +187,25 @@ def test_the_floor_does_not_hide_a_wrong_model_or_override_a_user(cancelling):
     # a bound the user states is held as stated, floor or not
     report = validate(out, model, steps=4, budget=["logits.max_rel=1e-5"])
     assert not report.passed and any(c.group == "prefill" and c.failed and c.budget["max_rel"] == 1e-5 for c in report.checks)
+
+
+def test_a_model_that_runs_in_float32_only_is_exported_and_validated_without_a_floor(loud, tmp_path):
+    """The floor needs the model in float64; a caller's module that refuses it is held to edgelin's budgets as they
+    are, and the report says the floor was not measured (never a crash)."""
+    model, out = loud
+
+    class Float32Only(type(model)):
+        def forward(self, *args, **kwargs):
+            if self.embed.weight.dtype != torch.float32:
+                raise RuntimeError("this model computes in float32 only")
+            return super().forward(*args, **kwargs)
+
+    strict = _loud_model()
+    strict.__class__ = Float32Only
+    report = validate(out, strict, steps=4)
+    assert report.passed and "float32 only" in report.rounding_floor["not_measured"], report.table()
+    assert not any(c.floored for c in report.checks) and "rounding floor: not measured" in report.table()
+    said = []
+    export(strict, tmp_path / "o", progress=said.append)
+    assert any("rounding floor not measured" in m for m in said) and "rounding_floor" not in json.loads((tmp_path / "o" / "golden.json").read_text())
+    assert next(strict.parameters()).dtype == torch.float32  # a caller's module is never converted
