@@ -189,10 +189,8 @@ def test_the_floor_does_not_hide_a_wrong_model_or_override_a_user(cancelling):
     assert not report.passed and any(c.group == "prefill" and c.failed and c.budget["max_rel"] == 1e-5 for c in report.checks)
 
 
-def test_a_model_that_runs_in_float32_only_is_exported_and_validated_without_a_floor(loud, tmp_path):
-    """The floor needs the model in float64; a caller's module that refuses it is held to edgelin's budgets as they
-    are, and the report says the floor was not measured (never a crash)."""
-    model, out = loud
+def _float32_only(model):
+    """``model`` as a caller's module that computes in float32 only (it refuses float64 weights)."""
 
     class Float32Only(type(model)):
         def forward(self, *args, **kwargs):
@@ -200,12 +198,20 @@ def test_a_model_that_runs_in_float32_only_is_exported_and_validated_without_a_f
                 raise RuntimeError("this model computes in float32 only")
             return super().forward(*args, **kwargs)
 
-    strict = _loud_model()
-    strict.__class__ = Float32Only
-    report = validate(out, strict, steps=4)
+    model.__class__ = Float32Only
+    return model
+
+
+def test_a_model_that_runs_in_float32_only_is_held_to_the_budgets_as_they_are(loud, tmp_path):
+    """The floor needs the model in float64; a caller's module that refuses it is held to edgelin's budgets as they
+    are, and the report and the export say the floor was not measured (never a crash)."""
+    model, out = loud
+    report = validate(out, _float32_only(_loud_model()), steps=4)
     assert report.passed and "float32 only" in report.rounding_floor["not_measured"], report.table()
     assert not any(c.floored for c in report.checks) and "rounding floor: not measured" in report.table()
-    said = []
-    export(strict, tmp_path / "o", progress=said.append)
-    assert any("rounding floor not measured" in m for m in said) and "rounding_floor" not in json.loads((tmp_path / "o" / "golden.json").read_text())
-    assert next(strict.parameters()).dtype == torch.float32  # a caller's module is never converted
+    # the export measures the floor only where edgelin's budget is not met: the cancelling model, which then fails
+    said, strict = [], _float32_only(_cancelling_model())
+    with pytest.raises(ExportError, match="smoke check failed"):
+        export(strict, tmp_path / "o", progress=said.append)
+    assert any("rounding floor not measured" in m and "float32 only" in m for m in said), said
+    assert not (tmp_path / "o").exists() and next(strict.parameters()).dtype == torch.float32  # a caller's module is never converted
