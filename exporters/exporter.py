@@ -34,7 +34,7 @@ from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
-from edgelin.exporters.precision import embedding_choice
+from edgelin.exporters.precision import embedding_choice, int8_file
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once, tied_head_in_place
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE, sequence_bound
@@ -544,7 +544,10 @@ def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manif
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
     nodes, op_types, kept = {}, {}, {}
     for graph, fname in GRAPH_FILES.items():
-        proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
+        if precision == "int8":  # the quantiser reads the file itself: no second copy of the weights in memory
+            proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding))
+        else:
+            proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
         tied_head_in_place(proto)
         save_graph(proto, tmp / fname)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
