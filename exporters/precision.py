@@ -476,19 +476,99 @@ def _int8(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> 
 
 
 def int8_file(path: Path, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
-    """``_int8`` of the fp32 graph file ``path`` (its weights in files beside it), read by ONNX Runtime's quantiser
-    from the file: the exporter's graphs are never loaded whole beside the quantiser's own copy (at 0.75 B
-    parameters that copy is 3 GB). Its scratch files go in a folder beside ``path``, removed on return."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    """``_int8`` of the fp32 graph file ``path`` (its weights in files beside it), read one weight at a time: the
+    graph in memory holds the int8 weights and what stays in fp32, never the fp32 weights beside a quantiser's own
+    copies (ONNX Runtime's ``quantize_dynamic`` held ~3x the weights, and needed them loaded beside it).
+    The numbers are quantize_dynamic's (MatMul, per channel, reduce_range, QInt8: ``_quantise_matmuls``); the
+    tests hold the two to bit equality."""
+    proto = onnx.load(str(path), load_external_data=False)
+    _quantise_matmuls(proto.graph, lambda t: _read_tensor(t, path.parent))
+    for t in proto.graph.initializer:  # what stays in fp32 (the embedding, norms, ...), into memory
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            t.CopyFrom(numpy_helper.from_array(_read_tensor(t, path.parent), t.name))
+    tables = _quantise_embedding(proto, embedding)
+    note = Conversion("int8", kept=_kept_matmuls(proto, "its weight is not a float [K, N] constant", tables))
+    return proto, note
 
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".int8-") as tmp, _quiet():
-        dst = Path(tmp) / "out.onnx"
-        quantize_dynamic(path, dst, op_types_to_quantize=["MatMul"], per_channel=True, reduce_range=True, weight_type=QuantType.QInt8,
-                         use_external_data_format=True)
-        out = onnx.load(str(dst))
-    tables = _quantise_embedding(out, embedding)
-    note = Conversion("int8", kept=_kept_matmuls(out, "not quantised by quantize_dynamic", tables))
-    return out, note
+
+_INT8_STEP = 128.0  # reduce_range's int8 range, [-64, 64], as quantize_dynamic computes a symmetric scale over it
+
+
+def _read_tensor(t: onnx.TensorProto, base: Path) -> np.ndarray:
+    """An initializer's values, from the external-data file beside the graph (one tensor read) or inline."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(t)
+    info = {e.key: e.value for e in t.external_data}
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
+    count = int(np.prod(t.dims, dtype=np.int64))
+    values = np.fromfile(base / info["location"], dtype=dtype, count=count, offset=int(info.get("offset", 0)))
+    if values.size != count:
+        raise ExportError(f"{base / info['location']}: tensor {t.name} is cut short ({values.size} of {count} values)")
+    return values.reshape(tuple(t.dims))
+
+
+def quantise_int8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A float32 [K, N] MatMul weight -> (int8 [K, N], float32 [N] scales), as ONNX Runtime's quantize_dynamic does
+    per channel with reduce_range (symmetric over [-64, 64], zero point 0, rounding half to even, clipped to int8)."""
+    w = np.asarray(w, dtype=np.float32)
+    absmax = np.maximum(np.abs(np.minimum(w.min(0), 0)), np.abs(np.maximum(w.max(0), 0)))
+    scale64 = (absmax.astype(np.float64) * 2) / _INT8_STEP
+    scale = np.where(scale64 < np.finfo(np.float32).tiny, 1.0, scale64).astype(np.float32)
+    q = np.round(w / scale)
+    np.clip(q, -128, 127, out=q)
+    return q.astype(np.int8), scale
+
+
+def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto], np.ndarray]) -> None:
+    """Each MatMul of ``graph`` whose weight (input 1) is a float [K, N] initializer -> quantize_dynamic's pattern:
+    DynamicQuantizeLinear of the activation (one per activation, shared by its MatMuls), MatMulInteger on the int8
+    weight, Cast, and a Mul by the two scales. A weight is read (``read``) and quantised once; one that no other
+    node reads is dropped."""
+    inits = {t.name: t for t in graph.initializer}
+    targets = [n for n in graph.node if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.input[1] in inits
+               and inits[n.input[1]].data_type == _FLOAT and len(inits[n.input[1]].dims) == 2 and n.input[0] not in inits]
+    if not targets:
+        return
+    taken = {v for n in graph.node for v in (*n.input, *n.output)} | set(inits) | {i.name for i in graph.input}
+    def fresh(name: str) -> str:
+        out, k = name, 0
+        while out in taken:
+            k += 1
+            out = f"{name}_{k}"
+        taken.add(out)
+        return out
+    weights: dict[str, tuple[str, str, str]] = {}  # weight -> (int8 weight, scale, zero point) initializers
+    activations: dict[str, tuple[str, str, str]] = {}  # activation -> DynamicQuantizeLinear's outputs
+    replace: dict[int, list[onnx.NodeProto]] = {}
+    added: list[onnx.TensorProto] = []
+    for node in targets:
+        x, w = node.input[0], node.input[1]
+        new = []
+        if w not in weights:
+            q, scale = quantise_int8_columns(read(inits[w]))
+            names = (fresh(f"{w}_quantized"), fresh(f"{w}_scale"), fresh(f"{w}_zero_point"))
+            added += [numpy_helper.from_array(q, names[0]), numpy_helper.from_array(scale, names[1]),
+                      numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])]
+            weights[w] = names
+        if x not in activations:
+            activations[x] = (fresh(f"{x}_quantized"), fresh(f"{x}_scale"), fresh(f"{x}_zero_point"))
+            new.append(helper.make_node("DynamicQuantizeLinear", [x], list(activations[x]), name=fresh(f"{x}_QuantizeLinear")))
+        xq, xs, xz = activations[x]
+        wq, ws, wz = weights[w]
+        out = node.output[0]
+        both, acc, cast = fresh(f"{out}_scale_mul"), fresh(f"{out}_output_quantized"), fresh(f"{out}_output_quantized_cast")
+        new += [helper.make_node("Mul", [xs, ws], [both], name=fresh(f"{node.name}_scales_mul")),
+                helper.make_node("MatMulInteger", [xq, wq, xz, wz], [acc], name=fresh(f"{node.name}_quant")),
+                helper.make_node("Cast", [acc], [cast], to=_FLOAT, name=fresh(f"{node.name}_cast")),
+                helper.make_node("Mul", [cast, both], [out], name=fresh(f"{node.name}_output_scale_mul"))]
+        replace[id(node)] = new
+    nodes = [m for n in graph.node for m in replace.get(id(n), [n])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    still = {v for n in graph.node for v in n.input} | {o.name for o in graph.output}
+    kept = [t for t in graph.initializer if t.name not in weights or t.name in still]
+    del graph.initializer[:]
+    graph.initializer.extend(kept + added)
 
 
 def _int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
@@ -531,4 +611,4 @@ def embedding_choice(precision: str, embedding: str | None) -> str:
 
 
 __all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "INT4_BLOCK", "PRECISIONS", "STATE_DTYPES", "DEFAULT_EMBEDDING", "EMBEDDINGS", "TABLE_BLOCK", "accumulator_region", "angle_region",
-           "check_precision", "convert", "dequantise_table", "embedding_choice", "int8_file", "quantise_table", "state_dtypes"]
+           "check_precision", "convert", "dequantise_table", "embedding_choice", "int8_file", "quantise_int8_columns", "quantise_table", "state_dtypes"]
