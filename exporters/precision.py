@@ -547,8 +547,10 @@ def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto],
         if w not in weights:
             q, scale = quantise_int8_columns(read(inits[w]))
             names = (fresh(f"{w}_quantized"), fresh(f"{w}_scale"), fresh(f"{w}_zero_point"))
-            added += [numpy_helper.from_array(q, names[0]), numpy_helper.from_array(scale, names[1]),
-                      numpy_helper.from_array(np.zeros(scale.shape, np.int8), names[2])]
+            # the per-channel scales and zero points as typed values, not raw bytes: they stay in the graph file,
+            # as quantize_dynamic left them (external data moves raw bytes only; each would be padded there)
+            added += [numpy_helper.from_array(q, names[0]), helper.make_tensor(names[1], _FLOAT, scale.shape, scale.tolist()),
+                      helper.make_tensor(names[2], onnx.TensorProto.INT8, scale.shape, [0] * scale.size)]
             weights[w] = names
         if x not in activations:
             activations[x] = (fresh(f"{x}_quantized"), fresh(f"{x}_scale"), fresh(f"{x}_zero_point"))
