@@ -435,9 +435,10 @@ def export(
             smoke, gold_worst = _smoke_check(reference, tmp, manifest), _golden_worst(tmp, manifest)
             smoke_held = {k: smoke_bounds for k in smoke}
             floors: dict[str, parity.Errors] = {}
-            if not all(parity.within(e, smoke_bounds) for e in (*smoke.values(), gold_worst)):
+            if precision == "fp32" and not all(parity.within(e, smoke_bounds) for e in (*smoke.values(), gold_worst)):
                 # out of edgelin's budget: is that the model's own fp32 rounding? Measured only here, where it is
-                # needed (the model in float64 is twice its fp32 weights)
+                # needed (the model in float64 is twice its fp32 weights), and for fp32 only: the other precisions' own
+                # rounding (fp16, int8 and int4 arithmetic) is what their budgets (8e-3 and up) are set for
                 say("out of edgelin's fp32 budget: the model's rounding floor, the same inputs in float64 ...")
                 floor, floors = _rounding_floor(checkpoint, caller, chunk_size, manifest, plan, gold, reference, say)
                 smoke_held = {k: parity.floored(smoke_bounds, floors.get(k), keep=budget.get("logits", {})) for k in smoke}

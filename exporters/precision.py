@@ -10,8 +10,9 @@ ONNX Runtime's own tooling and writes by hand only the choice of what stays in f
            65504 after some tens of thousands of tokens), as do the prefill's cumulative sums over
            chunks and each decay's path into them from its Softplus (``decay_region``). Graph state IO is fp32; ``state_dtype="float16"`` stores the float states as fp16
            between steps (the sums are still formed in fp32, then rounded for storage).
-    int8   per-channel int8 weights for every MatMul with a constant weight
-           (``onnxruntime.quantization.quantize_dynamic``); activations are quantised at run time, one
+    int8   per-channel int8 weights for every MatMul with a constant weight (the numbers and graph pattern of
+           ``onnxruntime.quantization.quantize_dynamic``, computed here one weight at a time read from the graph's
+           data file: ``int8_file``); activations are quantised at run time, one
            scale per tensor. Weights use 7 of the 8 bits (``reduce_range``, values in [-64, 64]): ONNX
            Runtime's u8 x s8 kernel on x86 CPUs without VNNI (AVX2 only) adds pairs of products in int16
            and saturates for full-range weights. Measured on an AVX2-only AMD EPYC, the tiny test model's
