@@ -541,7 +541,6 @@ def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto],
     weights: dict[str, tuple[str, str, str]] = {}  # weight -> (int8 weight, scale, zero point) initializers
     activations: dict[str, tuple[str, str, str]] = {}  # activation -> DynamicQuantizeLinear's outputs
     replace: dict[int, list[onnx.NodeProto]] = {}
-    added: list[onnx.TensorProto] = []
     for node in targets:
         x, w = node.input[0], node.input[1]
         new = []
@@ -550,8 +549,13 @@ def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto],
             names = (fresh(f"{w}_quantized"), fresh(f"{w}_scale"), fresh(f"{w}_zero_point"))
             # the per-channel scales and zero points as typed values, not raw bytes: they stay in the graph file,
             # as quantize_dynamic left them (external data moves raw bytes only; each would be padded there)
-            added += [numpy_helper.from_array(q, names[0]), helper.make_tensor(names[1], _FLOAT, scale.shape, scale.tolist()),
-                      helper.make_tensor(names[2], onnx.TensorProto.INT8, scale.shape, [0] * scale.size)]
+            # appended one by one (a list of them handed to extend() would be copied whole: 2x the int8 weights)
+            t = graph.initializer.add()
+            t.name, t.data_type, t.raw_data = names[0], onnx.TensorProto.INT8, q.tobytes()
+            t.dims.extend(q.shape)
+            del q
+            graph.initializer.append(helper.make_tensor(names[1], _FLOAT, scale.shape, scale.tolist()))
+            graph.initializer.append(helper.make_tensor(names[2], onnx.TensorProto.INT8, scale.shape, [0] * scale.size))
             weights[w] = names
         if x not in activations:
             activations[x] = (fresh(f"{x}_quantized"), fresh(f"{x}_scale"), fresh(f"{x}_zero_point"))
@@ -569,9 +573,9 @@ def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto],
     del graph.node[:]
     graph.node.extend(nodes)
     still = {v for n in graph.node for v in n.input} | {o.name for o in graph.output}
-    kept = [t for t in graph.initializer if t.name not in weights or t.name in still]
-    del graph.initializer[:]
-    graph.initializer.extend(kept + added)
+    for i in reversed(range(len(graph.initializer))):  # in place: the others are not copied
+        if graph.initializer[i].name in weights and graph.initializer[i].name not in still:
+            del graph.initializer[i]
 
 
 def _int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
