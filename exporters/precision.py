@@ -499,13 +499,10 @@ def _read_tensor(t: onnx.TensorProto, base: Path) -> np.ndarray:
     """An initializer's values, from the external-data file beside the graph (one tensor read) or inline."""
     if t.data_location != onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(t)
-    info = {e.key: e.value for e in t.external_data}
+    from edgelin.exporters.weights import read_external
+
     dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
-    count = int(np.prod(t.dims, dtype=np.int64))
-    values = np.fromfile(base / info["location"], dtype=dtype, count=count, offset=int(info.get("offset", 0)))
-    if values.size != count:
-        raise ExportError(f"{base / info['location']}: tensor {t.name} is cut short ({values.size} of {count} values)")
-    return values.reshape(tuple(t.dims))
+    return np.frombuffer(read_external(t, base), dtype=dtype).reshape(tuple(t.dims))
 
 
 def quantise_int8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -112,10 +112,7 @@ def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str
             proto, leftover = _structure(gpath)
             for t in initializers(proto.graph):
                 if t.data_location == onnx.TensorProto.EXTERNAL:
-                    info = {e.key: e.value for e in t.external_data}
-                    source = folder / info["location"]
-                    offset = int(info.get("offset", 0))
-                    length = int(info["length"]) if "length" in info else source.stat().st_size - offset
+                    source, offset, length = external_range(t, folder)
                     if length < MIN_BYTES:  # small: back inside the graph, as save_graph keeps them
                         data = b"".join(_read_range(source, offset, length))
                         del t.external_data[:]
@@ -139,6 +136,19 @@ def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str
                 (folder / name).unlink()
         size = out.tell()
     return {"file": WEIGHTS_FILE, "bytes": size}
+
+
+def external_range(t: onnx.TensorProto, folder: Path) -> tuple[Path, int, int]:
+    """(file, offset, length) of an external tensor's bytes, its file in ``folder``."""
+    info = {e.key: e.value for e in t.external_data}
+    source = folder / info["location"]
+    offset = int(info.get("offset", 0))
+    return source, offset, int(info["length"]) if "length" in info else source.stat().st_size - offset
+
+
+def read_external(t: onnx.TensorProto, folder: Path) -> bytes:
+    """An external tensor's bytes (one tensor read whole), its file in ``folder``."""
+    return b"".join(_read_range(*external_range(t, folder)))
 
 
 def _read_range(path: Path, offset: int, length: int) -> Iterator[bytes]:
