@@ -183,3 +183,22 @@ def test_an_epsilon_the_graph_optimiser_would_drop_is_refused(tmp_path, field):
     with pytest.raises(ExportError, match=f"config field '{field}' is 1e-10, below 1e-07"):
         export(LinearLM(cfg).eval(), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_export_lets_go_of_the_models_weights(tmp_path):
+    """Once ``export`` returns and the caller drops the model, its weights are freed: torch.onnx's optimiser left
+    onnxscript's module-level rewrite rules holding the last graph, whose initializers wrap the parameters (a 1.2 B
+    model's 4.7 GB stayed held for the life of the process)."""
+    import gc
+    import weakref
+
+    from edgelin.config import ModelConfig
+    from edgelin.model import LinearLM
+
+    model = LinearLM(ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, head_dim=8, chunk_size=8)).eval()
+    weights = [weakref.ref(p) for p in model.parameters()]
+    export(model, tmp_path / "out")
+    del model
+    gc.collect()
+    assert [w for w in weights if w() is not None] == []
+    assert export_impl.release_rewriter_state() == 0  # nothing is left for a second call to clear
