@@ -113,7 +113,8 @@ def versions(src: Path) -> dict[str, Any]:
 # ---- the checkpoints (transformers, in a subprocess) ------------------------------------------------
 def hf_build_main(spec: dict[str, Any]) -> None:
     """In ``python -m edgelin.bench --hf-build SPEC``: transformers' own model from the config, weights perturbed so
-    the logits spread, saved with a byte-level BPE tokenizer of VOCAB tokens beside it."""
+    the logits spread, saved with a byte-level BPE tokenizer of the config's vocabulary beside it (the 256 bytes, then
+    merges of two symbols)."""
     sys.modules["triton"] = None  # type: ignore[assignment]  # transformers' PyTorch paths (NOTES: CPU-only machine)
     sys.modules["fla"] = None  # type: ignore[assignment]
     import torch
@@ -134,8 +135,9 @@ def hf_build_main(spec: dict[str, Any]) -> None:
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
     model.save_pretrained(spec["folder"])
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    letters = "abcdefghijklmnop"
-    merges = [(a, b) for a in letters for b in letters][: VOCAB - len(alphabet)]
+    vocab_size = spec["config"].get("vocab_size", VOCAB)
+    pool = "abcdefghijklmnop" if vocab_size <= VOCAB else alphabet  # pairs of 16 letters fill VOCAB; of all 256 bytes, 65,792
+    merges = [(a, b) for a in pool for b in pool][: vocab_size - len(alphabet)]
     vocab = {c: i for i, c in enumerate(alphabet + [a + b for a, b in merges])}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
@@ -166,14 +168,17 @@ c.main()
 """
 
 
-def to_gguf(src: Path, ckpt: Path, out: Path) -> dict[str, Path]:
-    """GGUF files of ``ckpt`` per GGUF type of PRECISIONS, in ``out``."""
+def to_gguf(src: Path, ckpt: Path, out: Path, kinds: tuple[str, ...] = tuple(PRECISIONS.values())) -> dict[str, Path]:
+    """GGUF files of ``ckpt`` per GGUF type of ``kinds`` (quantised types from F32, converted too), in ``out``."""
     files = {}
+    wanted = {k for k in kinds if k in CONVERTED} | ({"F32"} if set(kinds) - set(CONVERTED) else set())
     for kind, outtype in CONVERTED.items():
+        if kind not in wanted:
+            continue
         files[kind] = out / f"{kind}.gguf"
         _run([sys.executable, "-c", CONVERT, ckpt.resolve(), "--outfile", files[kind].resolve(), "--outtype", outtype],
              f"llama.cpp's converter ({outtype})", cwd=src)
-    for kind in PRECISIONS.values():
+    for kind in kinds:
         if kind not in files:
             files[kind] = out / f"{kind}.gguf"
             _run([binaries(src)["llama-quantize"], files["F32"], files[kind], kind, "1"], f"llama-quantize {kind}")
@@ -243,7 +248,8 @@ def edgelin_greedy(sess: Session, prompt: np.ndarray, forced: list[int]) -> dict
 
 
 def edgelin_round(sess: Session, n_decode: int, lengths: tuple[int, ...], rng: np.random.Generator) -> dict[str, float]:
-    """One edgelin measurement: {"tgN": decode tokens/s over N calls from an empty state, "ppL": prefill tokens/s}."""
+    """One edgelin measurement: {"tgN": decode tokens/s over N calls from an empty state, "ppL": prefill tokens/s}
+    (random ids below VOCAB: every model here has at least that many)."""
     clock = time.perf_counter
     state, ids = sess.new_state(1), rng.integers(0, VOCAB, (1, n_decode), dtype=np.int64)
     total = 0.0
@@ -279,7 +285,11 @@ def _median(rounds: list[dict[str, float]], key: str) -> float:
 
 
 # ---- the section -------------------------------------------------------------------------------------
-def llamacpp_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
+def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[str, tuple[str, dict]] | None = None,
+                     precisions: tuple[str, ...] | None = None, thread_counts: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """The section: every model of ``models`` (default MODELS: name -> (transformers model_type, config)) at every
+    precision of ``precisions`` (default: all of PRECISIONS) with ``thread_counts`` threads (default 1, 2 and
+    ``threads``); ``scripts/llamacpp_bench.py --model`` runs it on a published configuration at real size."""
     src, why = find_llama_cpp()
     if src is None:
         return {"status": "skipped", "reason": why}
@@ -287,7 +297,9 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
 
     if unavailable("transformers"):
         return {"status": "skipped", "reason": f"the checkpoints are built with transformers: {unavailable('transformers')}"}
-    thread_counts = sorted({1, 2, threads})
+    subjects = MODELS if models is None else models
+    chosen = {p: PRECISIONS[p] for p in (precisions or PRECISIONS)}
+    thread_counts = sorted(thread_counts or {1, 2, threads})
     bench_bin = binaries(src)["llama-bench"]
     tests = [f"tg{plan.llama_decode}", *(f"pp{L}" for L in plan.llama_lengths)]
     rng = np.random.default_rng(DATA_SEED)
@@ -296,18 +308,21 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     load = {"start": load_average()}
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-llamacpp-") as tmp:
         work = Path(tmp)
-        for name, (model_type, config) in MODELS.items():
-            say(f"llamacpp: {name}: transformers checkpoint, GGUF F32/F16/Q8_0/Q4_0, edgelin fp32/fp16/int8/int4 ...")
-            ckpt = build_checkpoint(name, work / name / "ckpt")
-            ggufs = to_gguf(src, ckpt, work / name)
-            checks = {p: export_checked(ckpt, work / name / p, p) for p in PRECISIONS}
+        for name, (model_type, config) in subjects.items():
+            say(f"llamacpp: {name}: transformers checkpoint, GGUF {'/'.join(chosen.values())}, edgelin {'/'.join(chosen)} ...")
+            ckpt = build_checkpoint(name, work / name / "ckpt", subjects)
+            ggufs = to_gguf(src, ckpt, work / name, tuple(chosen.values()))
+            checks = {}
+            for p in chosen:
+                say(f"  {name}: edgelin export at {p} ...")
+                checks[p] = export_checked(ckpt, work / name / p, p)
             ref = run(ckpt, "transformers", prompt[None], np.zeros((1, 0), np.int64), greedy=GREEDY).greedy  # [1, GREEDY]
             models[name] = {"model_type": model_type, "config": config,
                             "parameters": sum(int(np.prod(s)) for s in _shapes(ckpt)),
                             "edgelin_export_check": checks, "gguf_bytes": {k: p.stat().st_size for k, p in ggufs.items()},
-                            "edgelin_bytes": {p: sum(f.stat().st_size for f in (work / name / p).iterdir() if f.suffix in (".onnx", ".data")) for p in PRECISIONS}}
+                            "edgelin_bytes": {p: sum(f.stat().st_size for f in (work / name / p).iterdir() if f.suffix in (".onnx", ".data")) for p in chosen}}
             greedy[name] = {"prompt": prompt.tolist(), "transformers": ref[0].tolist(), "edgelin": {}, "llama.cpp": {}}
-            for p, kind in PRECISIONS.items():
+            for p, kind in chosen.items():
                 say(f"  {name} {p} / {kind}: greedy ids ...")
                 sess = Session(work / name / p, "cpu", 1, session_options={"inter_op_num_threads": 1}, io_binding=True)
                 for side, ids in (("edgelin", edgelin_greedy(sess, prompt, ref[0].tolist())),
@@ -349,7 +364,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
                 "where the state does not grow) and of prefill (llama-bench ppL; edgelin: one Session.prefill of L tokens), "
                 "medians over rounds that alternate which goes first; ratio edgelin / llama.cpp (above 1: edgelin faster); "
                 f"greedy ids after {PROMPT} prompt ids vs transformers' own model",
-        "precisions": PRECISIONS, "threads": thread_counts, "tests": tests, "models": models, "rows": rows, "greedy": greedy,
+        "precisions": chosen, "threads": thread_counts, "tests": tests, "models": models, "rows": rows, "greedy": greedy,
         "greedy_method": {"transformers": "edgelin.upstream.run: transformers' own model (fp32, triton/fla hidden), prefill then cached greedy decode",
                           "edgelin": "runtime Session: prefill of the prompt, then argmax of each decode call's logits, fed back",
                           "agreement": "fraction of the greedy ids before the first difference from transformers'",
@@ -366,8 +381,11 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
 def _shapes(ckpt: Path) -> list[tuple[int, ...]]:
     from safetensors import safe_open
 
-    with safe_open(str(ckpt / "model.safetensors"), "np") as f:
-        return [tuple(f.get_slice(k).get_shape()) for k in f.keys()]
+    shapes = []
+    for part in sorted(ckpt.glob("*.safetensors")):  # one file, or the shards of a large checkpoint
+        with safe_open(str(part), "np") as f:
+            shapes += [tuple(f.get_slice(k).get_shape()) for k in f.keys()]
+    return shapes
 
 
 __all__ = ["ENV", "MODELS", "PRECISIONS", "find_llama_cpp", "llamacpp_section", "parse_llama_bench"]
