@@ -50,17 +50,20 @@ def main() -> None:
             report = run_bench(sections=["llamacpp"], quick=args.quick, out_dir=tmp, plots=False, progress=say)
     else:
         report = _published(args, say)
-    print(report.table())
     part = report.data["llamacpp"]
     if part["status"] != "ok":
+        print(report.table())
         sys.exit(f"llamacpp section {part['status']}: {part.get('reason', '')}; nothing written")
-    print(f"wrote {write_json(Path(args.out), report.data)}")
+    written = write_json(Path(args.out), report.data)  # before the table: a run of many minutes is kept whatever follows
+    print(report.table())
+    print(f"wrote {written}")
 
 
 def _published(args: argparse.Namespace, say) -> BenchReport:
     """The section on one published configuration of scripts/real_size.py (transformers-built models only)."""
     import dataclasses
 
+    from edgelin.bench.goals import goals
     from edgelin.bench.measure import load_average, machine_facts
     from edgelin.bench.run import busy
     from real_size import FLA_MODEL_TYPES, MODELS  # this folder's real-size script: the published configurations
@@ -80,13 +83,14 @@ def _published(args: argparse.Namespace, say) -> BenchReport:
     if args.decode:
         plan = dataclasses.replace(plan, llama_decode=args.decode)
     threads = tuple(int(x) for x in args.threads.split(",")) if args.threads else None
-    machine = machine_facts()
+    machine, t0 = machine_facts(), time.perf_counter()
     part = llamacpp_section(plan, max(threads or (1,)), say, models={args.model: MODELS[args.model]}, precisions=precisions,
                             thread_counts=threads)
     machine["load_average_end"] = load_average()
     data = {"format": "edgelin-bench/1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": False, "machine": machine,
-            "busy": busy(machine), "model": None, "llamacpp": part, "published_model": args.model,
+            "busy": busy(machine), "model": None, "llamacpp": part, "seconds": time.perf_counter() - t0, "published_model": args.model,
             "settings": {"threads": max(threads or (1,)), "provider_requested": "cpu", "provider_active": "CPUExecutionProvider"}}
+    data["goals"] = goals(data)  # against llama.cpp at the largest thread count run, the worst row
     return BenchReport(data)
 
 
