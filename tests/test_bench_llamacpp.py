@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from edgelin.bench import llamacpp
@@ -89,3 +90,21 @@ def test_the_goals_judge_the_worst_row_at_the_bench_threads():
     assert "worst mamba2 fp32" in got["vs_llamacpp_decode"]["what"]
     assert got["vs_llamacpp_prefill"]["measured"] == 1.1 and got["vs_llamacpp_prefill"]["met"] is True
     assert not [g for g in goals({"settings": {"threads": 1}, "llamacpp": {"status": "skipped", "reason": "x"}}) if "llamacpp" in g["goal"]]
+
+
+@pytest.mark.parametrize("size", [llamacpp.VOCAB, 1000, 65536])
+def test_the_checkpoints_tokenizer_has_the_models_vocabulary(size):
+    """llama.cpp's converter reads the tokenizer beside the weights: it must have exactly the model's vocabulary (the
+    section's 512, and a published model's 65,536 at real size), distinct ids, bytes round-tripping, merges applied.
+    (Merges of symbols the byte-level pre-tokenizer puts in different words are never reached: speed does not care.)"""
+    tok = llamacpp.byte_level_tokenizer(size)
+    assert tok.get_vocab_size() == size == len(set(tok.get_vocab().values()))
+    text = "ab cd \u00e9\u00e8 \U0001f600 pm"
+    assert tok.decode(tok.encode(text).ids) == text
+    first = 256  # the first merge: a symbol doubled, one token
+    assert len(tok.id_to_token(first)) == 2 and tok.encode(tok.decode([first])).ids == [first]
+
+
+def test_a_tokenizer_too_large_for_byte_pairs_is_refused():
+    with pytest.raises(llamacpp.BenchError, match="cannot be made"):
+        llamacpp.byte_level_tokenizer(70000)

@@ -7,7 +7,8 @@ skipped, with the reason. The build takes minutes: never part of ``make test``.
 
 For each model of ``MODELS`` (an LFM2 hybrid and a Mamba2, both of the bundled model's weight size: hidden 256,
 4 layers; random weights, perturbed so the logits spread, with a byte-level BPE tokenizer of 512 tokens, built and saved by
-transformers' own classes in a subprocess) and each precision of ``PRECISIONS``:
+transformers' own classes in a subprocess) and each precision of ``PRECISIONS`` (``scripts/llamacpp_bench.py --model``
+passes instead one published configuration at real size, a tokenizer of its vocabulary, and fewer precisions):
 
     llama.cpp  the checkpoint converted by llama.cpp's own converter to GGUF F32 and F16 (a locally made tokenizer's
                pre-tokenizer hash is unknown to it: declared "gpt-2", which changes nothing for speed), Q8_0 and Q4_0
@@ -119,7 +120,6 @@ def hf_build_main(spec: dict[str, Any]) -> None:
     sys.modules["fla"] = None  # type: ignore[assignment]
     import torch
     import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     cfg = transformers.AutoConfig.for_model(spec["model_type"], **spec["config"])
     torch.manual_seed(MODEL_SEED)
@@ -134,14 +134,24 @@ def hf_build_main(spec: dict[str, Any]) -> None:
             else:
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
     model.save_pretrained(spec["folder"])
+    tok = byte_level_tokenizer(spec["config"].get("vocab_size", VOCAB))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(spec["folder"])
+
+
+def byte_level_tokenizer(vocab_size: int):
+    """A byte-level BPE of exactly ``vocab_size`` tokens (a ``tokenizers.Tokenizer``): the 256 byte symbols, then merges
+    of two symbols (pairs of 16 letters up to VOCAB; beyond it, pairs of all 256 symbols: up to 65,792 tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab_size = spec["config"].get("vocab_size", VOCAB)
-    pool = "abcdefghijklmnop" if vocab_size <= VOCAB else alphabet  # pairs of 16 letters fill VOCAB; of all 256 bytes, 65,792
+    pool = "abcdefghijklmnop" if vocab_size <= VOCAB else alphabet
     merges = [(a, b) for a in pool for b in pool][: vocab_size - len(alphabet)]
+    if len(alphabet) + len(merges) != vocab_size:
+        raise BenchError(f"a byte-level tokenizer of {vocab_size:,} tokens cannot be made here (256 to {len(alphabet) * (len(alphabet) + 1):,})")
     vocab = {c: i for i, c in enumerate(alphabet + [a + b for a, b in merges])}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(spec["folder"])
+    return tok
 
 
 def build_checkpoint(name: str, folder: Path, models: dict[str, tuple[str, dict]] | None = None) -> Path:
