@@ -40,6 +40,7 @@ kept in higher precision and why); ``state_dtypes`` gives the manifest's state d
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import logging
 import tempfile
@@ -575,8 +576,21 @@ def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto],
             del graph.initializer[i]
 
 
+def _import_leaving_logging_alone(module: str):
+    """Import ``module`` and undo any change it made to the root logger: ONNX Runtime's matmul_nbits_quantizer calls
+    ``logging.basicConfig(level=INFO)`` on import, after which every INFO record of the process (onnx_ir's, during a
+    later export in the same process) was printed."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return importlib.import_module(module)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def _int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    MatMulNBitsQuantizer = _import_leaving_logging_alone("onnxruntime.quantization.matmul_nbits_quantizer").MatMulNBitsQuantizer  # noqa: N806
 
     with _quiet():
         quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),

@@ -4,6 +4,9 @@ including a deliberately broken quantisation that the budgets must catch."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 import shutil
 
 import numpy as np
@@ -368,3 +371,30 @@ def test_a_long_stream_in_state_carried_pieces_stays_finite_and_near_float64(exp
         worst = worst.worst(errors(got, ref.numpy()))
     assert within(worst, bounds), (worst, bounds)
     assert z[-1] > 8 * z[0]  # 16x the tokens: the sums grew (a stream that did not grow would prove little)
+
+
+def test_int4_conversion_leaves_the_processs_logging_alone():
+    """ONNX Runtime's matmul_nbits_quantizer calls logging.basicConfig(level=INFO) when imported: after one int4
+    conversion, every INFO record of the process (onnx_ir's, in a later export) was printed. In a fresh interpreter,
+    where that module has not been imported yet."""
+    code = textwrap.dedent(
+        """
+        import logging
+        import numpy as np
+        from onnx import TensorProto, helper, numpy_helper
+        from edgelin.exporters.precision import convert
+        w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "w")
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+        root = logging.getLogger()
+        before = (list(root.handlers), root.level)
+        out, note = convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), "int4")
+        assert [n.op_type for n in out.graph.node] == ["MatMulNBits"], [n.op_type for n in out.graph.node]
+        assert (list(root.handlers), root.level) == before, (root.handlers, root.level, before)
+        logging.getLogger("onnx_ir").info("must not be printed")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "must not be printed" not in done.stderr + done.stdout
