@@ -71,6 +71,10 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
 @click.option("--embedding", type=click.Choice(["int8", "int4", "fp32"]), default=None,
               help="int8/int4 exports: how the token embedding and a tied head are stored, block-quantised (block 32) or "
                    "exact [default: int8; a 250k x 1024 table is 1 GB in fp32, 0.29 GB in int8, 0.16 GB in int4].")
+@click.option("--int8-scheme", type=click.Choice(["channel", "block"]), default=None,
+              help="int8 exports: per-channel weights with one activation scale per tensor (channel: the faster prefill) or "
+                   "8-bit blocks of 32 with activations quantised per block (block: llama.cpp's Q8_0, closer to fp32, "
+                   "prefill ~40 % slower, decode level) [default: channel]. The README's 'Edge precision' says more.")
 @click.option("--ops", type=click.Choice(["portable", "fused"]), default="portable", show_default=True,
               help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
                    "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer; ONNX Runtime >= 1.30: Python, "
@@ -80,7 +84,7 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
                    "scan across chunks: each doubling adds a level, ~1 s of export per layer). Recorded in edgelin.json; "
                    "the runtimes cut longer prompts into pieces of at most this many tokens. Other models take any length.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, ops, max_sequence):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, int8_scheme, ops, max_sequence):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -94,6 +98,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
       edgelin export models/stdlib-linear -o out/
       edgelin export ckpt/ -o out/ --chunk-size 128 --force
       edgelin export -o out-int8/ --precision int8
+      edgelin export -o out-q8/ --precision int8 --int8-scheme block
       edgelin export -o out-int4/ --precision int4 --embedding int4
       edgelin export -o out-ragged/ --ragged
       edgelin export fla-ckpt/ -o out/ --tokenizer path/to/tokenizer/
@@ -106,7 +111,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
     result = export(
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
         force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
-        tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding, ops=ops, max_sequence=max_sequence,
+        tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding, int8_scheme=int8_scheme, ops=ops, max_sequence=max_sequence,
     )
     click.echo(result.summary())
 

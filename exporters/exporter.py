@@ -35,7 +35,7 @@ from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
-from edgelin.exporters.precision import embedding_choice, int8_file
+from edgelin.exporters.precision import embedding_choice, int8_file, int8_scheme_choice
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once, tied_head_in_place
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE, sequence_bound
@@ -365,6 +365,7 @@ def export(
     tokenizer: str | Path | None = None,
     budget: dict[str, dict[str, float]] | None = None,
     embedding: str | None = None,
+    int8_scheme: str | None = None,
     ops: str = fused.DEFAULT_LOWERING,
     max_sequence: int = DEFAULT_MAX_SEQUENCE,
 ) -> ExportResult:
@@ -390,6 +391,10 @@ def export(
     ``embedding``: how an int8 or int4 export stores the token embedding and a tied head: "int8" (the
     default), "int4" or "fp32" (``edgelin.exporters.precision``); None for other precisions.
 
+    ``int8_scheme``: an int8 export's weights: "channel" (the default: per-channel weights, one activation scale
+    per tensor, the faster prefill) or "block" (8-bit blocks of 32 along K with int8 activations per block,
+    MatMulNBits: closer to fp32); recorded as the manifest's ``int8_scheme``. None for other precisions.
+
     ``ops``: the graphs' lowering (``edgelin.fused``): "portable" (the default: ONNX standard operators, every
     runtime) or "fused" (linear attention's recurrence as ONNX Runtime's com.microsoft.LinearAttention node;
     recorded as the manifest's ``ops``). The state contract is the same either way.
@@ -404,6 +409,7 @@ def export(
         raise ExportError(f"ops {ops!r} is not a lowering; choose one of {', '.join(fused.LOWERINGS)}")
     check_precision(precision, state_dtype)
     embedding_choice(precision, embedding)  # one that does not apply is refused before any work
+    int8_scheme = int8_scheme_choice(precision, int8_scheme)
     budget = {k: dict(v) for k, v in (budget or {}).items()}
     smoke_bounds = parity.held(precision, budget)[0]["logits"]  # a bad bound is refused before any work
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
@@ -469,7 +475,7 @@ def export(
             say("checking the fp32 graphs (onnx.checker, full check) ...")
             for graph in GRAPH_FILES:
                 _finalize(tmp / GRAPH_FILES[graph], manifest.to_json(embedded=True), graph)
-            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say, embedding=embedding)
+            nodes, op_types = _convert_graphs(tmp, precision, state_dtype, manifest, say, embedding=embedding, int8_scheme=int8_scheme)
         manifest = dataclasses.replace(manifest, weights=store_once(tmp, GRAPH_FILES))
         say(f"weights stored once: {manifest.weights['file']}, {manifest.weights['bytes'] / 1e6:,.1f} MB, shared by both graphs")
         say("checking the graphs (onnx.checker, full check) ...")
@@ -585,20 +591,23 @@ def _cause(exc: BaseException) -> str:
     return what[:300]
 
 
-def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress, embedding: str | None = None) -> tuple[dict, dict]:
+def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress, embedding: str | None = None,
+                    int8_scheme: str | None = None) -> tuple[dict, dict]:
     """The checked fp32 graphs in ``tmp`` rewritten in ``precision``; the manifest's extra fields record
     the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
     nodes, op_types, kept = {}, {}, {}
     for graph, fname in GRAPH_FILES.items():
         if precision == "int8":  # the quantiser reads the file itself: no second copy of the weights in memory
-            proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding))
+            proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme_choice(precision, int8_scheme))
         else:
             proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
         tied_head_in_place(proto)
         save_graph(proto, tmp / fname)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
+    if precision == "int8":
+        manifest.extra["int8_scheme"] = int8_scheme_choice(precision, int8_scheme)
     return nodes, op_types
 
 

@@ -129,18 +129,18 @@ def exported(export_of):
 
 @pytest.fixture(scope="session")
 def bundled_exports(export_cache):
-    """precision -> export dir of the bundled model (models/stdlib-linear) in that precision, smoke-checked;
+    """(precision, **export options) -> export dir of the bundled model (models/stdlib-linear) in that precision, smoke-checked;
     each exported once per run (about 30 s each on a quiet 2-core machine). Skips where the install has no
     bundled model. (``bundled_export`` is the same; a folder may override that name, as tests/web does.)"""
     from edgelin.exporters import export
     from edgelin.models import bundled_checkpoint
 
-    def get(precision: str = "fp32"):
+    def get(precision: str = "fp32", **options):
         checkpoint = bundled_checkpoint()
         if checkpoint is None:
             pytest.skip("this install has no bundled model")
-        return export_cache.get(f"bundled-{precision}", {"checkpoint": str(checkpoint), "precision": precision},
-                                lambda folder: export(checkpoint, folder, precision=precision))
+        key = {"checkpoint": str(checkpoint), "precision": precision} | ({"options": options} if options else {})
+        return export_cache.get(f"bundled-{precision}", key, lambda folder: export(checkpoint, folder, precision=precision, **options))
 
     return get
 

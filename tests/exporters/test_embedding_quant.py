@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgelin.errors import ExportError
 from edgelin.exporters import export
 from edgelin.exporters.precision import TABLE_BLOCK, convert, dequantise_table, quantise_table
+from testkit.quant import int8_blocks
 
 
 def _naive_quantise(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,14 +86,6 @@ def _run_gather(proto: onnx.ModelProto, ids: np.ndarray) -> np.ndarray:
     return sess.run([proto.graph.node[0].output[0]], {"input_ids": ids})[0]
 
 
-def _int8_blocks(x: np.ndarray, block: int = TABLE_BLOCK) -> np.ndarray:
-    """x with each block of ``block`` values along the last axis rounded to int8 steps of max |block| / 127."""
-    b = x.reshape(*x.shape[:-1], -1, block)
-    step = np.abs(b).max(-1, keepdims=True) / 127
-    step[step == 0] = 1
-    return (np.rint(b / step) * step).reshape(x.shape)
-
-
 @pytest.mark.parametrize("precision", ["int8", "int4"])
 @pytest.mark.parametrize("embedding", ["int8", "int4"])
 def test_tied_embedding_and_head_read_one_quantised_table(precision, embedding):
@@ -119,7 +112,7 @@ def test_tied_embedding_and_head_read_one_quantised_table(precision, embedding):
     np.testing.assert_array_equal(_run_gather(out, ids), deq[ids].astype(np.float32))  # the rows: exactly the table's
     # the head at accuracy_level 4: its input quantised to int8 per block of 32 (symmetric, max |x| / 127), times
     # the dequantised table
-    ref = _int8_blocks(deq[ids]) @ deq.T
+    ref = int8_blocks(deq[ids]) @ deq.T
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
     exact = E.astype(np.float64)[ids] @ E.astype(np.float64).T
     err = np.abs(got - exact).max() / np.abs(exact).max()

@@ -179,13 +179,14 @@ def test_validate_holds_the_tiny_model_to_its_budget(exports, model, precision):
 
 
 # ---- the bundled model: the budgets hold, and a broken quantisation fails them -------------------------
-QUANTISED = ["int8", "int4"]
+QUANTISED = {"int8": ("int8", {}), "int4": ("int4", {}), "int8-block": ("int8", {"int8_scheme": "block"})}  # id -> (precision, options)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", QUANTISED)
-def test_bundled_model_within_its_budgets(bundled_export, precision):
-    report = validate(bundled_export(precision), steps=8)
+@pytest.mark.parametrize("variant", QUANTISED)
+def test_bundled_model_within_its_budgets(bundled_export, variant):
+    precision, options = QUANTISED[variant]
+    report = validate(bundled_export(precision, **options), steps=8)
     assert report.passed, report.table()
     assert report.precision == precision
     assert report.heldout["bytes"] > 0 and abs(report.heldout["bpb_delta"]) <= BUDGETS[precision]["heldout"]["max_bpb_delta"]
@@ -212,16 +213,19 @@ def _activations(export_dir, names: list[str], windows: int = 8, length: int = 2
     return {n: a.reshape(-1, a.shape[-1]) for n, a in zip(names, session.run(names, feed))}
 
 
-def _int4_weights(inits: dict[str, np.ndarray], node: onnx.NodeProto) -> np.ndarray:
-    """A symmetric MatMulNBits weight dequantised: [N, K padded to blocks] (zero point 8, low nibble first)."""
-    n = {a.name: a.i for a in node.attribute}["N"]
-    packed = inits[node.input[1]]  # [N, blocks, block / 2] uint8
+def _nbits_weights(inits: dict[str, np.ndarray], node: onnx.NodeProto) -> np.ndarray:
+    """A symmetric MatMulNBits weight (4 or 8 bits) dequantised: [N, K padded to blocks] (zero point 2^(bits-1);
+    4 bits: low nibble first)."""
+    attrs = {a.name: a.i for a in node.attribute}
+    n, bits = attrs["N"], attrs["bits"]
+    packed = inits[node.input[1]]  # [N, blocks, block * bits / 8] uint8
     scales = inits[node.input[2]].reshape(n, -1)  # [N, blocks]
-    values = np.stack([packed & 0xF, packed >> 4], -1).reshape(n, scales.shape[1], -1).astype(np.float32) - 8  # [N, blocks, block]
+    codes = np.stack([packed & 0xF, packed >> 4], -1) if bits == 4 else packed
+    values = codes.reshape(n, scales.shape[1], -1).astype(np.float32) - (1 << (bits - 1))  # [N, blocks, block]
     return (values * scales[..., None]).reshape(n, -1)
 
 
-def _int4_most_used(export_dir, rows: int) -> tuple[str, np.ndarray, np.ndarray]:
+def _nbits_most_used(export_dir, rows: int) -> tuple[str, np.ndarray, np.ndarray]:
     """(node, its scales, flat indices of the scales of its ``rows`` most used output rows): the MatMulNBits
     holding the single block that adds most to its output on held-out text (mean |x_block . w_block| over
     tokens), and that matrix's rows ordered by mean |output|."""
@@ -231,7 +235,7 @@ def _int4_most_used(export_dir, rows: int) -> tuple[str, np.ndarray, np.ndarray]
     acts = _activations(export_dir, sorted({n.input[0] for n in nodes}))
     best = None
     for node in nodes:
-        w = _int4_weights(inits, node)  # [N, Kp]
+        w = _nbits_weights(inits, node)  # [N, Kp]
         x = acts[node.input[0]]
         x = np.pad(x, ((0, 0), (0, w.shape[1] - x.shape[1])))  # [tokens, Kp]
         per_block = np.einsum("tbk,nbk->tnb", x.reshape(len(x), -1, INT4_BLOCK), w.reshape(len(w), -1, INT4_BLOCK))  # [tokens, N, blocks]
@@ -287,13 +291,17 @@ BROKEN = {
     "int8": (lambda d: _int8_most_used(d, channels=16), {"prefill", "decode"}),
     # 32 rows (256 blocks) of the matrix holding the most used block: held-out delta +0.0408 (budget 0.02),
     # top-1 88.6 % (0.92), state S of layer 3 rel L2 0.44 (0.3).
-    "int4": (lambda d: _int4_most_used(d, rows=32), {"prefill", "decode", "precision"}),
+    "int4": (lambda d: _nbits_most_used(d, rows=32), {"prefill", "decode", "precision"}),
+    # --int8-scheme block: the scales of the 4 most used rows (88 blocks) of the matrix holding the most used block,
+    # x2. Measured (validate seed 0, steps 8; the unbroken export: held-out delta -0.0002): 1 row passes every
+    # budget (delta +0.0039); 4 rows fail prefill, decode, golden, top-1 (61.5 %) and held-out (delta +0.0275).
+    "int8-block": (lambda d: _nbits_most_used(d, rows=4), {"prefill", "decode"}),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", QUANTISED)
-def test_a_broken_quantisation_fails_the_budgets(bundled_export, tmp_path, precision):
+@pytest.mark.parametrize("variant", QUANTISED)
+def test_a_broken_quantisation_fails_the_budgets(bundled_export, tmp_path, variant):
     """A weight scale doubled in both graphs of the bundled model's export fails validate's budgets.
 
     int8: the per-channel scales of the 16 most used output channels of one matrix x2 (see BROKEN).
@@ -307,9 +315,10 @@ def test_a_broken_quantisation_fails_the_budgets(bundled_export, tmp_path, preci
     checks with margin, and that is what this test breaks; on the current bundled model they still fail it. The int4 budgets are set about 3x above the
     int4 model's own error, which one 32-weight block does not reach.
     """
-    select, expected = BROKEN[precision]
+    select, expected = BROKEN[variant]
+    precision, options = QUANTISED[variant]
     out = tmp_path / "broken"
-    shutil.copytree(bundled_export(precision), out)
+    shutil.copytree(bundled_export(precision, **options), out)
     node, scales, index = select(out)
     _scale_in_every_graph(out, scales, index, 2.0)
     report = validate(out, steps=8)

@@ -78,13 +78,15 @@ def test_a_check_of_wrong_golden_values_fails_in_the_page(chromium, ort_web, bun
     assert prefill["where"].startswith(f"prefill position {golden['positions'][-1]} of prompt 1:"), prefill["where"]
 
 
-@pytest.mark.parametrize("precision", ["int8", "int4"])
-def test_the_quantised_exports_run_in_the_browser(chromium, ort_web, bundled_exports, precision, tmp_path):
+@pytest.mark.parametrize(("precision", "options"), [("int8", {}), ("int4", {}), ("int8", {"int8_scheme": "block"})],
+                         ids=["int8", "int4", "int8-block"])
+def test_the_quantised_exports_run_in_the_browser(chromium, ort_web, bundled_exports, precision, options, tmp_path):
     """onnxruntime-web's WASM build runs the quantised table's operators (GatherBlockQuantized, MatMulNBits with 8-bit
-    weights) and the int8 / int4 graphs: the page's greedy text is the Python runtime's."""
+    weights) and the int8 / int4 graphs, int8's block scheme too (every MatMul a MatMulNBits with 8-bit weights): the
+    page's greedy text is the Python runtime's."""
     from edgelin.runtime import generate_text
 
-    export = bundled_exports(precision)
+    export = bundled_exports(precision, **options)
     want = generate_text(export, PROMPT, max_new_tokens=N, provider="cpu", threads=1)["text"]
     site = write_site(export, tmp_path / "site", ort_web=ort_web).out_dir
     report = open_page(chromium, site, {"prompt": PROMPT, "n": N}, tmp_path / "profile")
