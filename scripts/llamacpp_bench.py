@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from edgelin.bench import run_bench
-from edgelin.bench.llamacpp import PRECISIONS, llamacpp_section
+from edgelin.bench.llamacpp import PRECISIONS, VARIANTS, llamacpp_section
 from edgelin.bench.plan import FULL
 from edgelin.bench.report import BenchReport
 from edgelin.runtime.files import write_json
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/bench/llamacpp.json", help="where the record goes [%(default)s]")
     ap.add_argument("--quick", action="store_true", help="one round, short lengths: a smoke run; numbers mean little")
     ap.add_argument("--model", help="a published configuration of scripts/real_size.py, at real size, instead of the section's two small models")
-    ap.add_argument("--precisions", help=f"comma-separated, of {','.join(PRECISIONS)} [all]")
+    ap.add_argument("--precisions", help=f"comma-separated, of {','.join([*PRECISIONS, *VARIANTS])} [{','.join(PRECISIONS)}]")
     ap.add_argument("--threads", help="comma-separated thread counts [1,2]")
     ap.add_argument("--rounds", type=int, help=f"alternating rounds [{FULL.llama_rounds}]")
     ap.add_argument("--lengths", help=f"prefill lengths [{','.join(map(str, FULL.llama_lengths))}]")
@@ -72,9 +72,9 @@ def _published(args: argparse.Namespace, say) -> BenchReport:
         sys.exit(f"--model: one of {', '.join(k for k, (t, _) in MODELS.items() if t not in FLA_MODEL_TYPES)} "
                  "(llama.cpp converts transformers checkpoints)")
     precisions = tuple(args.precisions.split(",")) if args.precisions else None
-    unknown = sorted(set(precisions or ()) - set(PRECISIONS))
+    unknown = sorted(set(precisions or ()) - set(PRECISIONS) - set(VARIANTS))
     if unknown:
-        sys.exit(f"--precisions: unknown {', '.join(unknown)}; use {','.join(PRECISIONS)}")
+        sys.exit(f"--precisions: unknown {', '.join(unknown)}; use {','.join([*PRECISIONS, *VARIANTS])}")
     plan = FULL
     if args.rounds:
         plan = dataclasses.replace(plan, llama_rounds=args.rounds)

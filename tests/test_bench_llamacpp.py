@@ -34,6 +34,21 @@ def test_every_edgelin_precision_has_its_gguf_type():
     assert set(llamacpp.CONVERTED) <= set(llamacpp.PRECISIONS.values())
 
 
+def test_a_variant_is_exported_with_its_options_and_compared_with_its_gguf_type(monkeypatch, tmp_path):
+    import edgelin.exporters as exporters
+    from edgelin.exporters.precision import check_precision, int8_scheme_choice
+
+    calls = []
+    monkeypatch.setattr(exporters, "export", lambda ckpt, out, **options: calls.append(options))
+    for name, (options, kind) in llamacpp.VARIANTS.items():
+        check_precision(options["precision"])
+        int8_scheme_choice(options["precision"], options.get("int8_scheme"))  # options the exporter takes
+        assert kind in llamacpp.PRECISIONS.values() and llamacpp.gguf_type(name) == kind
+        assert llamacpp.export_checked(tmp_path, tmp_path / name, name) == "passed"
+        assert calls.pop() == options
+    assert llamacpp.gguf_type("int8-block") == "Q8_0" and llamacpp.gguf_type("int4") == "Q4_0"
+
+
 def test_the_section_is_opt_in():
     assert "llamacpp" in OPT_IN_SECTIONS and "llamacpp" not in SECTIONS
 

@@ -52,6 +52,8 @@ from .plan import DATA_SEED, MODEL_SEED, BenchError, Plan, Progress
 ENV = "EDGELIN_LLAMA_CPP"
 BUILD = "bash scripts/llamacpp_build.sh DIR (minutes), then EDGELIN_LLAMA_CPP=DIR/llama.cpp"
 PRECISIONS = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}  # edgelin precision -> GGUF type
+# other edgelin exports a run may ask for by name (scripts/llamacpp_bench.py --precisions): name -> (export options, GGUF type)
+VARIANTS = {"int8-block": ({"precision": "int8", "int8_scheme": "block"}, "Q8_0")}
 CONVERTED = {"F32": "f32", "F16": "f16"}  # written by the converter; the others quantised from F32 by llama-quantize
 VOCAB = 512  # a byte-level tokenizer: the 256 bytes, then 256 merges of two letters (llama.cpp refuses a BPE without merges)
 MODELS = {  # name -> (transformers model_type, config): the bundled model's weight size (hidden 256, 4 layers)
@@ -276,17 +278,24 @@ def edgelin_round(sess: Session, n_decode: int, lengths: tuple[int, ...], rng: n
     return out
 
 
+def gguf_type(name: str) -> str:
+    """The GGUF type an edgelin precision or variant (PRECISIONS, VARIANTS) is compared with."""
+    return PRECISIONS[name] if name in PRECISIONS else VARIANTS[name][1]
+
+
 def export_checked(ckpt: Path, out: Path, precision: str) -> str:
     """Export with the exporter's check against PyTorch; where the check fails, export unchecked and say so (the
-    greedy ids then show what the difference does): "passed" or the check's failure."""
+    greedy ids then show what the difference does): "passed" or the check's failure. ``precision``: a precision
+    or a name of VARIANTS."""
     from edgelin.errors import ExportError
     from edgelin.exporters import export
 
+    options = VARIANTS[precision][0] if precision in VARIANTS else {"precision": precision}
     try:
-        export(ckpt, out, precision=precision)
+        export(ckpt, out, **options)
         return "passed"
     except ExportError as exc:
-        export(ckpt, out, precision=precision, check=False)
+        export(ckpt, out, **options, check=False)
         return f"failed, exported unchecked: {exc}"
 
 
@@ -298,7 +307,7 @@ def _median(rounds: list[dict[str, float]], key: str) -> float:
 def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[str, tuple[str, dict]] | None = None,
                      precisions: tuple[str, ...] | None = None, thread_counts: tuple[int, ...] | None = None) -> dict[str, Any]:
     """The section: every model of ``models`` (default MODELS: name -> (transformers model_type, config)) at every
-    precision of ``precisions`` (default: all of PRECISIONS) with ``thread_counts`` threads (default 1, 2 and
+    precision of ``precisions`` (default: all of PRECISIONS; names of VARIANTS too) with ``thread_counts`` threads (default 1, 2 and
     ``threads``); ``scripts/llamacpp_bench.py --model`` runs it on a published configuration at real size."""
     src, why = find_llama_cpp()
     if src is None:
@@ -308,7 +317,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
     if unavailable("transformers"):
         return {"status": "skipped", "reason": f"the checkpoints are built with transformers: {unavailable('transformers')}"}
     subjects = MODELS if models is None else models
-    chosen = {p: PRECISIONS[p] for p in (precisions or PRECISIONS)}
+    chosen = {p: gguf_type(p) for p in (precisions or PRECISIONS)}
     thread_counts = sorted(thread_counts or {1, 2, threads})
     bench_bin = binaries(src)["llama-bench"]
     tests = [f"tg{plan.llama_decode}", *(f"pp{L}" for L in plan.llama_lengths)]
@@ -321,7 +330,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
         for name, (model_type, config) in subjects.items():
             say(f"llamacpp: {name}: transformers checkpoint, GGUF {'/'.join(chosen.values())}, edgelin {'/'.join(chosen)} ...")
             ckpt = build_checkpoint(name, work / name / "ckpt", subjects)
-            ggufs = to_gguf(src, ckpt, work / name, tuple(chosen.values()))
+            ggufs = to_gguf(src, ckpt, work / name, tuple(dict.fromkeys(chosen.values())))
             checks = {}
             for p in chosen:
                 say(f"  {name}: edgelin export at {p} ...")
@@ -398,4 +407,4 @@ def _shapes(ckpt: Path) -> list[tuple[int, ...]]:
     return shapes
 
 
-__all__ = ["ENV", "MODELS", "PRECISIONS", "find_llama_cpp", "llamacpp_section", "parse_llama_bench"]
+__all__ = ["ENV", "MODELS", "PRECISIONS", "VARIANTS", "gguf_type", "find_llama_cpp", "llamacpp_section", "parse_llama_bench"]
