@@ -328,7 +328,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-llamacpp-") as tmp:
         work = Path(tmp)
         for name, (model_type, config) in subjects.items():
-            say(f"llamacpp: {name}: transformers checkpoint, GGUF {'/'.join(chosen.values())}, edgelin {'/'.join(chosen)} ...")
+            say(f"llamacpp: {name}: transformers checkpoint, GGUF {'/'.join(dict.fromkeys(chosen.values()))}, edgelin {'/'.join(chosen)} ...")
             ckpt = build_checkpoint(name, work / name / "ckpt", subjects)
             ggufs = to_gguf(src, ckpt, work / name, tuple(dict.fromkeys(chosen.values())))
             checks = {}
