@@ -139,3 +139,21 @@ def test_block_int8_is_closer_to_fp32_than_per_channel(bundled_export):
     block = rel_l2(_heldout_logits(bundled_export("int8", int8_scheme="block")), fp32)
     channel = rel_l2(_heldout_logits(bundled_export("int8")), fp32)
     assert block < channel / 2, (block, channel)
+
+
+def test_compare_exports_times_each_export(exported, capsys):
+    """scripts/compare_exports.py (the README's timing of the two schemes) runs every export it is given, every round."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("compare_exports", Path(__file__).parents[2] / "scripts" / "compare_exports.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    _, block = exported("elu+1", options={"precision": "int8", "int8_scheme": "block"})
+    _, channel = exported("elu+1", options={"precision": "int8"})
+    script.main([str(block), str(channel), "--threads", "1,2", "--rounds", "2", "--steps", "3", "--prefill", "20"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all("ms/token" in line and "prefill 20:" in line for line in lines), lines
+    assert all(line.count(",") >= 1 for line in lines)  # two rounds' figures beside each median
+    with pytest.raises(SystemExit, match="must be at least 1"):
+        script.main([str(block), "--rounds", "0"])
