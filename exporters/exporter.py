@@ -593,13 +593,14 @@ def _cause(exc: BaseException) -> str:
 
 def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Progress, embedding: str | None = None,
                     int8_scheme: str | None = None) -> tuple[dict, dict]:
-    """The checked fp32 graphs in ``tmp`` rewritten in ``precision``; the manifest's extra fields record
+    """The checked fp32 graphs in ``tmp`` rewritten in ``precision`` (``int8_scheme``: as ``int8_scheme_choice``
+    resolved it); the manifest's extra fields record
     the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
     nodes, op_types, kept = {}, {}, {}
     for graph, fname in GRAPH_FILES.items():
         if precision == "int8":  # the quantiser reads the file itself: no second copy of the weights in memory
-            proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme_choice(precision, int8_scheme))
+            proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
         else:
             proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
         tied_head_in_place(proto)
@@ -607,7 +608,7 @@ def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manif
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), _op_histogram(proto), note.kept
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
     if precision == "int8":
-        manifest.extra["int8_scheme"] = int8_scheme_choice(precision, int8_scheme)
+        manifest.extra["int8_scheme"] = int8_scheme
     return nodes, op_types
 
 
