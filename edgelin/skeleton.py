@@ -9,7 +9,8 @@ imported family's layer (``edgelin.importers``). A mixer kind is a ``torch.nn.Mo
 
     state_layout() -> {name: (shape with "batch" [and "past"], dtype name, init[, window])}    # its state, in order
     forward(x [B, T, d], state {name: tensor}, *, form, chunk_size, lengths) -> (y [B, T, d], new state)
-    forms: tuple[str, ...]          # the forms it runs ("chunk" for the prefill graph, "step" for decode, ...)
+    forms: tuple[str, ...] | None   # the forms it runs ("chunk" for the prefill graph, "step" for decode, ...);
+                                    # None: any form (a layer with no state, whose tokens do not mix)
     accepts_lengths: bool           # forward takes a right-padded ragged batch (``lengths``)
     bounded_state: bool             # its float states stay bounded (a decay, a window, a cache): float16 is safe
 
@@ -49,9 +50,14 @@ def register_mixer(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
     return register
 
 
+def _runs(mixer: nn.Module, form: str) -> bool:
+    forms = getattr(mixer, "forms", ("chunk", "step"))
+    return forms is None or form in forms
+
+
 def check_form(mixer: nn.Module, form: str, lengths: torch.Tensor | None) -> None:
     """ValueError unless ``mixer`` runs ``form`` (and takes ``lengths`` if given): for a mixer called on its own."""
-    if form not in mixer.forms:
+    if not _runs(mixer, form):
         raise ValueError(f"{mixer.kind} layers run the forms {', '.join(mixer.forms)}, not {form!r}")
     if lengths is not None and not getattr(mixer, "accepts_lengths", False):
         raise ValueError(f"{mixer.kind} layers take no lengths (a ragged batch); prefill the rows one by one")
@@ -111,6 +117,38 @@ class PackedSwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.input_linear(x).chunk(2, dim=-1)
         return self.output_linear(F.silu(gate) * up)
+
+
+class ReluSquaredMLP(nn.Module):
+    """down(relu(up(x))^2): Nemotron-H's MLP (``mlp_hidden_act: relu2``, no gate)."""
+
+    def __init__(self, cfg: Any, bias: bool = False) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=bias)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)).square())
+
+
+@register_mixer("mlp")
+class MLPMixer(nn.Module):
+    """A block whose "mixer" is an MLP (Nemotron-H's "-" layers: RMSNorm -> MLP -> residual): no state, every token
+    on its own, so it runs any form, takes any lengths and leaves no state. ``mlp``: the MLP module."""
+
+    forms = None
+    accepts_lengths = True
+    bounded_state = True  # no state at all
+
+    def __init__(self, mlp: nn.Module) -> None:
+        super().__init__()
+        self.mlp = mlp
+
+    def state_layout(self) -> dict[str, tuple]:
+        return {}
+
+    def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
+        return self.mlp(x), {}
 
 
 class Block(nn.Module):
@@ -205,7 +243,7 @@ class CausalLM(nn.Module):
     @property
     def forms(self) -> tuple[str, ...]:
         """The forms every mixer runs."""
-        kinds = [set(getattr(b.attn, "forms", ("chunk", "step"))) for b in self.blocks]
+        kinds = [set(forms) for b in self.blocks if (forms := getattr(b.attn, "forms", ("chunk", "step"))) is not None]
         common = set.intersection(*kinds) if kinds else {"chunk", "step"}
         return tuple(sorted(common))
 
@@ -225,7 +263,7 @@ class CausalLM(nn.Module):
         its first lengths[b]; its returned state is that after its last real token, exactly as prefilling
         the row alone, and its logits at t >= lengths[b] mean nothing (edgelin.ops.lengths)."""
         if form not in self.forms:
-            layer = next(i for i, b in enumerate(self.blocks) if form not in getattr(b.attn, "forms", ("chunk", "step")))
+            layer = next(i for i, b in enumerate(self.blocks) if not _runs(b.attn, form))
             mixer = self.blocks[layer].attn
             raise ValueError(
                 f"layer {layer} ({mixer.kind}{getattr(mixer, 'variant', '')}) runs the forms {', '.join(mixer.forms)}, not {form!r}"
@@ -279,4 +317,4 @@ def init_weights(model: nn.Module) -> None:
             nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
 
 
-__all__ = ["Block", "CausalLM", "MIXERS", "PackedSwiGLU", "RMSNorm", "SwiGLU", "UnitOffsetRMSNorm", "check_form", "fixed_norm", "init_weights", "register_mixer"]
+__all__ = ["Block", "CausalLM", "MIXERS", "MLPMixer", "PackedSwiGLU", "RMSNorm", "ReluSquaredMLP", "SwiGLU", "UnitOffsetRMSNorm", "check_form", "fixed_norm", "init_weights", "register_mixer"]

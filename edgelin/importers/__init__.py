@@ -56,6 +56,7 @@ register_importer("lfm2", _lazy("edgelin.importers.hf.lfm2", "load"), "transform
 register_importer("mamba2", _lazy("edgelin.importers.hf.mamba2", "load"), "transformers")
 register_importer("bamba", _lazy("edgelin.importers.hf.bamba", "load"), "transformers")
 register_importer("granitemoehybrid", _lazy("edgelin.importers.hf.granitemoehybrid", "load"), "transformers")
+register_importer("nemotron_h", _lazy("edgelin.importers.hf.nemotron_h", "load"), "transformers")
 
 
 def supported() -> tuple[str, ...]:

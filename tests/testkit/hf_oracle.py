@@ -21,7 +21,8 @@ import sys
 CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
            "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
            "mamba2": ("Mamba2Config", "Mamba2ForCausalLM"), "bamba": ("BambaConfig", "BambaForCausalLM"),
-           "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM")}
+           "granitemoehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM"),
+           "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM")}
 
 ZERO_CENTRED = ("qwen3_5_text", "qwen3_next")  # families whose RMSNorms compute x / rms(x) * (1 + w)
 
@@ -63,7 +64,7 @@ def main(spec_file: str) -> None:
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, transformers.cache_utils.LinearAttentionCacheLayerMixin):
             out[f"{i}.recurrent"], out[f"{i}.conv"] = cache.get_recurrent_state(i), cache.get_conv_state(i)
-        else:
+        else:  # (an MLP layer's cache holds nothing: keys and values None)
             out[f"{i}.key"], out[f"{i}.value"] = layer.keys, layer.values
     save_file({k: v.contiguous().float() for k, v in out.items() if v is not None}, spec["out"])  # LFM2's convs: no recurrent state
 
