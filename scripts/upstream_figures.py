@@ -1,7 +1,7 @@
 """Figures of validate's upstream comparison per family: how close edgelin's import is to the framework's own model,
 what a misread config field looks like, and what the framework's run costs on this machine.
 
-    python scripts/upstream_figures.py [--steps 64] [--out docs/bench/upstream.json] [FAMILY ...]
+    python scripts/upstream_figures.py [--steps 64] [--out docs/bench/upstream.json] [FAMILY ...]   (FAMILY ...: those rows re-run, the others kept)
 
 For each family of tests/importers/test_upstream.py (the same tiny random checkpoints, the same misread fields) it
 runs the framework's own model as ``edgelin validate --upstream`` does (edgelin.upstream.run: a prompt of 69 tokens,
@@ -110,9 +110,15 @@ def main() -> None:
                   f"(load {ref.seconds['load']:.1f}, prefill {ref.seconds['prefill']:.1f}, decode {ref.seconds['decode']:.1f}, "
                   f"greedy {ref.seconds['greedy']:.1f})", flush=True)
     if args.out:
+        out = Path(args.out)
         record = {"command": "python scripts/upstream_figures.py --steps %d" % args.steps, "prompt_tokens": 69, "batch": 2,
                   "decode_steps": args.steps, "greedy_tokens": upstream.GREEDY, "budget": budget, "families": rows}
-        Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        if args.families and out.is_file():  # some families re-run: the record's other rows are kept (same steps only)
+            earlier = json.loads(out.read_text(encoding="utf-8"))
+            if earlier.get("decode_steps") != args.steps:
+                sys.exit(f"{out} holds a run of {earlier.get('decode_steps')} decode steps; re-run with --steps {earlier.get('decode_steps')}")
+            record["families"] = {**earlier["families"], **rows}
+        out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ FULL = Plan(
     opt_in_lengths=(1024, 4096), decay_lengths=(1024, 4096, 16384), decay_widths=(256, 4, 4, 64),  # the bundled model's size
     llama_lengths=(512, 4096), llama_decode=128, llama_rounds=5, lowering_rounds=3, lowering_steps=100,
     hybrid_positions=(1024, 16384, 65536),
-    hf_models=("qwen3_5", "qwen3_next", "lfm2", "mamba2", "bamba", "granitemoehybrid"), hf_decode=64, hf_lengths=(128, 1024), hf_rounds=5,
+    hf_models=("qwen3_5", "qwen3_next", "lfm2", "mamba2", "bamba", "granitemoehybrid", "nemotron_h"), hf_decode=64, hf_lengths=(128, 1024), hf_rounds=5,
 )
 QUICK = Plan(
     decode_batches=(1, 8), decode_warmup=3, decode_rounds=3, decode_per_round=8, throughput_batches=(1, 4),

@@ -53,6 +53,9 @@ MODELS = {  # name -> (transformers model_type, config): the bundled model's wei
     "granitemoehybrid": ("granitemoehybrid", {**_MAMBA_HYBRID, "shared_intermediate_size": 768, "num_local_experts": 0,
                                               "layer_types": ["mamba", "mamba", "mamba", "attention"],
                                               "position_embedding_type": "rope"}),
+    "nemotron_h": ("nemotron_h", {"vocab_size": VOCAB, "hidden_size": 256, "hybrid_override_pattern": "M-M-*-", "intermediate_size": 768,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "mamba_num_heads": 8,
+                                  "mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": 1, "conv_kernel": 4}),
 }
 TEXT = "The quick brown fox jumps over the lazy dog. def area(r): return 3.14159 * r * r"
 GREEDY = 16

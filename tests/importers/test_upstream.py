@@ -97,6 +97,11 @@ CASES = {
         "num_key_value_heads": 2, "num_local_experts": 0, "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
         "mamba_d_conv": 4, "mamba_expand": 2, "layer_types": ["mamba", "attention", "mamba"], "position_embedding_type": "rope",
         "attention_multiplier": 0.2}, misread("attention_multiplier", 1.0), "layer 1 (attention)"),
+    # Nemotron-H: Mamba2, attention, MLP; its dt clamp (time_step_min) read as 0.5: the first (Mamba2) layer departs
+    "nemotron_h": ("transformers", "nemotron_h", {
+        "vocab_size": 97, "hidden_size": 32, "hybrid_override_pattern": "M*-", "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "intermediate_size": 40, "mamba_num_heads": 8, "mamba_head_dim": 8, "ssm_state_size": 8, "n_groups": 2,
+        "conv_kernel": 4, "time_step_min": 1e-5}, misread("time_step_min", 0.5), "layer 0 (mamba2)"),
     # fla: the norms' epsilon misread (the first layer departs); the feature map read as another
     "linear_attn": ("fla", "linear_attn", {"feature_map": "elu", "norm_feature_map": True}, misread("feature_map", "relu"), "layer 0"),
     "retnet": ("fla", "retnet", {}, misread("norm_eps", 0.5), "layer 0"),
