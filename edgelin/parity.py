@@ -12,7 +12,8 @@ the tests all compare through this module, so "close enough" has one definition 
     parse_override("logits.max_rel=3e-5") -> (kind, bound, value)   a user's own bound (validate / export --budget)
     with_overrides(budgets, overrides)    -> one precision's budgets with those bounds replaced
     held(precision, *overrides)           -> (budgets, the bounds set): what validate and the smoke check hold
-    floored(bounds, floor, keep)          -> bounds raised to FLOOR_FACTOR x the model's own fp32 rounding, where lower
+    floored(bounds, floor, keep, factor)  -> bounds raised to FLOOR_FACTOR x the model's own fp32 rounding, where lower (or
+                                             to a factor x another measured floor: edgelin.upstream.precision_floor)
 """
 
 from __future__ import annotations
@@ -78,8 +79,15 @@ BUDGETS: dict[str, dict[str, dict[str, float]]] = {
     #   Cause of the larger logits error than once measured (prefill vs decode rel L2 1.3e-3 on an earlier
     #   graph): not found; ONNX Runtime's graph optimisations are not it (the same error with them disabled).
     #   provider: CUDA not measured; set to the logits budget.
+    #   state: the logits' rel L2. A state is computed from activations that fp16 rounds (a KV cache and a conv
+    #   window hold them; a recurrent state sums products of them), so it is as far off as they are: after ONE token
+    #   a Gated DeltaNet's state (Qwen3.5, hidden 256) is at rel L2 2.9e-3 and a Mamba2's at 2.6e-3 from PyTorch fp32,
+    #   with the same prefill's logits at 2.6e-3 and 1.8e-3. The bound once here (2.5e-3) was set on the bundled model's
+    #   long running sums, whose rounding averages out over many tokens, and failed every correct fp16 export of those
+    #   families at T = 1 (worst measured since: 4.5e-3, a Mamba2 after one decode step). A broken state is off by far
+    #   more: RoPE angles in fp16 put an LFM2's key cache at 1.4e-2 after 1,024 tokens and 0.44 after 16,384.
     "fp16": _budget(
-        logits=(8e-3, 1e-2), state=2.5e-3, provider=(8e-3, 1e-2), long=(0.15, 0.15),
+        logits=(8e-3, 1e-2), state=1e-2, provider=(8e-3, 1e-2), long=(0.15, 0.15),
         top1=0.98, greedy=0.6, heldout=(2e-3, 0.995),
     ),
     # int8 worst (the default export: the embedding and tied head in an 8-bit table): logits max rel 0.103 / rel
@@ -264,9 +272,10 @@ FLOOR_FACTOR = 4.0
 _FLOORED = ("max_rel", "rel_l2")
 
 
-def floored(bounds: Mapping[str, float], floor: "Errors | None", keep=()) -> dict[str, float]:
-    """``bounds`` with each "max_rel" / "rel_l2" bound raised to FLOOR_FACTOR x ``floor``'s where lower (``floor``:
-    PyTorch fp32 vs float64 on the compared inputs; None or non-finite: nothing raised). Bounds named in ``keep``
+def floored(bounds: Mapping[str, float], floor: "Errors | None", keep=(), factor: float = FLOOR_FACTOR) -> dict[str, float]:
+    """``bounds`` with each "max_rel" / "rel_l2" bound raised to ``factor`` x ``floor``'s where lower (``floor``:
+    PyTorch fp32 vs float64 on the compared inputs, or the checkpoint's framework at the export's precision against
+    its float64 run, edgelin.upstream.precision_floor; None or non-finite: nothing raised). Bounds named in ``keep``
     (those a user set) are kept as given."""
     out = dict(bounds)
     if floor is None:
@@ -274,7 +283,7 @@ def floored(bounds: Mapping[str, float], floor: "Errors | None", keep=()) -> dic
     for bound in _FLOORED:
         value = getattr(floor, bound)
         if bound in out and bound not in keep and value is not None and math.isfinite(value):
-            out[bound] = max(out[bound], FLOOR_FACTOR * value)
+            out[bound] = max(out[bound], factor * value)
     return out
 
 

@@ -14,7 +14,8 @@ what this process hides or patches to make the framework run on a CPU (below) ne
                 config has them, fuse_norm / fuse_swiglu off (the same math in PyTorch: far fewer kernel launches).
 
 SPEC (JSON): {"framework", "checkpoint", "prompt": [[ids]] (B x T), "steps": [[ids]] (B x N), "greedy": k,
-"threads", "out"}. Writes ``out`` (safetensors, float64 / int64): "prefill" [B, T, V] logits of one forward over the
+"threads", "out"[, "dtype"]}; ``dtype`` (transformers only; default "float64"): "float16" runs the model as a user
+would at half precision (its own float32 islands kept): the precision floor of edgelin.upstream. Writes ``out`` (safetensors, float64 / int64): "prefill" [B, T, V] logits of one forward over the
 prompt (cache kept); "decode" [N, B, V], each column of ``steps`` fed one token at a time through the framework's
 cache; "greedy" [B, k] greedy ids continuing each row after the prompt and the steps, through the same cache;
 "hidden.{i}" [B, T, d] the output of decoder layer i over the prompt (a forward hook on the framework's own layer
@@ -31,7 +32,7 @@ import sys
 import time
 
 
-def _load_transformers(folder: str):
+def _load_transformers(folder: str, dtype: str = "float64"):
     sys.modules["triton"] = None  # type: ignore[assignment]  # transformers then takes its PyTorch paths
     sys.modules["fla"] = None  # type: ignore[assignment]
     import torch
@@ -41,7 +42,9 @@ def _load_transformers(folder: str):
     auto = transformers.AutoModelForCausalLM
     if getattr(config, "vision_config", None) is not None:  # a vision-language checkpoint (qwen3_5): its own class
         auto = transformers.AutoModelForImageTextToText
-    model = _loaded(auto, folder, {}, dtype=torch.float64)
+    model = _loaded(auto, folder, {}, dtype=getattr(torch, dtype))
+    if dtype != "float64":  # as a user runs it at that precision: its float32 islands kept
+        return model, config, f"transformers' own PyTorch paths in {dtype} (triton and fla hidden in its process)"
     lifted = float64_throughout(model)
     how = ("transformers' own PyTorch paths in float64 (triton and fla hidden in its process; the float32 casts of "
            + ", ".join(lifted) + " lifted to float64)")
@@ -181,8 +184,10 @@ def _layers(model, n_layers: int):
 def main(spec_file: str) -> None:
     spec = json.loads(open(spec_file, encoding="utf-8").read())
     t0 = time.perf_counter()
-    load = {"transformers": _load_transformers, "fla": _load_fla}[spec["framework"]]
-    model, config, how = load(spec["checkpoint"])
+    if spec["framework"] == "transformers":
+        model, config, how = _load_transformers(spec["checkpoint"], spec.get("dtype", "float64"))
+    else:
+        model, config, how = _load_fla(spec["checkpoint"])
     import torch
     from safetensors.torch import save_file
 

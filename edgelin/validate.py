@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from edgelin import parity, protocol
+from edgelin import parity, protocol, upstream as up
 from edgelin.checkpoint import load_checkpoint, model_sha256, open_checkpoint, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.parity import BUDGETS
@@ -94,6 +94,9 @@ class Report:
     # the model's own fp32 rounding, the worst the checks measured (PyTorch fp32 vs float64 on their inputs):
     # {"logits": {"max_rel", "rel_l2"}, "state": {"rel_l2"}, "factor"}; budgets below factor x it were raised to it
     rounding_floor: dict[str, Any] = field(default_factory=dict)
+    # fp16 exports of a transformers checkpoint: its framework's own error at fp16 (measured at export, from the
+    # manifest's "precision_floor"); logits and upstream budgets below PRECISION_FACTOR x it were raised to it
+    precision_floor: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -132,6 +135,12 @@ class Report:
         raised = [c for c in self.checks if c.floored]
         if self.rounding_floor.get("not_measured"):
             lines.append(f"rounding floor: not measured everywhere: {self.rounding_floor['not_measured']}; edgelin's budgets apply as they are there")
+        if self.precision_floor:
+            p = self.precision_floor
+            lines.append(f"precision floor: {up.possessive(p['framework'])} own model in {p['dtype']} is {p['max_rel']:.1e} (max rel) / "
+                         f"{p['rel_l2']:.1e} (rel L2) from its float64 run (measured at export); logits budgets below {p['factor']:g}x it "
+                         "were raised to it")
+            raised = [c for c in raised if c.group not in _PRECISION_FLOORED]
         if raised:
             f = self.rounding_floor
             lines.append(f"rounding floor: PyTorch fp32 itself is up to max rel {f['logits']['max_rel']:.1e}, rel L2 {f['logits']['rel_l2']:.1e} "
@@ -176,6 +185,8 @@ def _said(e: parity.Errors) -> str:
     return f"max abs {e.max_abs:.2e} (max rel {e.max_rel:.2e}), rel L2 {e.rel_l2:.2e}"
 
 
+_PRECISION_FLOORED = ("prefill", "decode", "graphs", "golden", "upstream")  # the groups of the kinds below
+
 # check group -> the budget kind it is held to (before the rounding floor)
 _KIND_OF = {"prefill": "logits", "decode": "logits", "graphs": "logits", "golden": "logits", "providers": "provider", "long": "long",
             "kv": "long", "upstream": "upstream"}
@@ -198,6 +209,8 @@ class _Validator:
         # kind ("logits", "state"): a check that measures none on its own inputs is held to this (parity.floored)
         self.floor: dict[str, parity.Errors] = {"logits": parity.NONE, "state": parity.NONE}
         self.no_floor = ""  # why the floor could not be measured
+        # fp16 of a transformers checkpoint: the framework's own fp16 error, as the export measured it (edgelin.upstream)
+        self.peer = up.PrecisionFloor.from_record(manifest.extra.get("precision_floor")) if manifest.precision in up.PRECISION_DTYPES else None
 
     # ---- helpers -------------------------------------------------------------------------------
     def model64(self):
@@ -235,8 +248,11 @@ class _Validator:
     def held(self, kind: str, floor: parity.Errors | None = None) -> dict[str, float]:
         """The ``kind`` budget raised to the rounding floor (``floor``, else the worst measured so far), bounds
         a user or the export set kept as given."""
-        return parity.floored(self.budgets[kind], self.floor["state" if kind == "state" else "logits"] if floor is None else floor,
-                              keep=self.overrides.get(kind, {}))
+        bounds = parity.floored(self.budgets[kind], self.floor["state" if kind == "state" else "logits"] if floor is None else floor,
+                                keep=self.overrides.get(kind, {}))
+        if self.peer is not None and kind in ("logits", "upstream"):
+            bounds = parity.floored(bounds, self.peer.errors, keep=self.overrides.get(kind, {}), factor=up.PRECISION_FACTOR)
+        return bounds
 
     def add(self, check: Check) -> Check:
         kind = _KIND_OF.get(check.group)
@@ -552,7 +568,6 @@ class _Validator:
         """edgelin's import and the graphs against ``framework``'s own model on the same ids: a prompt of C + 5
         tokens (batch 2: across a chunk boundary), ``steps`` tokens through its cache, GREEDY greedy tokens. The import
         is held to the fp32 upstream budget (both are fp32 PyTorch), the graphs to the export precision's."""
-        from edgelin import upstream as up
 
         C = self.chunk
         prompt, ids = self.ids(2, C + 5), self.ids(2, steps)
@@ -852,6 +867,8 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
                              "state": {"rel_l2": v.floor["state"].rel_l2}, "factor": parity.FLOOR_FACTOR}
     if v.no_floor:
         report.rounding_floor["not_measured"] = v.no_floor
+    if v.peer is not None:
+        report.precision_floor = v.peer.record()
     report.seconds = time.perf_counter() - t_start
     return report
 

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import torch
 
-from edgelin import __version__, fused, parity, protocol
+from edgelin import __version__, fused, parity, protocol, upstream
 from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256, open_checkpoint
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
@@ -62,7 +62,8 @@ class ExportResult:
     nodes: dict[str, int]  # graph -> node count
     seconds: dict[str, float]  # graph -> export wall time
     smoke: dict[str, parity.Errors] | None = None  # check name -> logits errors (None with check=False)
-    # check name -> the budget it was held to (edgelin's or the export's, raised to the model's rounding floor)
+    # check name -> the budget it was held to (edgelin's or the export's, raised to the model's rounding floor or, at
+    # fp16, to the checkpoint's framework's own error at fp16: edgelin.upstream.precision_floor)
     smoke_bounds: dict[str, dict[str, float]] = field(default_factory=dict)
     op_types: dict[str, dict[str, int]] = field(default_factory=dict)  # graph -> op type -> count
 
@@ -90,7 +91,9 @@ class ExportResult:
             table = parity.held(self.manifest.precision, self.manifest.extra.get("parity_budgets"))[0]["logits"]
             bounds = {k: self.smoke_bounds.get(k, table) for k in self.smoke}
             ok = all(parity.within(e, bounds[k]) for k, e in self.smoke.items())
-            parts = ", ".join(f"{k} {e.max_rel:.1e}" + (f" (budget {bounds[k]['max_rel']:.1e}: the model's rounding floor)"
+            peer = upstream.PrecisionFloor.from_record(self.manifest.extra.get("precision_floor"))
+            why = "the model's rounding floor" if peer is None else f"{upstream.possessive(peer.framework)} own {peer.dtype} error"
+            parts = ", ".join(f"{k} {e.max_rel:.1e}" + (f" (budget {bounds[k]['max_rel']:.1e}: {why})"
                                                         if bounds[k]["max_rel"] > table["max_rel"] else "")
                               for k, e in self.smoke.items())
             lines.append(f"  smoke check (ORT CPU vs PyTorch, logits max abs / max |logit|; budget {table['max_rel']:.0e}): {parts} -> {'ok' if ok else 'FAIL'}")
@@ -489,13 +492,23 @@ def export(
             floors: dict[str, parity.Errors] = {}
             if precision == "fp32" and not all(parity.within(e, smoke_bounds) for e in (*smoke.values(), gold_worst)):
                 # out of edgelin's budget: is that the model's own fp32 rounding? Measured only here, where it is
-                # needed (the model in float64 is twice its fp32 weights), and for fp32 only: the other precisions' own
-                # rounding (fp16, int8 and int4 arithmetic) is what their budgets (8e-3 and up) are set for
+                # needed (the model in float64 is twice its fp32 weights). fp16: the checkpoint's framework at fp16,
+                # below; int8 and int4 rounding is what their budgets (0.3 and up) are set for
                 say("out of edgelin's fp32 budget: the model's rounding floor, the same inputs in float64 ...")
                 floor, floors = _rounding_floor(checkpoint, caller, chunk_size, manifest, plan, gold, reference, say)
                 smoke_held = {k: parity.floored(smoke_bounds, floors.get(k), keep=budget.get("logits", {})) for k in smoke}
                 if floor is not None:  # golden.json's budgets raised to it, and everything that records its hash again
                     manifest.extra["golden"] = _write_golden(plan, gold, floor, manifest, budget, tmp)
+                    manifest = _publish_manifest(tmp, manifest, tok)
+            peer = None
+            if precision in upstream.PRECISION_DTYPES and checkpoint is not None \
+                    and not all(parity.within(e, smoke_bounds) for e in smoke.values()):
+                # out of edgelin's budget: is the checkpoint's own framework, run at this precision, as far off?
+                peer = _precision_floor(checkpoint, precision, reference, say)
+                if peer is not None:
+                    smoke_held = {k: parity.floored(smoke_bounds, peer.errors, keep=budget.get("logits", {}), factor=upstream.PRECISION_FACTOR)
+                                  for k in smoke}
+                    manifest.extra["precision_floor"] = peer.record()  # validate holds the export to the same
                     manifest = _publish_manifest(tmp, manifest, tok)
             bad = {k: e for k, e in smoke.items() if not parity.within(e, smoke_held[k])}
             if bad:
@@ -503,7 +516,8 @@ def export(
                     "smoke check failed: " + ", ".join(f"{k} max abs error {e.max_abs:.2e} (max rel {e.max_rel:.2e}, rel L2 {e.rel_l2:.2e};"
                                                        f" budget {_said_bounds(smoke_held[k])}"
                                                        + (f", PyTorch fp32 itself {floors[k].max_rel:.1e} / {floors[k].rel_l2:.1e} from float64"
-                                                          if k in floors else "") + ")"
+                                                          if k in floors else "")
+                                                       + (f", {peer.said()}" if peer is not None else "") + ")"
                                                        for k, e in bad.items())
                     + "; run `edgelin validate` on an export made with --no-check to see where, "
                     "or state a budget of your own with --budget"
@@ -550,6 +564,24 @@ def _golden_worst(tmp: Path, manifest: Manifest) -> parity.Errors:
     for got, row in zip(rows, gold.rows):
         worst = worst.worst(golden.row_errors(got, row))
     return worst
+
+
+def _precision_floor(checkpoint, precision: str, reference: dict[str, Any], say) -> "upstream.PrecisionFloor | None":
+    """The checkpoint's own framework at ``precision`` against its float64 run, on the smoke check's prompt (both rows
+    whole) and its decode steps; None, said, where there is no such framework or it cannot run here."""
+    framework = upstream.framework_of(checkpoint)
+    why = "edgelin's own checkpoint" if framework is None else upstream.unavailable(framework)
+    if why is None and framework not in upstream.PRECISION_FRAMEWORKS:
+        why = f"{framework} runs its models in float32 only here"
+    if why is None:
+        say(f"out of edgelin's {precision} budget: {upstream.possessive(framework)} own model at {precision} and in float64 on the same ids, in a subprocess ...")
+        try:
+            steps = np.concatenate([np.asarray(nxt) for nxt, _ in reference["steps"]], axis=1)  # [B, 4]: the smoke's decoded tokens
+            return upstream.precision_floor(checkpoint.path, framework, precision, np.asarray(reference["ids"]), steps)
+        except upstream.UpstreamError as exc:
+            why = str(exc)
+    say(f"{precision} precision floor not measured ({why}); edgelin's budget applies as it is")
+    return None
 
 
 def _rounding_floor(checkpoint, caller, chunk_size, manifest: Manifest, plan, gold, reference, say) -> tuple[parity.Errors | None, dict[str, parity.Errors]]:
