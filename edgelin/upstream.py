@@ -97,10 +97,10 @@ def run(checkpoint: str | Path, framework: str, prompt: np.ndarray, steps: np.nd
             done = subprocess.run([sys.executable, str(WORKER), str(Path(tmp) / "spec.json")], capture_output=True, text=True,
                                   timeout=timeout, env=env, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise UpstreamError(f"{framework}'s own model did not finish within {timeout:.0f} s; lower --steps or use --upstream off") from None
+            raise UpstreamError(f"{possessive(framework)} own model did not finish within {timeout:.0f} s; lower --steps or use --upstream off") from None
         if done.returncode != 0:
             lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-            raise UpstreamError(f"{framework}'s own model failed on this checkpoint: {lines[-1] if lines else f'exit {done.returncode}'}")
+            raise UpstreamError(f"{possessive(framework)} own model failed on this checkpoint: {lines[-1] if lines else f'exit {done.returncode}'}")
         arrays = load_file(str(out))
         info = json.loads(Path(str(out) + ".json").read_text(encoding="utf-8"))
     seconds = {**info["seconds"], "total": time.perf_counter() - t0}

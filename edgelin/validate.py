@@ -572,7 +572,7 @@ class _Validator:
         C = self.chunk
         prompt, ids = self.ids(2, C + 5), self.ids(2, steps)
         slow = " (its kernels in Triton's interpreter: minutes; --steps bounds it)" if framework == "fla" else ""
-        self.say(f"upstream: running {framework}'s own model on the checkpoint, {steps} decode steps, in a subprocess{slow} ...")
+        self.say(f"upstream: running {up.possessive(framework)} own model on the checkpoint, {steps} decode steps, in a subprocess{slow} ...")
         try:
             ref = up.run(checkpoint, framework, prompt, ids, threads=threads)
         except up.UpstreamError as exc:
