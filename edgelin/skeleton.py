@@ -122,10 +122,10 @@ class PackedSwiGLU(nn.Module):
 class ReluSquaredMLP(nn.Module):
     """down(relu(up(x))^2): Nemotron-H's MLP (``mlp_hidden_act: relu2``, no gate)."""
 
-    def __init__(self, cfg: Any, bias: bool = False) -> None:
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=bias)
-        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=bias)
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(torch.relu(self.up(x)).square())

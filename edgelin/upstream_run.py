@@ -15,9 +15,9 @@ what this process hides or patches to make the framework run on a CPU (below) ne
 
 SPEC (JSON): {"framework", "checkpoint", "prompt": [[ids]] (B x T), "steps": [[ids]] (B x N), "greedy": k,
 "threads", "out"[, "dtype"]}; ``dtype`` (transformers only; default "float64"): "float16" runs the model as a user
-would at half precision (its own float32 islands kept): the precision floor of edgelin.upstream. Writes ``out`` (safetensors, float64 / int64): "prefill" [B, T, V] logits of one forward over the
-prompt (cache kept); "decode" [N, B, V], each column of ``steps`` fed one token at a time through the framework's
-cache; "greedy" [B, k] greedy ids continuing each row after the prompt and the steps, through the same cache;
+would at half precision (its own float32 islands kept): the precision floor of edgelin.upstream. Writes ``out``
+(safetensors, float64 / int64): "prefill" [B, T, V] logits of one forward over the prompt (cache kept); "decode"
+[N, B, V], each column of ``steps`` fed one token at a time through the framework's cache; "greedy" [B, k] greedy ids continuing each row after the prompt and the steps, through the same cache;
 "hidden.{i}" [B, T, d] the output of decoder layer i over the prompt (a forward hook on the framework's own layer
 module). Beside it, ``out`` + ".json": {"model_class", "how", "layers", "seconds": {"load", "prefill", "decode",
 "greedy"}}.

@@ -185,11 +185,11 @@ def _said(e: parity.Errors) -> str:
     return f"max abs {e.max_abs:.2e} (max rel {e.max_rel:.2e}), rel L2 {e.rel_l2:.2e}"
 
 
-_PRECISION_FLOORED = ("prefill", "decode", "graphs", "golden", "upstream")  # the groups of the kinds below
-
 # check group -> the budget kind it is held to (before the rounding floor)
 _KIND_OF = {"prefill": "logits", "decode": "logits", "graphs": "logits", "golden": "logits", "providers": "provider", "long": "long",
             "kv": "long", "upstream": "upstream"}
+_PRECISION_KINDS = ("logits", "upstream")  # the kinds the fp16 precision floor raises (edgelin.upstream.precision_floor)
+_PRECISION_FLOORED = tuple(group for group, kind in _KIND_OF.items() if kind in _PRECISION_KINDS)
 
 
 class _Validator:
@@ -250,7 +250,7 @@ class _Validator:
         a user or the export set kept as given."""
         bounds = parity.floored(self.budgets[kind], self.floor["state" if kind == "state" else "logits"] if floor is None else floor,
                                 keep=self.overrides.get(kind, {}))
-        if self.peer is not None and kind in ("logits", "upstream"):
+        if self.peer is not None and kind in _PRECISION_KINDS:
             bounds = parity.floored(bounds, self.peer.errors, keep=self.overrides.get(kind, {}), factor=up.PRECISION_FACTOR)
         return bounds
 
