@@ -74,7 +74,8 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
 @click.option("--int8-scheme", type=click.Choice(["channel", "block"]), default=None,
               help="int8 exports: per-channel weights with one activation scale per tensor (channel: the faster prefill) or "
                    "8-bit blocks of 32 with activations quantised per block (block: llama.cpp's Q8_0, closer to fp32, "
-                   "prefill ~40 % slower, decode level) [default: channel]. The README's 'Edge precision' says more.")
+                   "prefill ~40 % slower, decode level) [default: block for a transformers checkpoint, whose trained activations "
+                   "one scale per tensor cannot resolve; channel otherwise]. The README's 'Edge precision' says more.")
 @click.option("--ops", type=click.Choice(["portable", "fused"]), default="portable", show_default=True,
               help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
                    "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer; ONNX Runtime >= 1.30: Python, "

@@ -17,6 +17,10 @@ Checks, in order:
  8. upstream    for a foreign checkpoint, the framework it came from (transformers, fla) running its own model on
                 the same ids (edgelin.upstream, in a subprocess): edgelin's import vs it and the graphs vs it --
                 prefill logits, cached decode logits, greedy ids; a departing import names its first layer
+
+An int8 or int4 export's states (checks 2, 3 and the KV-cache check) are held to PyTorch computing the export's own
+quantisation (edgelin.quantref: the dequantised weights, the activations rounded as ONNX Runtime rounds them), its
+logits to fp32 PyTorch: the first says the graphs compute that quantisation, the second how far it moves the model.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from edgelin import parity, protocol, upstream as up
+from edgelin import parity, protocol, quantref, upstream as up
 from edgelin.checkpoint import load_checkpoint, model_sha256, open_checkpoint, weights_sha256
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.parity import BUDGETS
@@ -97,6 +101,9 @@ class Report:
     # fp16 exports of a transformers checkpoint: its framework's own error at fp16 (measured at export, from the
     # manifest's "precision_floor"); logits and upstream budgets below PRECISION_FACTOR x it were raised to it
     precision_floor: dict[str, Any] = field(default_factory=dict)
+    # int8 / int4: what the PyTorch model the states were held to computes (edgelin.quantref.arithmetic); "" where
+    # the states were held to fp32 PyTorch
+    state_reference: str = ""
 
     @property
     def passed(self) -> bool:
@@ -146,6 +153,8 @@ class Report:
             lines.append(f"rounding floor: PyTorch fp32 itself is up to max rel {f['logits']['max_rel']:.1e}, rel L2 {f['logits']['rel_l2']:.1e} "
                          f"(states {f['state']['rel_l2']:.1e}) from float64 on these inputs; {len(raised)} check(s) held to "
                          f"{f['factor']:g}x it where edgelin's budget is lower")
+        if self.state_reference:
+            lines.append(f"states held to PyTorch computing the export's {self.precision} arithmetic ({self.state_reference}); the logits to fp32 PyTorch")
         if not self.prepack:
             lines.append("ONNX Runtime's CPU session read the weights in place (--no-prepack): the same kernels on unpacked weights")
         if self.overrides:
@@ -211,6 +220,9 @@ class _Validator:
         self.no_floor = ""  # why the floor could not be measured
         # fp16 of a transformers checkpoint: the framework's own fp16 error, as the export measured it (edgelin.upstream)
         self.peer = up.PrecisionFloor.from_record(manifest.extra.get("precision_floor")) if manifest.precision in up.PRECISION_DTYPES else None
+        # int8 / int4: the model computing the export's quantisation (edgelin.quantref), the states' reference; None:
+        # the states are held to ``model``'s
+        self.quantised = quantref.quantised_model(model, manifest)
 
     # ---- helpers -------------------------------------------------------------------------------
     def model64(self):
@@ -288,10 +300,11 @@ class _Validator:
             logits = session.prefill(ids, state)
             with torch.no_grad():
                 ref, ref_state = self.model(torch.from_numpy(ids))
+                held_state = ref_state if self.quantised is None else self.quantised(torch.from_numpy(ids))[1]
             floor, state_floor = self.rounding(ids, ref, ref_state)
             lb, sb = self.held("logits", floor), self.held("state", state_floor)
             e = _errors(logits, ref.numpy())
-            state_rel, bad_state = self.compare_states(state.numpy(), ref_state, sb)
+            state_rel, bad_state = self.compare_states(state.numpy(), held_state, sb)
             ok = parity.within(e, lb) and not bad_state
             where = ""
             if not ok:
@@ -306,6 +319,7 @@ class _Validator:
         ids = self.ids(batch, steps)
         state = session.new_state(batch)
         ref_state = fresh_state(self.specs, batch)
+        held_state = None if self.quantised is None else fresh_state(self.specs, batch)  # the quantised model's chain
         state64 = fresh_state(self.specs, batch, dtype=torch.float64)
         worst, where = parity.NONE, ""
         floor, state_floor = parity.NONE, parity.NONE  # the worst over the steps so far: rounding accumulates in the state
@@ -314,6 +328,8 @@ class _Validator:
             with torch.no_grad():
                 x = torch.from_numpy(ids[:, t : t + 1])
                 ref, ref_state = self.model.step(x, ref_state)
+                if held_state is not None:
+                    held_state = self.quantised.step(x, held_state)[1]
                 if not self.no_floor:
                     try:
                         ref64, state64 = self.model64().step(x, state64)
@@ -326,7 +342,7 @@ class _Validator:
             e = _errors(logits, ref.numpy())
             worst = worst.worst(e)
             if not where:
-                _, bad_state = self.compare_states(state.numpy(), ref_state, sb)
+                _, bad_state = self.compare_states(state.numpy(), ref_state if held_state is None else held_state, sb)
                 if bad_state or not parity.within(e, lb):
                     where = f"first diverging step {t}: " + (bad_state or f"logits {_said(e)}")
         self.add(Check.of("decode", f"{steps} steps, state fed back", not where, worst, lb, where))
@@ -452,11 +468,14 @@ class _Validator:
             state = session.new_state(1)
             last = session.prefill(ids, state, last_only=True)  # the runtime's default: pieces of prefill_piece
             ref_state = fresh_state(self.specs, 1, dtype=torch.float64)
+            held_state = None if self.quantised is None else fresh_state(self.specs, 1)
             with torch.no_grad():
                 for a in range(0, L, piece):
                     ref, ref_state = model64(torch.from_numpy(ids[:, a : a + piece]), ref_state)
+                    if held_state is not None:  # the export's arithmetic in fp32, in the same pieces
+                        held_state = self.quantised(torch.from_numpy(ids[:, a : a + piece]), held_state)[1]
             e = _errors(last, ref[:, -1].numpy())
-            state_rel, bad_state = self.compare_states(state.numpy(), ref_state, sb)
+            state_rel, bad_state = self.compare_states(state.numpy(), ref_state if held_state is None else held_state, sb)
             ok = parity.within(e, lb) and not bad_state
             where = "" if ok else (_nonfinite(last, "ORT logits") or bad_state or f"last logits out of budget: {_said(e)}")
             self.add(Check.of("kv", name, ok, e, {**lb, "state_rel_l2": sb["rel_l2"]}, where))
@@ -813,6 +832,8 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         report.seconds = time.perf_counter() - t_start
         return report
     v = _Validator(export_dir, model, manifest, budgets, seed, say, overrides)
+    if v.quantised is not None:
+        report.state_reference = quantref.arithmetic(manifest) or ""
     say("prefill vs PyTorch ...")
     v.prefill_vs_torch(cpu)
     say("decode vs PyTorch ...")

@@ -394,9 +394,10 @@ def export(
     ``embedding``: how an int8 or int4 export stores the token embedding and a tied head: "int8" (the
     default), "int4" or "fp32" (``edgelin.exporters.precision``); None for other precisions.
 
-    ``int8_scheme``: an int8 export's weights: "channel" (the default: per-channel weights, one activation scale
-    per tensor, the faster prefill) or "block" (8-bit blocks of 32 along K with int8 activations per block,
-    MatMulNBits: closer to fp32); recorded as the manifest's ``int8_scheme``. None for other precisions.
+    ``int8_scheme``: an int8 export's weights: "channel" (per-channel weights, one activation scale per tensor, the
+    faster prefill) or "block" (8-bit blocks of 32 along K with int8 activations per block, MatMulNBits: closer to
+    fp32); recorded as the manifest's ``int8_scheme``. None: "block" for a transformers checkpoint, "channel" for
+    any other (``precision.DEFAULT_INT8_SCHEMES``). None for other precisions.
 
     ``ops``: the graphs' lowering (``edgelin.fused``): "portable" (the default: ONNX standard operators, every
     runtime) or "fused" (linear attention's recurrence as ONNX Runtime's com.microsoft.LinearAttention node;
@@ -412,7 +413,7 @@ def export(
         raise ExportError(f"ops {ops!r} is not a lowering; choose one of {', '.join(fused.LOWERINGS)}")
     check_precision(precision, state_dtype)
     embedding_choice(precision, embedding)  # one that does not apply is refused before any work
-    int8_scheme = int8_scheme_choice(precision, int8_scheme)
+    int8_scheme_choice(precision, int8_scheme)  # one that is not known or does not apply is refused before any work
     budget = {k: dict(v) for k, v in (budget or {}).items()}
     smoke_bounds = parity.held(precision, budget)[0]["logits"]  # a bad bound is refused before any work
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
@@ -427,6 +428,7 @@ def export(
         # a checkpoint folder is read once, here: its config and weight files go on as one value
         checkpoint = open_checkpoint(source) if isinstance(source, (str, os.PathLike)) else None
         tokenizer_json = find_tokenizer(checkpoint, tokenizer)
+        int8_scheme = int8_scheme_choice(precision, int8_scheme, None if checkpoint is None else upstream.framework_of(checkpoint.path))
         say(f"loading {source if checkpoint is not None else type(source).__name__}")
         model, digest = _resolve_source(checkpoint or source, chunk_size)
         tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint)
@@ -641,6 +643,8 @@ def _convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manif
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
     if precision == "int8":
         manifest.extra["int8_scheme"] = int8_scheme
+    if precision in ("int8", "int4"):  # how the token table is stored: validate's quantised reference reads it
+        manifest.extra["embedding"] = embedding_choice(precision, embedding)
     return nodes, op_types
 
 

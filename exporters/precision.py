@@ -77,9 +77,14 @@ DEFAULT_EMBEDDING = "int8"
 # "Edge precision"): the bundled model's held-out prefill logits against fp32 rel L2 0.0040 (block) vs 0.0256
 # (channel), decode level, prefill 4,096 tokens 0.59x; a random-init LFM2-350M (docs/bench/llamacpp-lfm2-350m-int8-
 # block.json, 2 threads): forced top-1 vs transformers 81 % vs 56 %, decode 56 vs 46 tokens/s, prefill 4,096 209 vs
-# 257 tokens/s, 399 vs 366 MB. channel stays the default (the faster prefill; existing exports keep their numbers).
+# 257 tokens/s, 399 vs 366 MB. channel stays the default for edgelin's own and fla checkpoints (the faster prefill;
+# their exports keep their numbers). A transformers checkpoint defaults to block (DEFAULT_INT8_SCHEMES): trained
+# hybrids carry activations one scale per tensor cannot resolve. Measured on three checkpoints trained for minutes
+# (scripts/train_hf_tiny.py, docs/importers.md): per-channel int8 failed validate in LFM2, Qwen3.5 and Mamba2 (6-9
+# checks each: logits, states, greedy), block passed in all three.
 INT8_SCHEMES = ("channel", "block")
 DEFAULT_INT8_SCHEME = "channel"
+DEFAULT_INT8_SCHEMES = {"transformers": "block"}  # framework of the checkpoint (edgelin.upstream.framework_of) -> scheme
 INT8_BLOCK = 32
 # MatMulNBits' accuracy_level for the quantised table's head and every int4 MatMul: 4, activations quantised to
 # int8 per block, integer products. ONNX Runtime 1.31's CPU kernel for 8-bit weights with fp32 activations (levels
@@ -658,15 +663,16 @@ def convert(proto: onnx.ModelProto, precision: str, *, state_dtype: str = "float
     return CONVERTERS[precision](proto, state_dtype, embedding_choice(precision, embedding), **extra)
 
 
-def int8_scheme_choice(precision: str, scheme: str | None) -> str | None:
-    """The int8 weight scheme for ``precision`` (None: the default; None for other precisions); ExportError for a
+def int8_scheme_choice(precision: str, scheme: str | None, framework: str | None = None) -> str | None:
+    """The int8 weight scheme for ``precision`` (None: the default for a checkpoint of ``framework``, None for
+    edgelin's own: DEFAULT_INT8_SCHEMES, else DEFAULT_INT8_SCHEME; None for other precisions); ExportError for a
     scheme that is not known or does not apply."""
     if precision != "int8":
         if scheme is not None:
             raise ExportError(f"--int8-scheme applies to int8 exports only (this one is {precision}); drop it or pass --precision int8")
         return None
     if scheme is None:
-        return DEFAULT_INT8_SCHEME
+        return DEFAULT_INT8_SCHEMES.get(framework or "", DEFAULT_INT8_SCHEME)
     if scheme not in INT8_SCHEMES:
         raise ExportError(f"int8 scheme {scheme!r} is not known; choose one of {', '.join(INT8_SCHEMES)}")
     return scheme
@@ -685,5 +691,5 @@ def embedding_choice(precision: str, embedding: str | None) -> str:
     return embedding
 
 
-__all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "DEFAULT_INT8_SCHEME", "INT4_BLOCK", "INT8_BLOCK", "INT8_SCHEMES", "PRECISIONS", "STATE_DTYPES", "DEFAULT_EMBEDDING", "EMBEDDINGS", "TABLE_BLOCK", "accumulator_region", "angle_region",
+__all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "DEFAULT_INT8_SCHEME", "DEFAULT_INT8_SCHEMES", "INT4_BLOCK", "INT8_BLOCK", "INT8_SCHEMES", "PRECISIONS", "STATE_DTYPES", "DEFAULT_EMBEDDING", "EMBEDDINGS", "TABLE_BLOCK", "accumulator_region", "angle_region",
            "check_precision", "convert", "dequantise_table", "embedding_choice", "int8_file", "int8_scheme_choice", "quantise_int8_blocks", "quantise_int8_columns", "quantise_table", "state_dtypes"]
