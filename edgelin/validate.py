@@ -523,13 +523,15 @@ class _Validator:
 
     # ---- 8. precision: greedy agreement and held-out text (every precision, against fp32 PyTorch) ----
     def greedy_agreement(self, session: Session, text: bytes | None, k: int = 64, prompts: int = 8) -> None:
-        """Greedy continuations of ``prompts`` prompts, ORT vs fp32 PyTorch: the mean fraction of the k
-        tokens generated before the first difference (a flipped near-tie ends a prompt's run)."""
+        """Greedy continuations of ``prompts`` prompts (L tokens of the held-out text, spread over it; random ids
+        for a model that reads no text), ORT vs fp32 PyTorch: the mean fraction of the k tokens generated before the
+        first difference (a flipped near-tie ends a prompt's run)."""
         need = self.budgets["greedy"]["min_agreement"]
         L = 32
-        if text is not None and len(text) >= prompts * L:
-            step = len(text) // prompts
-            starts = np.array([[b for b in text[i * step : i * step + L]] for i in range(prompts)], dtype=np.int64)  # [P, L]
+        ids = None if text is None else text_tokens(session, text)[0]
+        if ids is not None and len(ids) >= prompts * L:
+            step = len(ids) // prompts
+            starts = np.stack([ids[i * step : i * step + L] for i in range(prompts)])  # [P, L]
         else:
             starts = self.ids(prompts, L)
         state = session.new_state(prompts)
@@ -554,15 +556,21 @@ class _Validator:
                        where="" if ok else f"identical run lengths per prompt {same.tolist()} of {k}"))
 
     def heldout(self, session: Session, text: bytes | None, max_bytes: int, seq_len: int = 256) -> dict[str, float]:
-        """Bits per byte of the export and of fp32 PyTorch on ``text`` (windows of seq_len bytes, each from a
-        fresh state, every byte after the first predicted once) and top-1 agreement over the same positions."""
+        """Bits per byte of the export and of fp32 PyTorch on the first ``max_bytes`` of ``text`` as the export's
+        tokenizer reads it (windows of seq_len tokens, each from a fresh state, every token after a window's first
+        predicted once; the bytes are those the predicted tokens cover) and top-1 agreement over the same positions.
+        A byte model reads one token per byte; a Hugging Face tokenizer's tokens cover several."""
         b = self.budgets["heldout"]
         if text is None:
-            self.add(Check("precision", "held-out text: bits/byte delta", NA, where="needs a byte-tokenizer model (256 ids)"))
+            self.add(Check("precision", "held-out text: bits/byte delta", NA, where="needs a model that reads text (a byte or Hugging Face tokenizer)"))
             return {}
-        data = np.frombuffer(text[:max_bytes], dtype=np.uint8).astype(np.int64)
+        data, ends = text_tokens(session, text[:max_bytes])
         n = (len(data) - 1) // seq_len
+        if n < 1:
+            self.add(Check("precision", "held-out text: bits/byte delta", NA, where=f"{len(data)} tokens: fewer than one window of {seq_len + 1}"))
+            return {}
         windows = np.stack([data[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)])  # [n, seq_len + 1]
+        count = int(sum(ends[i * seq_len + seq_len] - ends[i * seq_len] for i in range(n)))  # bytes of the predicted tokens
         nats_ort = nats_ref = 0.0
         agree = 0
         for start in range(0, n, 8):
@@ -573,14 +581,15 @@ class _Validator:
             nats_ort += _nll(got, w[:, 1:])
             nats_ref += _nll(ref, w[:, 1:])
             agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
-        count = n * seq_len
+        tokens = n * seq_len
         bpb_ort, bpb_ref = nats_ort / count / math.log(2), nats_ref / count / math.log(2)
-        delta, top1 = bpb_ort - bpb_ref, agree / count
+        delta, top1 = bpb_ort - bpb_ref, agree / tokens
         ok = abs(delta) <= b["max_bpb_delta"] and top1 >= b["min_agreement"]
-        self.add(Check("precision", f"held-out {count} bytes: {bpb_ort:.4f} bits/byte vs {bpb_ref:.4f} (delta {delta:+.4f}), top-1 {top1 * 100:.2f}%",
+        what = f"{count} bytes" + ("" if tokens == count else f" ({tokens} tokens)")
+        self.add(Check("precision", f"held-out {what}: {bpb_ort:.4f} bits/byte vs {bpb_ref:.4f} (delta {delta:+.4f}), top-1 {top1 * 100:.2f}%",
                        PASS if ok else FAIL, budget=dict(b),
                        where="" if ok else f"bits/byte delta {delta:+.4f}, top-1 agreement {top1:.4f}"))
-        return {"bytes": count, "bpb": bpb_ort, "bpb_fp32_torch": bpb_ref, "bpb_delta": delta, "top1": top1}
+        return {"bytes": count, "tokens": tokens, "bpb": bpb_ort, "bpb_fp32_torch": bpb_ref, "bpb_delta": delta, "top1": top1}
 
     # ---- 8. the framework the checkpoint came from -------------------------------------------------
     def upstream(self, session: Session, checkpoint: Path, framework: str, steps: int, threads: int, required: bool) -> dict[str, Any]:
@@ -660,12 +669,28 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
 
 def heldout_text(manifest: Manifest) -> bytes | None:
     """The held-out text of the bundled model's corpus (standard-library modules it never saw in training,
-    ``edgelin.models.corpus``), for a byte-tokenizer export; None where the model reads other tokens."""
-    if manifest.tokenizer.get("kind") != "bytes" or manifest.vocab_size < 256:
+    ``edgelin.models.corpus``), for an export that reads text: a byte tokenizer (256 ids or more) or a Hugging Face
+    tokenizer; None where the model reads other tokens."""
+    kind = manifest.tokenizer.get("kind")
+    if not (kind == "bytes" and manifest.vocab_size >= 256) and kind != "huggingface":
         return None
     from edgelin.models import corpus
 
     return corpus.heldout_text("code") or None
+
+
+def text_tokens(session: Session, text: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """``text`` as the export's tokenizer reads it, without special tokens: (ids int64 [N], for each token the byte
+    offset in ``text`` where it ends [N]). A byte tokenizer: one token per byte (ends 1, 2, ...); a Hugging Face one:
+    its ids for the text decoded as UTF-8 (an incomplete character at the end dropped)."""
+    spec = session.manifest.tokenizer
+    if spec.get("kind") == "bytes":
+        ids = np.frombuffer(text, np.uint8).astype(np.int64) + int(spec.get("offset") or 0)
+        return ids, np.arange(1, len(ids) + 1, dtype=np.int64)
+    string = text.decode("utf-8", errors="ignore")
+    encoding = session.tokenizer.tokenizer.encode(string, add_special_tokens=False)
+    byte_at = np.concatenate([[0], np.cumsum([len(c.encode("utf-8")) for c in string])])  # character -> byte offset
+    return np.asarray(encoding.ids, np.int64), byte_at[[end for _, end in encoding.offsets]].astype(np.int64)
 
 
 # ---- 1. structure ------------------------------------------------------------------------------

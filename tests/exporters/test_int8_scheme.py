@@ -157,3 +157,14 @@ def test_compare_exports_times_each_export(exported, capsys):
     assert all(line.count(",") >= 1 for line in lines)  # two rounds' figures beside each median
     with pytest.raises(SystemExit, match="must be at least 1"):
         script.main([str(block), "--rounds", "0"])
+
+
+def test_the_default_scheme_follows_the_checkpoints_framework():
+    """block for a transformers checkpoint (trained hybrids' activations: exporters/precision.py), channel for edgelin's
+    own and fla's; a scheme named is kept; other precisions have none."""
+    from edgelin.exporters.precision import int8_scheme_choice
+
+    assert int8_scheme_choice("int8", None, "transformers") == "block"
+    assert int8_scheme_choice("int8", None, None) == int8_scheme_choice("int8", None, "fla") == "channel"
+    assert int8_scheme_choice("int8", "channel", "transformers") == "channel"
+    assert int8_scheme_choice("int4", None, "transformers") is None

@@ -168,6 +168,7 @@ def test_a_gated_deltanet_hybrids_int8_states_are_held_to_its_quantisation(tmp_p
     held = [c for c in report.checks if c.group in ("prefill", "decode")]
     assert held and all(c.status != FAIL for c in held), report.table()
     assert report.state_reference == quantref.arithmetic(session.manifest) and "states held to PyTorch computing" in report.table()
+    assert report.heldout["bytes"] >= report.heldout["tokens"] > 0  # the held-out text as its BPE reads it
 
     broken = tmp_path / "broken"
     shutil.copytree(out, broken)

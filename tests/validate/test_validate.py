@@ -211,3 +211,34 @@ def test_a_check_not_available_is_not_blamed_on_a_provider():
     assert ok.passed and ok.table().splitlines()[-1].startswith("PASS") and "provider" not in ok.table().splitlines()[-1]
     missing = Report("out", "ckpt", "fp32", {"cpu": "active", "cuda": "not available: no CUDA"}, checks=list(checks))
     assert not missing.passed and "a provider named in --providers is not available" in missing.table().splitlines()[-1]
+
+
+def test_held_out_text_as_a_hugging_face_tokenizer_reads_it():
+    """text_tokens: a byte-level BPE's ids for the text and, per token, the byte where it ends (characters of 2-4
+    UTF-8 bytes included), so held-out bits/byte divides by the bytes the predicted tokens cover; a byte tokenizer:
+    one token per byte, shifted by its offset."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from edgelin.runtime.tokenizer import HuggingFaceTokenizer
+    from edgelin.validate import text_tokens
+
+    text = "déjà vu: 𝛑 ≈ 3.14 — def f(x):\n    return x * 2  # ünïcode\n" * 3
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text] * 20, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    session = SimpleNamespace(manifest=SimpleNamespace(tokenizer={"kind": "huggingface"}), tokenizer=HuggingFaceTokenizer(tok, vocab_size=300))
+    data = text.encode()
+    ids, ends = text_tokens(session, data)
+    assert tok.decode(ids.tolist()) == text and 1 < len(ids) < len(data)
+    assert ends[-1] == len(data) and np.all(np.diff(ends) >= 0)
+    for k in (0, 5, len(ids) // 2):  # the bytes up to a token's end decode to the tokens up to it
+        assert tok.decode(ids[: k + 1].tolist()).encode() == data[: ends[k]]
+    ids, ends = text_tokens(session, data[:2])  # "d" + the first byte of "é": the incomplete character dropped
+    assert tok.decode(ids.tolist()) == "d" and ends.tolist() == [1]
+
+    byte_session = SimpleNamespace(manifest=SimpleNamespace(tokenizer={"kind": "bytes", "offset": 3}))
+    ids, ends = text_tokens(byte_session, b"ab\xc3")
+    assert ids.tolist() == [100, 101, 198] and ends.tolist() == [1, 2, 3]
