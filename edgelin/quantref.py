@@ -20,7 +20,8 @@ Emulated (``arithmetic``), as exporters/precision.py writes the graphs:
                         quantiser), its input rounded per block as for int8's block scheme
     embedding           the token table as the export stores it (``manifest.extra["embedding"]``: int8, int4 or fp32,
                         blocks of 32 along d_model); a tied head reads the same dequantised table, its input rounded
-                        per block where the table is quantised (MatMulNBits) and not where it stays fp32
+                        per block where the table is quantised (MatMulNBits) and not where it stays fp32; an int4
+                        export's untied head is stored the same way
 
 An export that does not record its embedding storage (made before it was recorded), or a model whose head is neither
 an nn.Linear nor tied to an nn.Embedding, gets no reference (None): validate then holds its states to fp32 PyTorch.
@@ -135,8 +136,14 @@ def quantised_model(model: nn.Module, manifest: Manifest) -> nn.Module | None:
     def round_input(_module, args):
         return (rounding(args[0]),) + tuple(args[1:])
 
+    own_head = q.lm_head if manifest.precision == "int4" and isinstance(head, nn.Linear) else None
+    if own_head is not None:  # int4 stores an untied head as the table is (exporters/precision.py: _quantise_untied_head)
+        with torch.no_grad():
+            own_head.weight.copy_(_table(own_head.weight, storage))
+        if storage != "fp32" and own_head.weight.shape[1] % BLOCK == 0:
+            own_head.register_forward_pre_hook(lambda _m, a: (round_blocks(a[0]),) + tuple(a[1:]))
     for module in q.modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and module is not own_head:
             with torch.no_grad():
                 module.weight.copy_(torch.from_numpy(np.ascontiguousarray(weights(module.weight.detach().float().numpy().T).T)))
             module.register_forward_pre_hook(round_input)

@@ -34,8 +34,9 @@ zero point 2^(bits-1), the layout ONNX Runtime's com.microsoft MatMulNBits and G
 the Gather becomes GatherBlockQuantized and a tied head's Transpose + MatMul becomes MatMulNBits on the same
 bytes, which the weights file stores once. The table is 8-bit by default in both precisions (``embedding``:
 "int8"; "int4" for the smallest files, "fp32" to keep it exact; see DEFAULT_EMBEDDING for why 8). An untied
-head is a MatMul with a constant weight like any other. A d_model that is not a multiple of the block keeps
-the table in fp32, said in the notes. The logits output stays fp32 in every precision.
+head is a MatMul with a constant weight like any other in int8; in int4 it is stored as the table is (8-bit by
+default: ``_quantise_untied_head`` says why). A d_model that is not a multiple of the block keeps the table in
+fp32, said in the notes. The logits output stays fp32 in every precision.
 
 ``convert(proto, precision, state_dtype=...)`` returns the new graph and ``Conversion`` notes (what was
 kept in higher precision and why); ``state_dtypes`` gives the manifest's state dtypes.
@@ -325,14 +326,14 @@ def _tied_tables(proto: onnx.ModelProto) -> dict[str, str]:
     return {n.output[0]: n.input[0] for n in proto.graph.node if n.op_type == "Transpose" and n.input[0] in tables}
 
 
-def _kept_matmuls(proto: onnx.ModelProto, why: str, tables: Iterable[tuple[str, str]] = ()) -> list[str]:
-    """MatMuls a quantiser left in fp32, each with the reason, then ``tables`` (the embedding tables
-    ``_quantise_embedding`` kept, with why), each said to be shared with a tied head only where the graph
-    does read it as one, then any other constant float table a Gather reads."""
+def _kept_matmuls(proto: onnx.ModelProto, why: str, tables: Iterable[tuple[str, str]] = (), reasons: dict[str, str] | None = None) -> list[str]:
+    """MatMuls a quantiser left in fp32, each with the reason (``reasons`` by node name, else ``why``), then
+    ``tables`` (the embedding tables ``_quantise_embedding`` kept, with why), each said to be shared with a tied head
+    only where the graph does read it as one, then any other constant float table a Gather reads."""
     const, other = _weights_by_matmul(proto)
     tied = _tied_tables(proto)
     inputs = {n.name: n.input[1] for n in proto.graph.node if n.op_type == "MatMul"}
-    kept = [f"MatMul {n} (fp32: {why})" for n in const]
+    kept = [f"MatMul {n} (fp32: {(reasons or {}).get(n, why)})" for n in const]
     kept += [f"MatMul {n} (fp32: " + ("the tied head: its weight is the embedding, transposed in the graph)" if inputs[n] in tied
                                      else "no constant weight: a product of two computed tensors, e.g. with the state)") for n in other]
     inits = {i.name for i in proto.graph.initializer}
@@ -634,16 +635,64 @@ def _import_leaving_logging_alone(module: str):
         root.setLevel(level)
 
 
+def untied_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The MatMul with a constant float [K, N] weight that computes the logits output (an untied head), or None (a
+    tied head reads the embedding transposed; a model whose logits come otherwise)."""
+    inits = {i.name: i for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    node = producer.get("logits")  # the exporter names it so (exporters/graphs.py: LOGITS)
+    while node is not None and node.op_type in ("Identity", "Reshape", "Cast", "Squeeze", "Unsqueeze"):
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "MatMul" or node.input[1] not in inits:
+        return None
+    w = inits[node.input[1]]
+    return node if w.data_type == _FLOAT and len(w.dims) == 2 else None
+
+
+def _quantise_untied_head(proto: onnx.ModelProto, embedding: str) -> str | None:
+    """An int4 export's untied head stored as the embedding table is (``embedding``: 8 bits by default, MatMulNBits
+    over ``quantise_table`` of its transposed weight, as a tied head's). Returns the head's name where it stays
+    fp32 (``--embedding fp32``, or K not a multiple of the block), else None.
+
+    Why not 4 bits like the other weights: the head turns every error before it into the logits. On a Qwen3.5 and a
+    Mamba2 trained for minutes (hidden 256, untied; docs/importers.md) int4 with a 4-bit head moved held-out text by
+    +0.085 and +0.092 bits/byte, with the head in 8 bits and the rest in 4 by +0.009 and +0.018 (emulated with
+    edgelin.quantref, which matched the int4 graphs' +0.086 and +0.092), where the LFM2 beside them, its head tied to
+    an 8-bit table, was at +0.006."""
+    graph = proto.graph
+    node = untied_head(graph)
+    if node is None:
+        return None
+    w = next(i for i in graph.initializer if i.name == node.input[1])
+    K, N = w.dims
+    if embedding not in EMBEDDING_BITS or K % TABLE_BLOCK:
+        return node.name
+    bits = EMBEDDING_BITS[embedding]
+    packed, scales = quantise_table(numpy_helper.to_array(w).T, bits)
+    base = f"{w.name}_head_q{bits}"
+    graph.initializer.extend([numpy_helper.from_array(packed.reshape(N, K // TABLE_BLOCK, -1), base),
+                              numpy_helper.from_array(scales.reshape(-1), f"{base}_scales")])
+    _replace(graph, node, [helper.make_node("MatMulNBits", [node.input[0], base, f"{base}_scales"], list(node.output), name=f"{node.name}_q{bits}",
+                                            domain=MS_DOMAIN, K=K, N=N, bits=bits, block_size=TABLE_BLOCK, accuracy_level=ACCURACY_LEVEL)])
+    if not any(w.name in n.input for n in graph.node):
+        graph.initializer.remove(w)
+    if not any(o.domain == MS_DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return None
+
+
 def _int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
     MatMulNBitsQuantizer = _import_leaving_logging_alone("onnxruntime.quantization.matmul_nbits_quantizer").MatMulNBitsQuantizer  # noqa: N806
 
+    exact_head = _quantise_untied_head(proto, embedding)
     with _quiet():
         quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
-                                     accuracy_level=ACCURACY_LEVEL)
+                                     accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=[exact_head] if exact_head else None)
         quant.process()
         out = quant.model.model
     tables = _quantise_embedding(out, embedding)
-    note = Conversion("int4", kept=_kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables))
+    why = {exact_head: "the untied head, stored as the embedding: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
+    note = Conversion("int4", kept=_kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why))
     return out, note
 
 

@@ -100,6 +100,43 @@ def test_a_quantised_linear_computes_what_the_exported_matmul_computes(arith, K,
     assert rel_l2(x @ W, ref) > 100 * max(rel_l2(got, ref), 1e-7)
 
 
+class _Head(torch.nn.Module):
+    """x -> body -> untied head: the shape of a model's last two products."""
+
+    def __init__(self, K: int, N: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(K, K, bias=False)
+        self.lm_head = torch.nn.Linear(K, N, bias=False)
+
+    def forward(self, x):
+        return self.lm_head(self.body(x))
+
+
+@pytest.mark.parametrize(("embedding", "head_bits"), [("int8", 8), ("int4", 4), ("fp32", None)])
+def test_an_int4_exports_untied_head_is_stored_as_the_table(embedding, head_bits):
+    """int4: the MatMul computing the logits gets the embedding's storage (8 bits by default; exporters/precision.py:
+    _quantise_untied_head says why), the other products 4 bits; the notes say where the head stays fp32; the graph
+    computes what quantref's model computes."""
+    K, N = 64, 40
+    torch.manual_seed(0)
+    module = _Head(K, N).eval()
+    weights = [module.body.weight.detach().numpy().T.copy(), module.lm_head.weight.detach().numpy().T.copy()]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="body"), helper.make_node("MatMul", ["h", "W2"], ["logits"], name="head")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "T", K])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "T", N])],
+                              [numpy_helper.from_array(weights[0], "W1"), numpy_helper.from_array(weights[1], "W2")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    out, note = convert(proto, "int4", embedding=embedding)
+    bits = {n.output[0]: next((a.i for a in n.attribute if a.name == "bits"), None) for n in out.graph.node if n.op_type in ("MatMulNBits", "MatMul")}
+    assert bits == {"h": 4, "logits": head_bits}
+    assert any("the untied head" in k and "--embedding fp32" in k for k in note.kept) == (head_bits is None)
+    x = (np.random.default_rng(1).standard_normal((2, 5, K)) * 2).astype(np.float32)
+    reference = quantref.quantised_model(module, _manifest("int4", embedding=embedding))
+    with torch.no_grad():
+        got = reference(torch.from_numpy(x)).numpy()
+    assert rel_l2(got, _run(out, x)) <= 1e-5
+
+
 def test_what_has_a_quantised_reference():
     assert quantref.arithmetic(_manifest("int8", "block")).startswith("8-bit weights in blocks of 32")
     assert quantref.arithmetic(_manifest("int8", "channel")).startswith("7-bit weights per output channel")
