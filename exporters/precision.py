@@ -691,7 +691,7 @@ def _int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> 
         quant.process()
         out = quant.model.model
     tables = _quantise_embedding(out, embedding)
-    why = {exact_head: "the untied head, stored as the embedding: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
+    why = {exact_head: "the head, stored as the embedding table is: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
     note = Conversion("int4", kept=_kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why))
     return out, note
 

@@ -156,15 +156,19 @@ def test_quantised_ops_and_kept_tensors(exports, precision, op):
 
 
 def test_an_untied_model_is_not_said_to_have_a_tied_head(exported):
-    """precision_kept tells what the graph does: an untied model's head is a quantised MatMul, and its embedding
-    kept in fp32 (--embedding fp32) is said to be kept for that, not for a head it does not share."""
+    """precision_kept tells what the graph does: an untied model's embedding kept in fp32 (--embedding fp32) is said
+    to be kept for that, not for a head it does not share; int4 stores the untied head as the table (fp32 here, said
+    so), its other MatMuls in 4 bits."""
     _, out = exported("elu+1", tie_embeddings=False, options={"precision": "int4", "embedding": "fp32"})
     kept = json.loads((out / "edgelin.json").read_text())["precision_kept"]["decode"]
     assert not any("tied" in k for k in kept), kept
     assert "embedding Gather model.embed.weight (fp32: --embedding fp32)" in kept, kept
+    assert sum("(fp32: the head, stored as the embedding table is: --embedding fp32)" in k for k in kept) == 1, kept
     proto = onnx.load(str(out / "decode.onnx"), load_external_data=False)
-    heads = [n for n in proto.graph.node if n.op_type == "MatMulNBits" and {a.name: a.i for a in n.attribute}["N"] == 256]
-    assert len(heads) == 1, "the untied head (N = the vocabulary) is not one block-quantised MatMul"
+    inits = {i.name: i for i in proto.graph.initializer}
+    heads = [n for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits and inits[n.input[1]].dims[-1] == 256]
+    assert len(heads) == 1, "the untied head (N = the vocabulary) is not one fp32 MatMul"
+    assert any(n.op_type == "MatMulNBits" and {a.name: a.i for a in n.attribute}["bits"] == 4 for n in proto.graph.node)
 
 
 def test_int8_weights_use_seven_bits(exports):
