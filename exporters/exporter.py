@@ -428,7 +428,7 @@ def export(
         # a checkpoint folder is read once, here: its config and weight files go on as one value
         checkpoint = open_checkpoint(source) if isinstance(source, (str, os.PathLike)) else None
         tokenizer_json = find_tokenizer(checkpoint, tokenizer)
-        int8_scheme = int8_scheme_choice(precision, int8_scheme, None if checkpoint is None else upstream.framework_of(checkpoint.path))
+        int8_scheme = int8_scheme_choice(precision, int8_scheme, None if checkpoint is None else upstream.framework_of(checkpoint))
         say(f"loading {source if checkpoint is not None else type(source).__name__}")
         model, digest = _resolve_source(checkpoint or source, chunk_size)
         tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint)
