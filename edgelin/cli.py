@@ -146,8 +146,14 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
     \b
     Checks: structure (manifest <-> graphs, metadata, weights hash), prefill vs PyTorch, decode vs
     PyTorch step by step, prefill vs decode, each provider vs CPU, a long decode stream vs float64
-    PyTorch, a hybrid's KV cache after 1k and 16k tokens vs float64 PyTorch, greedy generation. Every
-    failure is reported with where it diverged first.
+    PyTorch, a hybrid's KV cache after 1k and 16k tokens vs float64 PyTorch, greedy generation, and
+    held-out text (bits/byte, read through the export's tokenizer). Every failure is reported with
+    where it diverged first.
+
+    \b
+    An int8 or int4 export's states are held to PyTorch computing the export's own quantisation
+    (dequantised weights, activations rounded as ONNX Runtime rounds them); its logits, greedy and
+    held-out text to fp32 PyTorch.
 
     \b
     For a Hugging Face transformers or fla checkpoint, "PyTorch" above is edgelin's import of it. The
