@@ -78,11 +78,11 @@ def round_tensor(x: torch.Tensor) -> torch.Tensor:
 
 
 def _int8_blocks(w: np.ndarray) -> np.ndarray:
-    from edgelin.exporters.precision import quantise_int8_blocks
+    from edgelin.exporters.precision import INT8_BLOCK, dequantise_table, quantise_int8_blocks
 
     K, N = w.shape
     packed, scales = quantise_int8_blocks(w)
-    return ((packed.astype(np.float32) - 128) * scales.reshape(N, -1, 1)).reshape(N, -1)[:, :K].T
+    return dequantise_table(packed.reshape(N, -1), scales.reshape(N, -1), 8, INT8_BLOCK)[:, :K].T
 
 
 def _int8_columns(w: np.ndarray) -> np.ndarray:

@@ -466,12 +466,7 @@ def _quantise_embedding(proto: onnx.ModelProto, embedding: str) -> list[tuple[st
             heads = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] == t.output[0]] if perm == [1, 0] else []
             if not heads:
                 continue
-            graph.initializer.extend([numpy_helper.from_array(packed.reshape(V, D // TABLE_BLOCK, -1), f"{base}_head"),
-                                      numpy_helper.from_array(scales.reshape(-1), f"{base}_head_scales")])  # the same bytes: stored once
-            for m in heads:
-                _replace(graph, m, [helper.make_node("MatMulNBits", [m.input[0], f"{base}_head", f"{base}_head_scales"], list(m.output),
-                                                     name=f"{m.name}_q{bits}", domain=MS_DOMAIN, K=D, N=V, bits=bits, block_size=TABLE_BLOCK,
-                                                     accuracy_level=ACCURACY_LEVEL)])
+            _table_heads(graph, heads, packed, scales, bits, f"{base}_head")  # the same bytes as the Gather's: stored once
             if not any(t.output[0] in n.input for n in graph.node):
                 graph.node.remove(t)
         if not any(table.name in n.input for n in graph.node):
@@ -479,6 +474,17 @@ def _quantise_embedding(proto: onnx.ModelProto, embedding: str) -> list[tuple[st
     if not any(o.domain == MS_DOMAIN for o in proto.opset_import) and any(n.domain == MS_DOMAIN for n in graph.node):
         proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return notes
+
+
+def _table_heads(graph: onnx.GraphProto, heads: list[onnx.NodeProto], packed: np.ndarray, scales: np.ndarray, bits: int, base: str) -> None:
+    """Each MatMul of ``heads`` (x [.., D] -> logits [.., V]) -> MatMulNBits over the table ``quantise_table`` made
+    (``packed`` [V, D * bits / 8], ``scales``), stored once under ``base``."""
+    V, D = packed.shape[0], scales.size // packed.shape[0] * TABLE_BLOCK
+    graph.initializer.extend([numpy_helper.from_array(packed.reshape(V, D // TABLE_BLOCK, -1), base),
+                              numpy_helper.from_array(scales.reshape(-1), f"{base}_scales")])
+    for m in heads:
+        _replace(graph, m, [helper.make_node("MatMulNBits", [m.input[0], base, f"{base}_scales"], list(m.output), name=f"{m.name}_q{bits}",
+                                             domain=MS_DOMAIN, K=D, N=V, bits=bits, block_size=TABLE_BLOCK, accuracy_level=ACCURACY_LEVEL)])
 
 
 def _replace(graph: onnx.GraphProto, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
@@ -664,16 +670,11 @@ def _quantise_untied_head(proto: onnx.ModelProto, embedding: str) -> str | None:
     if node is None:
         return None
     w = next(i for i in graph.initializer if i.name == node.input[1])
-    K, N = w.dims
+    K = w.dims[0]
     if embedding not in EMBEDDING_BITS or K % TABLE_BLOCK:
         return node.name
     bits = EMBEDDING_BITS[embedding]
-    packed, scales = quantise_table(numpy_helper.to_array(w).T, bits)
-    base = f"{w.name}_head_q{bits}"
-    graph.initializer.extend([numpy_helper.from_array(packed.reshape(N, K // TABLE_BLOCK, -1), base),
-                              numpy_helper.from_array(scales.reshape(-1), f"{base}_scales")])
-    _replace(graph, node, [helper.make_node("MatMulNBits", [node.input[0], base, f"{base}_scales"], list(node.output), name=f"{node.name}_q{bits}",
-                                            domain=MS_DOMAIN, K=K, N=N, bits=bits, block_size=TABLE_BLOCK, accuracy_level=ACCURACY_LEVEL)])
+    _table_heads(graph, [node], *quantise_table(numpy_helper.to_array(w).T, bits), bits, f"{w.name}_head_q{bits}")
     if not any(w.name in n.input for n in graph.node):
         graph.initializer.remove(w)
     if not any(o.domain == MS_DOMAIN for o in proto.opset_import):
