@@ -13,10 +13,12 @@ import os
 
 import pytest
 
+from testkit import stackchunks
 from testkit.exports import ExportCache, count_traces, run_root, trace_summary
 
 
 def pytest_configure(config):
+    stackchunks.install()  # every test process (the controller and each xdist worker): CPython 3.11's gh-142183
     config.addinivalue_line(
         "markers",
         "slow: builds or installs something (e.g. the wheel, an export of the bundled model); deselect with -m 'not slow'",
@@ -41,6 +43,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    terminalreporter.write_line(stackchunks.install())
     for line in trace_summary(_shared_root(config)):
         terminalreporter.write_line(line)
     for folder in getattr(config, "_edgelin_changed", []):
