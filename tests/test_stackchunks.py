@@ -48,3 +48,4 @@ def test_calls_at_a_chunk_edge_reuse_one_block():
     hits, maps = stackchunks.counts()
     assert hits - hits0 >= 300, (hits - hits0, maps - maps0)  # at least one depth sat on a chunk's edge
     assert maps - maps0 <= (hits - hits0) / 50, (hits - hits0, maps - maps0)
+

@@ -1,8 +1,8 @@
 """Keep CPython 3.11's frame-stack chunks from being mapped and unmapped on every call (test processes only).
 
 CPython 3.11 and 3.12 map a fresh 16 KiB chunk of frame stack whenever a call does not fit the current one and
-unmap it when the call returns (CPython gh-142183, fixed from 3.13). A loop that calls right at a chunk's edge
-then pays an mmap, a munmap and a page fault per call. torch.onnx's tracing and fla's kernels in Triton's
+unmap it when the call returns (CPython gh-142183; the fix, keeping one chunk, went into 3.13 and 3.14 in 2026).
+A loop that calls right at a chunk's edge then pays an mmap, a munmap and a page fault per call. torch.onnx's tracing and fla's kernels in Triton's
 interpreter hit that edge: measured on the 2-core machine, the xdist workers spent nearly as much time in the
 kernel as in Python (``strace -c``: ~20,000 mmap/munmap pairs a second), and tests/importers/test_fla_parity.py took
 2 min 24 s on two workers against 1 min 31 s with this cache; one tiny delta-rule export 23.3 s against 17.2 s.
@@ -11,6 +11,10 @@ kernel as in Python (``strace -c``: ~20,000 mmap/munmap pairs a second), and tes
 ``PyObject_SetArenaAllocator``) with the machine's C compiler and installs it in this process. Nothing a test
 checks depends on it: it changes where CPython's arenas and frame chunks come from, not what runs. Without a C
 compiler, or on another Python implementation, it does nothing and says why.
+
+Only the test processes (the controller and xdist's workers) get it: the Python processes the tests start (the
+CLI, the frameworks' oracle runs, the bench's workers) were measured with it too (through a sitecustomize) and were
+no faster: tests/importers/test_upstream.py and tests/test_bench.py took 3 min 50 s with it, 3 min 38 s without.
 """
 
 from __future__ import annotations
