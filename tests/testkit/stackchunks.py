@@ -2,10 +2,11 @@
 
 CPython 3.11 and 3.12 map a fresh 16 KiB chunk of frame stack whenever a call does not fit the current one and
 unmap it when the call returns (CPython gh-142183; the fix, keeping one chunk, went into 3.13 and 3.14 in 2026).
-A loop that calls right at a chunk's edge then pays an mmap, a munmap and a page fault per call. torch.onnx's tracing and fla's kernels in Triton's
-interpreter hit that edge: measured on the 2-core machine, the xdist workers spent nearly as much time in the
-kernel as in Python (``strace -c``: ~20,000 mmap/munmap pairs a second), and tests/importers/test_fla_parity.py took
-2 min 24 s on two workers against 1 min 31 s with this cache; one tiny delta-rule export 23.3 s against 17.2 s.
+A loop that calls right at a chunk's edge then pays an mmap, a munmap and a page fault per call. torch.onnx's
+tracing and fla's kernels in Triton's interpreter hit that edge: measured on the 2-core machine, the xdist workers
+spent nearly as much time in the kernel as in Python (``strace -c``: ~20,000 mmap/munmap pairs a second), and
+tests/importers/test_fla_parity.py took 2 min 24 s on two workers against 1 min 31 s with this cache; one tiny
+delta-rule export 23.3 s against 17.2 s.
 
 ``install()`` compiles stackchunks.c (a cache of freed blocks in front of mmap, installed with CPython's
 ``PyObject_SetArenaAllocator``) with the machine's C compiler and installs it in this process. Nothing a test
