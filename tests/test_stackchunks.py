@@ -50,7 +50,6 @@ def test_calls_at_a_chunk_edge_reuse_one_block():
     assert maps - maps0 <= (hits - hits0) / 50, (hits - hits0, maps - maps0)
 
 
-
 @pytest.mark.skipif(not needed, reason="only CPython 3.11+ keeps frames in chunks")
 def test_threads_that_start_and_end_share_the_cache():
     """Each thread has its own frame stack, freed when it ends: eight threads at a time, 32 in all, each calling at

@@ -52,7 +52,7 @@ def _compiler() -> str | None:
 def install() -> str:
     """Install the cache in this process (once); returns a line saying what was done."""
     global _LIB, _STATUS
-    if _LIB is not None or _STATUS != "not installed":
+    if _STATUS != "not installed":  # installed, or found not to be, already
         return _STATUS
     if platform.python_implementation() != "CPython" or sys.version_info < (3, 11) or os.name != "posix":
         _STATUS = f"frame-stack chunk cache: not needed on {platform.python_implementation()} {platform.python_version()}"
