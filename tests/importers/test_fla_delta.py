@@ -1,8 +1,8 @@
 """edgelin's import of flash-linear-attention DeltaNet and Gated DeltaNet checkpoints against fla's own model.
 
 Same oracle as test_fla_gated.py: a tiny random fla model per case (built and saved with the real package), fla's
-real ``fused_recurrent`` delta-rule kernels in Triton's CPU interpreter, a 150-token prefill then 20 cached decode
-steps, batch 2; edgelin runs the prefill through the delta rule's chunk (WY) form and the decode through its
+real ``fused_recurrent`` delta-rule kernels in Triton's CPU interpreter over 150 prompt tokens and 20 decode
+steps (each family's default case through fla's cache one step at a time, the others in one forward), batch 2; edgelin runs the prefill through the delta rule's chunk (WY) form and the decode through its
 step. Budget, fp32: max abs logits error <= 1e-4 at every position. The final states (S, the conv windows) are
 compared too. Hybrids of these families (fla's ``attn``) are in test_fla_hybrid.py.
 """
@@ -72,6 +72,7 @@ CASES = {  # id -> (model_type, fla config options; "edit": a change to the save
 # Exported: grouped value heads, beta in [0, 2], the sigmoid gate, convs of 3; DeltaNet's sum norm without convs.
 EXPORTED = ("gated_deltanet-gva-neg_eigval-sigmoid_gate-conv3-expand_v1.5", "delta_net-sum-relu-no_beta-neg_eigval-gate-no_conv")
 
+STEPWISE = ("gated_deltanet-default", "delta_net-default")  # fla's own decode path; the rest in one forward
 _RESULTS: dict[str, tuple] = {}
 
 
@@ -85,7 +86,7 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     """(checkpoint folder, prompt, steps, fla's results with its raw cache) for one case, once per session."""
     model_type, options = CASES[case_id]
     return fla_oracle.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT,
-                                  steps=STEPS)
+                                  steps=STEPS, stepwise=case_id in STEPWISE)
 
 
 

@@ -1,8 +1,8 @@
 """edgelin's import of flash-linear-attention RetNet and GLA checkpoints against fla's own model.
 
 Same oracle as test_fla_parity.py: a tiny random fla model per case (built and saved with the real package),
-fla's real ``fused_recurrent`` kernels in Triton's CPU interpreter, a 150-token prefill then 20 cached decode
-steps, batch 2; edgelin runs the prefill through its chunked form with the ops' log-decay g (per head for
+fla's real ``fused_recurrent`` kernels in Triton's CPU interpreter over 150 prompt tokens and 20 decode steps
+(each family's default case through fla's cache one step at a time, the others in one forward), batch 2; edgelin runs the prefill through its chunked form with the ops' log-decay g (per head for
 RetNet, per key feature for GLA) and the decode through its recurrent step. Budget, fp32: max abs logits
 error <= 1e-4 at every position. The final states (S, RetNet's position, GLA's conv windows) are compared too.
 """
@@ -56,6 +56,7 @@ CASES = {  # id -> (model_type, fla config options; "edit": a change to the save
 # Exported: rotary positions in an int64 state with grouped heads; GLA's conv windows, grouped heads and clamp.
 EXPORTED = ("retnet-kv_heads2-expand_k2-swish", "gla-short_conv-kv_heads2-clamp-relu")
 
+STEPWISE = ("retnet-default", "gla-default")  # fla's own decode path through its cache; the rest in one forward
 _RESULTS: dict[str, tuple] = {}
 
 
@@ -69,7 +70,7 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     """(checkpoint folder, prompt, steps, fla's results with its raw cache) for one case, once per session."""
     model_type, options = CASES[case_id]
     return fla_oracle.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT,
-                                  steps=STEPS, fused=not options)
+                                  steps=STEPS, fused=not options, stepwise=case_id in STEPWISE)
 
 
 

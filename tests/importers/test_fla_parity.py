@@ -1,8 +1,9 @@
 """edgelin's import of flash-linear-attention LinearAttention checkpoints against fla's own model.
 
 Each case is a tiny random fla model (built and saved with the real package) exercising one config option.
-fla runs its real kernels (``fused_recurrent``, in Triton's CPU interpreter, see conftest.py): a prefill of
-150 tokens, then 20 cached decode steps, batch 2. edgelin's import runs the same tokens through its chunked
+fla runs its real kernels (``fused_recurrent``, in Triton's CPU interpreter, see conftest.py) over 150 prompt
+tokens and 20 decode steps, batch 2: fla's defaults case through its cache one step at a time, the others in one
+forward (``STEPWISE``; conftest.run). edgelin's import runs the same tokens through its chunked
 form (prefill) and its recurrent step (decode). Budget, fp32: max abs logits error <= 1e-4 at every position.
 """
 
@@ -46,6 +47,7 @@ CASES = {  # id -> fla config options (and how to save)
 # heads with the denominator, a wider feature map built from slices, a weightless norm and tied embeddings.
 EXPORTED = ("default-elementwise_product", "kv_heads2-denominator", "dpfp-denominator", "tied_embeddings-no_affine")
 
+STEPWISE = ("default-elementwise_product",)  # fla's own decode path through its cache; the rest in one forward
 _RESULTS: dict[str, tuple] = {}
 
 
@@ -64,7 +66,8 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
         prompt = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, PROMPT), generator=gen)
         steps = torch.randint(0, fla_oracle.TINY["vocab_size"], (BATCH, STEPS), generator=gen)
         fused = not options  # fla's defaults end to end, its fused RMSNorm and SwiGLU kernels included
-        _RESULTS[case_id] = folder, prompt, steps, fla_oracle.run(fla_oracle.load(folder, fused=fused), prompt, steps)
+        _RESULTS[case_id] = folder, prompt, steps, fla_oracle.run(
+            fla_oracle.load(folder, fused=fused), prompt, steps, stepwise=case_id in STEPWISE)
     return _RESULTS[case_id]
 
 
