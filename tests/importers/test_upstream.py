@@ -236,7 +236,7 @@ def test_validate_passes_today_but_fails_upstream_on_a_wrong_export(request, tmp
     CASES[E2E][3](monkeypatch)
     out = tmp_path_factory.mktemp("upstream-wrong") / "export"
     export(folder, out, check=False)
-    report = validate(out, folder, steps=8, upstream="required")
+    report = validate(out, folder, steps=8, upstream="required", kv=(1024,))  # LFM2's 16k KV check: test_hf_lfm2.py
     today = [c for c in report.checks if c.group != "upstream"]
     assert today and not any(c.failed for c in today), report.table()
     mine = [c for c in report.checks if c.group == "upstream"]
@@ -258,7 +258,8 @@ def test_the_cli_validates_a_correct_export_against_transformers(request, tmp_pa
     out = tmp_path_factory.mktemp("upstream-right") / "export"
     export(folder, out, check=False)
     report = tmp_path / "report.json"
-    done = subprocess.run([EDGELIN, "validate", str(out), "--checkpoint", str(folder), "--steps", "8",
+    # --kv 1024: the KV check through the CLI at one length (LFM2's cache after 16k tokens: test_hf_lfm2.py)
+    done = subprocess.run([EDGELIN, "validate", str(out), "--checkpoint", str(folder), "--steps", "8", "--kv", "1024",
                            "--upstream", "required", "--json", str(report)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("upstream")]
