@@ -226,20 +226,22 @@ def _rewriter_prefilter():
     matcher makes first on every combination it then tries, so every rule matches exactly where it did before.
     Where onnxscript's matcher is not the one this was written against, nothing is changed."""
     try:
-        from onnxscript.rewriter import _basics, _matcher
+        from onnxscript.rewriter import _basics, _matcher, _pattern_ir
 
-        cls = _matcher.SimplePatternMatcher
+        cls, result = _matcher.SimplePatternMatcher, _basics.MatchResult
         original = cls.match
-        _basics.MatchResult().fail
+        _pattern_ir.NodePattern.matches, result.fail  # what the check below calls
     except (ImportError, AttributeError):
+        original = None
+    if original is None:
         yield
         return
 
     def match(self, model, graph_or_function, node, *args, **kwargs):
-        pattern = getattr(self, "pattern", None)
-        if pattern is not None and not pattern.has_single_output_node:
-            if not pattern.output_nodes[0].matches(node, _basics.MatchResult()):
-                return _basics.MatchResult().fail(f"{node.op_type} is not the pattern's first output node")
+        outputs = getattr(getattr(self, "pattern", None), "output_nodes", None)  # the pattern's output nodes
+        if isinstance(outputs, list) and len(outputs) > 1 and isinstance(outputs[0], _pattern_ir.NodePattern):
+            if not outputs[0].matches(node, result()):
+                return result().fail(f"{node.op_type} is not the pattern's first output node")
         return original(self, model, graph_or_function, node, *args, **kwargs)
 
     cls.match = match
