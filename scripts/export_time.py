@@ -78,6 +78,10 @@ def main() -> int:
     ap.add_argument("--precision", default="fp32", help="edgelin export --precision [fp32]")
     ap.add_argument("--out", type=Path, help="write the JSON record here")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    if not args.build and not (args.path / "config.json").exists():
+        ap.error(f"{args.path} is not a checkpoint folder (no config.json): pass one, or --build MODEL with a work folder")
     record: dict = {"precision": args.precision, "rounds": []}
     if args.build:
         work = args.path
