@@ -141,7 +141,9 @@ def _wait_for_graph_writing(proc: subprocess.Popen, parent: Path, name: str, tim
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         temps = [p for p in parent.iterdir() if p.name.startswith(f".{name}.tmp.")] if parent.is_dir() else []
-        if temps and any(temps[0].iterdir()):
+        # a graph, not the work marker: the marker is written as the folder is made, before the export's cleanup
+        # is in place (a signal then, on a loaded machine, left the folder for the next export to remove)
+        if temps and any(p.name != WORK_MARKER for p in temps[0].iterdir()):
             return temps[0]
         if proc.poll() is not None:
             pytest.fail(f"the export ended before it could be killed: {proc.stderr.read()}")
