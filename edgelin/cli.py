@@ -84,8 +84,13 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
               help="The most tokens one prefill call takes, for graphs whose size depends on it (the portable delta rule's "
                    "scan across chunks: each doubling adds a level, ~1 s of export per layer). Recorded in edgelin.json; "
                    "the runtimes cut longer prompts into pieces of at most this many tokens. Other models take any length.")
+@click.option("--trace-cache", type=click.Path(), default=None, metavar="DIR",
+              help="Keep each traced graph in DIR and take it from there when the same model (weights, code, --ragged, "
+                   "--opset, --ops, --max-sequence) is exported again, in any precision: the trace is most of an export's "
+                   "time. Entries are about the fp32 model's size per graph; delete DIR when done.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, int8_scheme, ops, max_sequence):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, int8_scheme, ops, max_sequence,
+               trace_cache):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -105,6 +110,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
       edgelin export fla-ckpt/ -o out/ --tokenizer path/to/tokenizer/
       edgelin export my-ckpt/ -o out/ --budget logits.max_rel=3e-5
       edgelin export -o out-fused/ --ops fused
+      edgelin export ckpt/ -o out-int8/ --precision int8 --trace-cache traces/   # then int4: no second trace
     """
     from edgelin import parity
     from edgelin.exporters import export
@@ -113,6 +119,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
         force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
         tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding, int8_scheme=int8_scheme, ops=ops, max_sequence=max_sequence,
+        trace_cache=trace_cache,
     )
     click.echo(result.summary())
 

@@ -33,6 +33,7 @@ from edgelin import __version__, fused, parity, protocol, upstream
 from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256, open_checkpoint
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
+from edgelin.exporters import traces
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
 from edgelin.exporters.precision import embedding_choice, int8_file, int8_scheme_choice
@@ -421,6 +422,7 @@ def export(
     int8_scheme: str | None = None,
     ops: str = fused.DEFAULT_LOWERING,
     max_sequence: int = DEFAULT_MAX_SEQUENCE,
+    trace_cache: str | Path | None = None,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -456,7 +458,11 @@ def export(
     ``max_sequence``: the most tokens one prefill call takes, where the prefill graph's size depends on it (the
     portable delta rule's scan across chunks gets log2(max_sequence / chunk) levels, each ~1 s of export per
     layer): the graph is exact up to it and gives NaN beyond, the manifest records it, and the runtimes cut
-    longer prompts into pieces of at most that many tokens. Other graphs take any length and record nothing."""
+    longer prompts into pieces of at most that many tokens. Other graphs take any length and record nothing.
+
+    ``trace_cache``: a folder where each traced graph is kept and from which a later export of the same model
+    (same weights, code and graph options: ``ragged``, ``opset``, ``ops``, ``max_sequence``) takes it instead of
+    tracing again, whatever its precision, checks or tokenizer (``edgelin.exporters.traces``). Off by default."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size, max_sequence)
     if ops not in fused.LOWERINGS:
@@ -468,6 +474,7 @@ def export(
     smoke_bounds = parity.held(precision, budget)[0]["logits"]  # a bad bound is refused before any work
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
     replacing = check_output_dir(out_dir, force=force, protect=protect)  # before any work; never a user's folder
+    _check_trace_cache(trace_cache, out_dir, protect)
     out_dir = Path(out_dir)
     parent = out_dir.parent if str(out_dir.parent) else Path(".")
     for stale in remove_stale_temps(parent, out_dir.name):
@@ -490,13 +497,34 @@ def export(
         if ragged:
             protocol.check_lengths(model)
         seconds, bounded = {}, False
+        cache = None if trace_cache is None else traces.TraceCache(trace_cache)
+        if cache is not None:
+            say(f"trace cache {cache.root}: hashing the model's weights and code ...")
+            model_part = traces.model_key(model)
         for graph, fname in GRAPH_FILES.items():
-            say(f"exporting the {graph} graph (opset {opset}) ...")
             t0 = time.perf_counter()
             spec = graph_spec(model, graph, lengths=ragged)
-            with sequence_bound(max_sequence) as bound:
-                export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, tmp / fname, external=True, ops=ops)
-            bounded |= bound.used
+            names = (spec.input_names, spec.output_names)
+            if cache is None:
+                say(f"exporting the {graph} graph (opset {opset}) ...")
+                bounded |= _trace(spec, names, opset, tmp / fname, ops, max_sequence)
+            else:
+                key = traces.trace_key(model_part, graph=graph, names=names, example=spec.example, dynamic=spec.dynamic_shapes,
+                                       opset=opset, ops=ops, max_sequence=max_sequence)
+                with cache.lock(key):
+                    hit = cache.lookup(key, tmp)
+                    if hit is not None:
+                        say(f"the {graph} graph: traced before, taken from the trace cache ({key[:12]})")
+                        bounded |= hit.bound_used
+                    else:
+                        say(f"exporting the {graph} graph (opset {opset}) ...")
+                        before = {p.name for p in tmp.iterdir()}
+                        used = _trace(spec, names, opset, tmp / fname, ops, max_sequence)
+                        bounded |= used
+                        try:
+                            cache.store(key, tmp, sorted(p.name for p in tmp.iterdir() if p.name not in before), used)
+                        except OSError as exc:
+                            say(f"the {graph} graph's trace was not kept in {cache.root}: {exc}")
             seconds[graph] = time.perf_counter() - t0
             del spec  # it holds the model: nothing but ``model`` should, once the reference outputs are made
 
@@ -587,6 +615,25 @@ def export(
         raise ExportError(f"export failed ({_cause(exc)}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types,
                         smoke_bounds=smoke_held)
+
+
+def _check_trace_cache(trace_cache, out_dir, protect: tuple) -> None:
+    """A trace cache is a folder of its own: not a file, not inside the export or the checkpoint, nor around them."""
+    if trace_cache is None:
+        return
+    cache = Path(trace_cache).resolve()
+    if cache.exists() and not cache.is_dir():
+        raise ExportError(f"trace cache {trace_cache} is a file; give a folder (it is made if missing)")
+    for other, what in [(Path(out_dir).resolve(), "the export's folder"), *[(Path(p).resolve(), "the checkpoint") for p in protect]]:
+        if cache == other or other in cache.parents or cache in other.parents:
+            raise ExportError(f"trace cache {trace_cache} overlaps {what} ({other}); give a folder of its own")
+
+
+def _trace(spec, names, opset: int, path: Path, ops: str, max_sequence: int) -> bool:
+    """Trace one graph into ``path``; True where its graph depends on ``max_sequence``."""
+    with sequence_bound(max_sequence) as bound:
+        export_graph(spec.module, spec.example, names, spec.dynamic_shapes, opset, path, external=True, ops=ops)
+    return bound.used
 
 
 def _publish_manifest(tmp: Path, manifest: Manifest, tok) -> Manifest:

@@ -96,7 +96,15 @@ def export_cache(tmp_path_factory) -> ExportCache:
 
 
 @pytest.fixture(scope="session")
-def export_of(export_cache):
+def trace_cache(tmp_path_factory):
+    """The run's trace cache (edgelin.exporters.traces), shared by every xdist worker: the cached exports of one
+    model in several precisions (or with other checks or tokenizers) trace it once. Tests that change code a trace
+    runs (a monkeypatched model) export without it."""
+    return run_root(tmp_path_factory.getbasetemp()) / "traces"
+
+
+@pytest.fixture(scope="session")
+def export_of(export_cache, trace_cache):
     """``get(model, recipe, label=..., **export options)`` -> the export folder of ``model``, exported once per run.
 
     ``recipe`` is a JSON value that says how ``model`` was built (seed, config, ...): with the options it is the
@@ -105,7 +113,8 @@ def export_of(export_cache):
     from edgelin.exporters import export
 
     def get(model, recipe, *, label: str = "model", **options):
-        return export_cache.get(label, {"recipe": recipe, "options": options}, lambda folder: export(model, folder, **options))
+        return export_cache.get(label, {"recipe": recipe, "options": options},
+                                lambda folder: export(model, folder, trace_cache=trace_cache, **options))
 
     return get
 
@@ -131,7 +140,7 @@ def exported(export_of):
 
 
 @pytest.fixture(scope="session")
-def bundled_exports(export_cache):
+def bundled_exports(export_cache, trace_cache):
     """(precision, **export options) -> export dir of the bundled model (models/stdlib-linear) in that precision, smoke-checked;
     each exported once per run (about 30 s each on a quiet 2-core machine). Skips where the install has no
     bundled model. (``bundled_export`` is the same; a folder may override that name, as tests/web does.)"""
@@ -143,7 +152,7 @@ def bundled_exports(export_cache):
         if checkpoint is None:
             pytest.skip("this install has no bundled model")
         key = {"checkpoint": str(checkpoint), "precision": precision} | ({"options": options} if options else {})
-        return export_cache.get(f"bundled-{precision}", key, lambda folder: export(checkpoint, folder, precision=precision, **options))
+        return export_cache.get(f"bundled-{precision}", key, lambda folder: export(checkpoint, folder, precision=precision, trace_cache=trace_cache, **options))
 
     return get
 

@@ -80,9 +80,12 @@ def test_reexport_is_byte_identical(exported, tmp_path):
     model, in_memory = exported("performer")  # the shared export, made from the model object itself
     ckpt = save_checkpoint(model, tmp_path / "ckpt")
     a = export(ckpt, tmp_path / "a", chunk_size=8, check=False)
-    b = export(ckpt, tmp_path / "b", chunk_size=8, check=False)
+    b = export(ckpt, tmp_path / "b", chunk_size=8, check=False, trace_cache=tmp_path / "traces")  # traced, and kept
+    said = []
+    export(ckpt, tmp_path / "c", chunk_size=8, check=False, trace_cache=tmp_path / "traces", progress=said.append)
+    assert sum("taken from the trace cache" in s for s in said) == 2, said  # not traced: from the cache
     for name in ("prefill.onnx", "decode.onnx", "weights.data", "edgelin.json"):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes() == (tmp_path / "c" / name).read_bytes(), name
     assert a.manifest.source == b.manifest.source == weights_sha256(ckpt)
     assert a.manifest.extra["chunk_size"] == 8 and a.manifest.model["chunk_size"] == 8
     # an in-memory model hashes to the same source as its saved checkpoint

@@ -98,14 +98,15 @@ def test_a_mamba2_in_fp16_keeps_its_decays_in_fp32_and_passes_its_smoke_check(tm
     from edgelin.bench.llamacpp import build_checkpoint
 
     ckpt = build_checkpoint("mamba2", tmp_path / "ckpt")
-    fp32 = onnx.load(str(export(ckpt, tmp_path / "fp32", check=False).out_dir / "prefill.onnx"), load_external_data=False).graph
+    traces = tmp_path / "traces"  # one trace for the three exports: what they change comes after it
+    fp32 = onnx.load(str(export(ckpt, tmp_path / "fp32", check=False, trace_cache=traces).out_dir / "prefill.onnx"), load_external_data=False).graph
     accumulators = accumulator_region(fp32)
     decays = {n.name: n for n in fp32.node if n.name in decay_region(fp32, accumulators)}
     ops = [n.op_type for n in decays.values()]
     assert ops.count("Softplus") == 4 and ops.count("CumSum") == 0 and not set(decays) & accumulators  # CumSums are accumulators
     assert "MatMul" not in ops and "Conv" not in ops  # the path only: not the projections or the conv
     out = tmp_path / "fp16"
-    export(ckpt, out, precision="fp16")  # raises ExportError where the smoke check misses the budget
+    export(ckpt, out, precision="fp16", trace_cache=traces)  # raises ExportError where the smoke check misses the budget
     manifest = json.loads((out / "edgelin.json").read_text())
     kept = manifest["precision_kept"]
     assert any("decays' path" in line for line in kept["prefill"]) and any("decays' path" in line for line in kept["decode"])
@@ -114,7 +115,7 @@ def test_a_mamba2_in_fp16_keeps_its_decays_in_fp32_and_passes_its_smoke_check(tm
 
     monkeypatch.setattr(conversion, "decay_region", lambda graph, accumulators: set())  # the decays in fp16, as before
     with pytest.raises(ExportError, match=r"smoke check failed: prefill .*transformers' own model in float16 is") as info:
-        export(ckpt, tmp_path / "broken", precision="fp16")
+        export(ckpt, tmp_path / "broken", precision="fp16", trace_cache=traces)
     assert not (tmp_path / "broken").exists(), str(info.value)
 
 
