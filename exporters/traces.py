@@ -16,8 +16,9 @@ A trace is found by a key that holds everything the trace could depend on:
 - the graph: its role, input and output names, example shapes and dtypes, dynamic dimensions; opset, lowering,
   ``max_sequence``.
 
-What it cannot see is code changed while a process runs (a monkeypatched method), so the cache is never used
-unless asked for. An entry is ``<key>/`` with the graph's files and ``trace.json`` (what it holds and their sha256),
+What it cannot see is code changed while a process runs (a monkeypatched method), or the code of a class whose
+source file cannot be read (typed into an interpreter: known by its name only), so the cache is never used unless
+asked for. An entry is ``<key>/`` with the graph's files and ``trace.json`` (what it holds and their sha256),
 written in a hidden folder and renamed into place; an entry whose files do not match their record is not used,
 and the next trace of that graph replaces it. Nothing else in the folder is read, changed or removed. Entries are
 as large as the traced graph with its weights (about the fp32 model's size per graph): delete the folder when it
@@ -185,6 +186,16 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _copy_hashing(src: Path, dst: Path) -> str:
+    """Copy ``src`` to ``dst`` and return the sha256 of what was read: one pass over a file of gigabytes."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+    return h.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True)
 class Hit:
     """A usable entry: its files were copied into the export's folder."""
@@ -222,14 +233,14 @@ class TraceCache:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _record(self, key: str) -> dict | None:
-        """The entry's record where every file it names is there with its recorded hash; else None."""
+    def _record(self, key: str, *, hashes: bool = True) -> dict | None:
+        """The entry's record where every file it names is there (with its recorded hash, where ``hashes``); else None."""
         entry = self.entry(key)
         try:
             record = json.loads((entry / ENTRY_FILE).read_text(encoding="utf-8"))
             files = record["files"]
             if record.get("format") != FORMAT or not files or not all(
-                    (entry / name).is_file() and _file_sha256(entry / name) == digest for name, digest in files.items()):
+                    (entry / name).is_file() and (not hashes or _file_sha256(entry / name) == digest) for name, digest in files.items()):
                 return None
             return record
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -245,11 +256,21 @@ class TraceCache:
         shutil.rmtree(stale, ignore_errors=True)
 
     def lookup(self, key: str, dest: Path) -> Hit | None:
-        record = self._record(key)
+        """Copy the entry's files into ``dest`` (a copy: the export rewrites its graphs in place), each checked against
+        its recorded sha256 as it is read; where one differs, what was copied is removed again and None returned."""
+        record = self._record(key, hashes=False)
         if record is None:
             return None
-        for name in record["files"]:
-            shutil.copyfile(self.entry(key) / name, dest / name)  # a copy: the export rewrites its graphs in place
+        copied = []
+        try:
+            for name, digest in record["files"].items():
+                copied.append(dest / name)
+                if _copy_hashing(self.entry(key) / name, dest / name) != digest:
+                    raise ValueError(f"{name} changed since it was stored")
+        except (OSError, ValueError):
+            for path in copied:
+                path.unlink(missing_ok=True)
+            return None
         return Hit(key=key, files=tuple(record["files"]), bound_used=bool(record.get("bound_used")))
 
     def store(self, key: str, src: Path, files: list[str], bound_used: bool) -> bool:
@@ -267,8 +288,7 @@ class TraceCache:
             staging.mkdir()
             digests = {}
             for name in files:
-                shutil.copyfile(src / name, staging / name)
-                digests[name] = _file_sha256(staging / name)
+                digests[name] = _copy_hashing(src / name, staging / name)
             (staging / ENTRY_FILE).write_text(json.dumps({"format": FORMAT, "files": digests, "bound_used": bound_used}, indent=1),
                                               encoding="utf-8")
             try:

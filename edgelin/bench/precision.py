@@ -64,7 +64,7 @@ def precision_section(plan: Plan, threads: int, say: Progress, *, source: Any = 
         exports: dict[str, dict[str, Any]] = {}
         for name in names:
             say(f"  exporting {name} (checked against PyTorch) ...")
-            result = export(model, work / name, precision=name)
+            result = export(model, work / name, precision=name, trace_cache=work / "traces")  # one trace, four precisions
             exports[name] = {"bytes_on_disk": dict(result.files), "nodes": dict(result.nodes),
                              "decode_weight_bytes": graph_weight_bytes(result.manifest.graph_path(work / name, "decode")),
                              "smoke_check_max_abs": {k: e.max_abs for k, e in (result.smoke or {}).items()}}

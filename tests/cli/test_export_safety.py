@@ -79,7 +79,7 @@ def test_force_never_deletes_a_folder_that_is_not_an_export(exported, ckpt, tmp_
     assert tree(tmp_path) == before
 
 
-def test_force_replaces_an_export_and_says_so(exported, tmp_path):
+def test_force_replaces_an_export_and_says_so(exported, trace_cache, tmp_path):
     from edgelin.exporters import export
 
     model, src = exported("elu+1")
@@ -87,7 +87,7 @@ def test_force_replaces_an_export_and_says_so(exported, tmp_path):
     shutil.copytree(src, target)
     (target / "edgelin.json").write_text((target / "edgelin.json").read_text().replace('"edgelin_version"', '"old_note": 1, "edgelin_version"'))
     said = []
-    export(model, target, force=True, check=False, progress=said.append)
+    export(model, target, force=True, check=False, progress=said.append, trace_cache=trace_cache)  # the publishing is tested
     assert any("replacing" in s and "an edgelin export (5 files)" in s for s in said), said
     assert "old_note" not in (target / "edgelin.json").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]  # no temporary or trash folder left

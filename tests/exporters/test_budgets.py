@@ -80,13 +80,14 @@ def test_validate_budget_is_applied_and_recorded(loud):
     assert parity.BUDGETS["fp32"]["logits"]["max_rel"] != 1e-12  # the table itself is untouched
 
 
-def test_export_budget_is_held_by_the_smoke_check_and_recorded(tmp_path):
+def test_export_budget_is_held_by_the_smoke_check_and_recorded(tmp_path, trace_cache):
+    # a budget acts after the trace: the run's trace cache gives both exports the loud model's traced graphs
     model = _loud_model()
     with pytest.raises(ExportError, match="smoke check failed.*--budget"):
-        export(model, tmp_path / "tight", budget={"logits": {"max_rel": 1e-12}})
+        export(model, tmp_path / "tight", budget={"logits": {"max_rel": 1e-12}}, trace_cache=trace_cache)
     assert not (tmp_path / "tight").exists() and list(tmp_path.iterdir()) == []
     out = tmp_path / "own"
-    export(model, out, budget={"logits": {"max_rel": 2e-5}, "top1": {"min_agreement": 0.97}})
+    export(model, out, budget={"logits": {"max_rel": 2e-5}, "top1": {"min_agreement": 0.97}}, trace_cache=trace_cache)
     manifest = json.loads((out / "edgelin.json").read_text())
     assert manifest["parity_budgets"] == {"logits": {"max_rel": 2e-5}, "top1": {"min_agreement": 0.97}}
     report = validate(out, model, steps=4)
@@ -97,13 +98,14 @@ def test_export_budget_is_held_by_the_smoke_check_and_recorded(tmp_path):
     assert again.overrides == {"logits": {"max_rel": 2e-5, "rel_l2": 1e-4}, "top1": {"min_agreement": 0.97}}
 
 
-def test_cli_budget_options(loud, tmp_path):
+def test_cli_budget_options(loud, trace_cache, tmp_path):
     model, out = loud
     ckpt = tmp_path / "ckpt"
     from edgelin.checkpoint import save_checkpoint
 
     save_checkpoint(model, ckpt)
-    result = CliRunner().invoke(main, ["export", str(ckpt), "-o", str(tmp_path / "o"), "--budget", "logits.max_rel=1e-12"])
+    result = CliRunner().invoke(main, ["export", str(ckpt), "-o", str(tmp_path / "o"), "--budget", "logits.max_rel=1e-12",
+                                       "--trace-cache", str(trace_cache)])
     assert result.exit_code == 2 and "smoke check failed" in result.stderr and "Traceback" not in result.output + result.stderr
     assert not (tmp_path / "o").exists()
     result = CliRunner().invoke(main, ["validate", str(out), "--checkpoint", str(ckpt), "--steps", "4", "--budget", "logits.max_rel=1e-12"])
