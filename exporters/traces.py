@@ -41,6 +41,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 ENTRY_FILE = "trace.json"
@@ -65,6 +66,11 @@ def _describe(value: Any, depth: int = 0) -> Any:
         h = hashlib.sha256()
         _tensor_digest(h, value)
         return {"tensor": h.hexdigest()}
+    if isinstance(value, np.ndarray):
+        data = np.ascontiguousarray(value)
+        return {"array": hashlib.sha256(f"{data.dtype}{data.shape}".encode() + (data.tobytes() if data.dtype != object else b"")).hexdigest()}
+    if isinstance(value, np.generic):
+        return repr(value)
     if isinstance(value, (list, tuple)):
         return [_describe(v, down) for v in value]
     if isinstance(value, dict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,6 +54,10 @@ def test_the_key_is_the_same_for_the_same_model_and_changes_with_anything_a_trac
     other_attr = tiny_model("elu+1")
     other_attr.table = torch.tensor([1.0, 2.5])
     changed["a tensor attribute"], changed["its value"] = _keys(tensor_attr), _keys(other_attr)
+    for value in (1.0, 2.0):  # a numpy constant the forward might read
+        arr = tiny_model("elu+1")
+        arr.blocks[0].offsets = np.array([0.5, value], dtype=np.float32)
+        changed[f"a numpy attribute holding {value}"] = _keys(arr)
     flagged = tiny_model("elu+1")
     flagged.blocks[0].some_flag = True
     changed["a plain attribute of a submodule"] = _keys(flagged)
