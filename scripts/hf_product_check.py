@@ -65,7 +65,7 @@ def check_family(name: str, work: Path) -> dict:
     for p in PRECISIONS:
         out = work / p
         started = time.perf_counter()
-        row[f"export_{p}"] = export_checked(ckpt, out, p)
+        row[f"export_{p}"] = export_checked(ckpt, out, p, trace_cache=work / "traces")  # one trace, every precision
         exports[p] = out
         report = validate(out, ckpt, steps=16, long=0, upstream="required" if p == "fp32" else "off")
         failed = [f"{c.group}: {c.name}" for c in report.checks if c.failed]

@@ -47,6 +47,17 @@ def test_a_variant_is_exported_with_its_options_and_compared_with_its_gguf_type(
         assert llamacpp.export_checked(tmp_path, tmp_path / name, name) == "passed"
         assert calls.pop() == options
     assert llamacpp.gguf_type("int8-block") == "Q8_0" and llamacpp.gguf_type("int4") == "Q4_0"
+    # one trace cache for a checkpoint's exports: given to the checked export and to its unchecked retry
+    from edgelin.errors import ExportError
+
+    def strict(ckpt, out, **options):
+        calls.append(options)
+        if options.get("check", True):
+            raise ExportError("smoke check failed: prefill ...")
+
+    monkeypatch.setattr(exporters, "export", strict)
+    assert llamacpp.export_checked(tmp_path, tmp_path / "x", "int4", trace_cache=tmp_path / "t").startswith("failed, exported unchecked")
+    assert calls == [{"precision": "int4", "trace_cache": tmp_path / "t"}, {"precision": "int4", "trace_cache": tmp_path / "t", "check": False}]
 
 
 def test_the_section_is_opt_in():

@@ -283,14 +283,17 @@ def gguf_type(name: str) -> str:
     return PRECISIONS[name] if name in PRECISIONS else VARIANTS[name][1]
 
 
-def export_checked(ckpt: Path, out: Path, precision: str) -> str:
+def export_checked(ckpt: Path, out: Path, precision: str, trace_cache: Path | None = None) -> str:
     """Export with the exporter's check against PyTorch; where the check fails, export unchecked and say so (the
     greedy ids then show what the difference does): "passed" or the check's failure. ``precision``: a precision
-    or a name of VARIANTS."""
+    or a name of VARIANTS. ``trace_cache``: a folder shared by the exports of one checkpoint, so that its
+    precisions (and an unchecked retry) trace it once."""
     from edgelin.errors import ExportError
     from edgelin.exporters import export
 
     options = VARIANTS[precision][0] if precision in VARIANTS else {"precision": precision}
+    if trace_cache is not None:
+        options = {**options, "trace_cache": trace_cache}
     try:
         export(ckpt, out, **options)
         return "passed"
@@ -334,7 +337,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
             checks = {}
             for p in chosen:
                 say(f"  {name}: edgelin export at {p} ...")
-                checks[p] = export_checked(ckpt, work / name / p, p)
+                checks[p] = export_checked(ckpt, work / name / p, p, trace_cache=work / name / "traces")
             ref = run(ckpt, "transformers", prompt[None], np.zeros((1, 0), np.int64), greedy=GREEDY).greedy  # [1, GREEDY]
             models[name] = {"model_type": model_type, "config": config,
                             "parameters": sum(int(np.prod(s)) for s in _shapes(ckpt)),
