@@ -152,3 +152,21 @@ def test_an_export_takes_its_graphs_from_the_cache_and_traces_a_broken_one_again
     assert (cache / keys["decode"] / "notes.txt").read_text() == "a user's"
     for name in names:
         assert (tmp_path / "b" / name).read_bytes() == (shared / name).read_bytes(), name
+
+
+def test_a_delta_rule_export_from_the_cache_keeps_its_sequence_bound(exported, trace_cache, tmp_path, monkeypatch):
+    """The delta rule's portable scan depends on ``max_sequence``, which the manifest records: an export whose
+    graphs come from the cache records it as the traced one did (the same files, byte for byte), tracing nothing."""
+    model, shared = exported("relu", normalisation="none", update="delta")
+    assert json.loads((shared / "edgelin.json").read_text())["max_sequence"] == 4096
+    cache = tmp_path / "cache"
+    for key in _keys(model).values():
+        shutil.copytree(trace_cache / key, cache / key)
+
+    def no_trace(*args, **kwargs):
+        raise AssertionError("traced although the cache holds both graphs")
+
+    monkeypatch.setattr(export_impl, "export_graph", no_trace)
+    export(model, tmp_path / "a", check=False, trace_cache=cache)
+    for p in shared.iterdir():
+        assert (tmp_path / "a" / p.name).read_bytes() == p.read_bytes(), p.name
