@@ -10,6 +10,7 @@ configuration. Each configuration is exported once per run, shared by every xdis
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(stackchunks.install())
     for line in trace_summary(_shared_root(config)):
         terminalreporter.write_line(line)
+    if os.environ.get(KEPT_TRACES):
+        terminalreporter.write_line(f"shared exports traced through {KEPT_TRACES}={os.environ[KEPT_TRACES]} (kept between runs): "
+                                    "not a fresh run's time")
     for folder in getattr(config, "_edgelin_changed", []):
         terminalreporter.write_line(f"FAILED: a test wrote into the shared export {folder}; copy it first (testkit.exports.copy_of)")
 
@@ -95,12 +99,18 @@ def export_cache(tmp_path_factory) -> ExportCache:
     return ExportCache(run_root(tmp_path_factory.getbasetemp()))
 
 
+KEPT_TRACES = "EDGELIN_TEST_TRACE_CACHE"  # a developer's trace cache kept between runs (never set by CI)
+
+
 @pytest.fixture(scope="session")
 def trace_cache(tmp_path_factory):
     """The run's trace cache (edgelin.exporters.traces), shared by every xdist worker: the cached exports of one
     model in several precisions (or with other checks or tokenizers) trace it once. Tests that change code a trace
-    runs (a monkeypatched model) export without it."""
-    return run_root(tmp_path_factory.getbasetemp()) / "traces"
+    runs (a monkeypatched model) export without it. With EDGELIN_TEST_TRACE_CACHE=DIR the cache is DIR and outlives
+    the run: a later run of unchanged code skips those traces (its key holds edgelin's sources and the models), and
+    its time is then not a fresh run's."""
+    kept = os.environ.get(KEPT_TRACES)
+    return Path(kept).resolve() if kept else run_root(tmp_path_factory.getbasetemp()) / "traces"
 
 
 @pytest.fixture(scope="session")
