@@ -44,6 +44,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from edgelin.runtime.manifest import file_sha256
+
 ENTRY_FILE = "trace.json"
 FORMAT = 1
 _CHUNK = 1 << 20
@@ -184,14 +186,6 @@ def trace_key(model_part: dict, *, graph: str, names: tuple[list[str], list[str]
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _copy_hashing(src: Path, dst: Path) -> str:
     """Copy ``src`` to ``dst`` and return the sha256 of what was read: one pass over a file of gigabytes."""
     h = hashlib.sha256()
@@ -246,7 +240,7 @@ class TraceCache:
             record = json.loads((entry / ENTRY_FILE).read_text(encoding="utf-8"))
             files = record["files"]
             if record.get("format") != FORMAT or not files or not all(
-                    (entry / name).is_file() and (not hashes or _file_sha256(entry / name) == digest) for name, digest in files.items()):
+                    (entry / name).is_file() and (not hashes or file_sha256(entry / name) == digest) for name, digest in files.items()):
                 return None
             return record
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
