@@ -170,3 +170,20 @@ def bundled_exports(export_cache, trace_cache):
 @pytest.fixture(scope="session")
 def bundled_export(bundled_exports):
     return bundled_exports
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_oracle_starts(tmp_path_factory):
+    """The oracles' subprocesses (transformers' and fla's own models) forked from warm zygotes in this test process
+    (testkit.zygote): the same scripts, minus 3-5 s of imports each. CLI runs of edgelin start theirs cold."""
+    import subprocess
+
+    from testkit.zygote import Router
+
+    router = Router(subprocess.run, tmp_path_factory.mktemp("zygotes"))
+    subprocess.run = router
+    try:
+        yield router
+    finally:
+        subprocess.run = router.real
+        router.close()
