@@ -12,8 +12,8 @@ A tiny random ``LinearAttentionForCausalLM`` (``FLA_MODEL``, fla's defaults othe
                       cached step (``model(token, past_key_values=cache)``)
 
 fla's kernels are written in Triton, which has no CPU backend: on a machine without a GPU fla runs only in
-Triton's interpreter (``TRITON_INTERPRET=1``, numpy underneath), with the autotuner made to keep its first
-config (it would otherwise benchmark candidates on a GPU). So fla's step here measures fla *as it runs on a
+Triton's interpreter (``TRITON_INTERPRET=1``, numpy underneath), with the autotuner made to keep the config
+with the largest blocks (it would otherwise benchmark candidates on a GPU; ``edgelin.upstream_run``). So fla's step here measures fla *as it runs on a
 CPU*, not its GPU speed; the report says so. fla is loaded with ``attn_mode="fused_recurrent"`` (the kernels
 the interpreter runs) and, by default, ``fuse_norm=False, fuse_swiglu=False`` (RMSNorm and SwiGLU in PyTorch,
 the same math without two more interpreted kernels per layer: fla's fastest CPU configuration).
@@ -96,15 +96,17 @@ def fla_section(plan: Plan, threads: int, say: Progress, fused: bool = False) ->
 
 # ---- the worker -----------------------------------------------------------------------------------
 def _fla_models():
-    """fla.models with the autotuner keeping its first config, or the reason it cannot be imported."""
+    """fla.models with Triton's interpreter set up as validate's upstream run sets it (one autotuner config, the
+    largest blocks: ``edgelin.upstream_run.interpret_on_cpu``), or the reason it cannot be imported."""
     warnings.filterwarnings("ignore", message=".*Triton is not supported on current platform.*")
     try:
         models = importlib.import_module("fla.models")
-        autotuner = importlib.import_module("triton.runtime.autotuner")
+        from edgelin.upstream_run import interpret_on_cpu
+
+        interpret_on_cpu()
     except Exception as exc:  # noqa: BLE001 -- ImportError, or triton failing at import: said in one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         return None, f"flash-linear-attention cannot be imported ({type(exc).__name__}: {first}); {INSTALL_HINT}"
-    autotuner.Autotuner.prune_configs = lambda self, kwargs: self.configs[:1]
     return models, None
 
 

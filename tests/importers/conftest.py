@@ -36,7 +36,7 @@ def _fla():
     if _FLA is None:
         warnings.filterwarnings("ignore", message=".*Triton is not supported on current platform.*")
         _FLA = pytest.importorskip("fla.models", reason="flash-linear-attention or triton cannot be imported; pip install -e '.[test]'")
-        interpret_on_cpu()  # what validate's upstream run does: the autotuner's first config, the language patched once per kernel
+        interpret_on_cpu()  # what validate's upstream run does: one autotuner config (the largest blocks), the language patched once per kernel
     return _FLA
 
 

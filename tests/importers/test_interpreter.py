@@ -9,6 +9,7 @@ is skipped, and after each kernel every attribute of triton.language is the orig
 from __future__ import annotations
 
 import importlib
+import types
 
 import pytest
 import torch
@@ -79,3 +80,28 @@ def test_once_per_kernel_computes_what_the_interpreter_did_and_restores_the_lang
     interpret_on_cpu()  # idempotent: not wrapped twice
     calls.clear()
     assert torch.equal(_run(), reference) and calls == ["_kernel", "sigmoid"]
+
+
+def test_the_autotuner_keeps_the_config_with_the_largest_blocks():
+    """One config, no benchmark (it needs a GPU): the largest product of block sizes, the first of equals; a kernel
+    run through the autotuner then launches the fewest programs and computes what it computes with any block."""
+    from edgelin.upstream_run import fewest_programs
+
+    configs = [triton.Config({"BLOCK": 8}, num_warps=4), triton.Config({"BLOCK": 32, "ROWS": 2}, num_warps=2),
+               triton.Config({"BLOCK": 64, "ROWS": 1}, num_warps=8), triton.Config({"BLOCK": 16, "ROWS": 4})]
+    assert fewest_programs(types.SimpleNamespace(configs=configs), {}) == [configs[1]]  # 64 = 32 x 2 = 64 x 1: the first
+    if not isinstance(_kernel, interpreter.InterpretedFunction):
+        pytest.skip("TRITON_INTERPRET was not set when the kernel was defined (tests/importers/conftest.py sets it)")
+    interpret_on_cpu()
+    blocks = []
+
+    @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in (8, 64, 16)], key=["n"])
+    @triton.jit
+    def tuned(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        _kernel.fn(x_ptr, y_ptr, out_ptr, n, BLOCK)  # _kernel's body (the interpreter runs it as Python)
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(70, generator=gen), torch.randn(70, generator=gen)
+    out = torch.empty(70)
+    tuned[lambda meta: (blocks.append(meta["BLOCK"]) or triton.cdiv(70, meta["BLOCK"]),)](x, y, out, 70)
+    assert blocks == [64] and torch.equal(out, _run())  # _run: the same kernel in blocks of 32
