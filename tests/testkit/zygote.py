@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 UPSTREAM_RUN = Path(__file__).resolve().parents[2] / "edgelin" / "upstream_run.py"
@@ -78,8 +79,9 @@ class Zygote:
         self.log = self.folder / "zygote.err"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, __file__, kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=log, env=env, text=True, bufsize=1)
+                                         stderr=log, env=env, bufsize=0)
         self.lock = threading.Lock()
+        self.replies = b""  # read from the zygote's stdout, not yet taken as lines
         self.count = 0
 
     def run(self, args, *, timeout: float | None, cwd=None) -> subprocess.CompletedProcess:
@@ -87,9 +89,8 @@ class Zygote:
             self.count += 1
             out, err = self.folder / f"{self.count}.out", self.folder / f"{self.count}.err"
             request = {"argv": [str(a) for a in args[1:]], "cwd": str(cwd or os.getcwd()), "out": str(out), "err": str(err)}
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            pid = int(self._line(30.0))
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            pid = int(self._line(600.0))  # the first request waits for the zygote's imports
             try:
                 code = int(self._line(timeout))
             except subprocess.TimeoutExpired:
@@ -102,13 +103,20 @@ class Zygote:
             return subprocess.CompletedProcess(list(args), code, stdout, stderr)
 
     def _line(self, timeout: float | None) -> str:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            raise subprocess.TimeoutExpired("zygote", timeout)
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the {self.kind} zygote exited: {self.log.read_text()[-2000:]}")
-        return line
+        """The zygote's next reply line, read straight from the pipe (a buffered reader could hold a second reply
+        that select() then never reports)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.replies:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                raise subprocess.TimeoutExpired("zygote", timeout)
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError(f"the {self.kind} zygote exited: {self.log.read_text()[-2000:]}")
+            self.replies += chunk
+        line, _, self.replies = self.replies.partition(b"\n")
+        return line.decode()
 
     def close(self) -> None:
         if self.proc.poll() is None:
