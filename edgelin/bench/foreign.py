@@ -13,8 +13,8 @@ A tiny random ``LinearAttentionForCausalLM`` (``FLA_MODEL``, fla's defaults othe
 
 fla's kernels are written in Triton, which has no CPU backend: on a machine without a GPU fla runs only in
 Triton's interpreter (``TRITON_INTERPRET=1``, numpy underneath), with the autotuner made to keep the config
-with the largest blocks (it would otherwise benchmark candidates on a GPU; ``edgelin.upstream_run``). So fla's step here measures fla *as it runs on a
-CPU*, not its GPU speed; the report says so. fla is loaded with ``attn_mode="fused_recurrent"`` (the kernels
+with the largest blocks (it would otherwise benchmark candidates on a GPU; ``edgelin.upstream_run``). So fla's
+step here measures fla *as it runs on a CPU*, not its GPU speed; the report says so. fla is loaded with ``attn_mode="fused_recurrent"`` (the kernels
 the interpreter runs) and, by default, ``fuse_norm=False, fuse_swiglu=False`` (RMSNorm and SwiGLU in PyTorch,
 the same math without two more interpreted kernels per layer: fla's fastest CPU configuration).
 
