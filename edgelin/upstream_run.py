@@ -8,8 +8,8 @@ what this process hides or patches to make the framework run on a CPU (below) ne
                 ("0 active drivers"); hidden, it runs its own PyTorch paths. The model runs in float64 with its
                 modelling code's float32 casts lifted (``float64_throughout``): the exact reference.
   fla           fla's Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by the caller), the
-                autotuner kept to the config with the largest blocks (its benchmark step needs a GPU driver), device functions
-                not re-patching the language inside a kernel (``interpret_on_cpu``); models load with
+                autotuner kept to the config with the largest blocks (its benchmark step needs a GPU driver),
+                device functions not re-patching the language inside a kernel (``interpret_on_cpu``); models load with
                 attn_mode="fused_recurrent" (fla's chunk kernels do not run in the interpreter) and, where the
                 config has them, fuse_norm / fuse_swiglu off (the same math in PyTorch: far fewer kernel launches).
 
