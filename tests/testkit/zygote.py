@@ -36,13 +36,13 @@ UPSTREAM_RUN = Path(__file__).resolve().parents[2] / "edgelin" / "upstream_run.p
 HF_ORACLE = Path(__file__).resolve().with_name("hf_oracle.py")
 TRANSFORMERS_MODELS = ("lfm2", "qwen3_5", "qwen3_next", "mamba2", "bamba", "granitemoehybrid", "nemotron_h")
 
+COMMON = ("torch", "transformers", "safetensors.torch")
+MODELLING = COMMON + tuple(f"transformers.models.{m}.modeling_{m}" for m in TRANSFORMERS_MODELS)
 # kind -> (what the kind's scripts hide before they import anything, the modules a zygote imports once)
 KINDS = {
-    "hf_oracle": (("fla",), ("torch", "transformers", "safetensors.torch")
-                  + tuple(f"transformers.models.{m}.modeling_{m}" for m in TRANSFORMERS_MODELS)),
-    "transformers": (("triton", "fla"), ("torch", "transformers", "safetensors.torch")
-                     + tuple(f"transformers.models.{m}.modeling_{m}" for m in TRANSFORMERS_MODELS)),
-    "fla": ((), ("torch", "transformers", "safetensors.torch", "fla", "triton.runtime.interpreter")),
+    "hf_oracle": (("fla",), MODELLING),
+    "transformers": (("triton", "fla"), MODELLING),
+    "fla": ((), COMMON + ("fla", "triton.runtime.interpreter")),
 }
 IGNORED_ENV = {"PYTEST_CURRENT_TEST"}  # changes per test; read by nothing an oracle runs
 
