@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgelin import fused
 from edgelin.errors import ConfigError
 
 _REGISTRY: dict[str, type["FeatureMap"]] = {}
@@ -94,7 +95,7 @@ class Softplus(FeatureMap):
     """phi(x) = softplus(x) = log(1 + e^x) > 0. No shift needed: it is positive everywhere."""
 
     def forward(self, x, *, is_query, positions=None):
-        return F.softplus(x)
+        return fused.softplus(x)
 
 
 @register("performer")

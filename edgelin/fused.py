@@ -97,30 +97,84 @@ def _(q, k, v, past, decay, beta, rule, heads, scale):
     return q.new_empty(B, T, heads * past.shape[3]), past.new_empty(past.shape)
 
 
+def _conv_reference(x, weight, bias, past, channels_last: bool, silu: bool):
+    """com.microsoft.CausalConvWithState as specified (one spatial axis, dilation 1, no state window): a depthwise
+    convolution of [past | x] along time with kernel weight [C, 1, K], then SiLU if ``silu``; the present state
+    is the last K - 1 positions of [past | x]. Channels first: x [B, C, T], past [B, C, K - 1]; ``channels_last``:
+    x [B, T, C], past [B, K - 1, C]. -> (y like x, present like past)."""
+    if channels_last:
+        x, past = x.transpose(1, 2), past.transpose(1, 2)
+    full = torch.cat([past, x], dim=2)  # [B, C, K - 1 + T]
+    y = F.conv1d(full, weight, bias, groups=weight.shape[0])  # [B, C, T]
+    if silu:
+        y = F.silu(y)
+    present = full[:, :, x.shape[2]:]  # the last K - 1 positions
+    if channels_last:
+        y, present = y.transpose(1, 2), present.transpose(1, 2)
+    return y, present
+
+
+@torch.library.custom_op("edgelin::causal_conv", mutates_args=())
+def causal_conv_op(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], past: torch.Tensor, channels_last: bool, silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, present = _conv_reference(x, weight, bias, past, channels_last, silu)
+    return y.contiguous(), present.contiguous()
+
+
+@causal_conv_op.register_fake
+def _(x, weight, bias, past, channels_last, silu):
+    return x.new_empty(x.shape), past.new_empty(past.shape)
+
+
+@torch.library.custom_op("edgelin::softplus", mutates_args=())
+def softplus_op(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + e^x) as ONNX's Softplus node (ONNX Runtime computes it without overflow: x + log1p(e^-x) above 0).
+    Eager: torch's softplus (x itself above 20, where the two agree to float32 rounding)."""
+    return F.softplus(x)
+
+
+@softplus_op.register_fake
+def _(x):
+    return x.new_empty(x.shape)
+
+
 def _schema() -> None:
-    """Declare the contrib operator to onnx (once per process), so that the exporter's onnxscript can emit it
-    and onnx.checker can check it: the inputs, outputs and attributes edgelin uses."""
+    """Declare the contrib operators to onnx (once per process), so that the exporter's onnxscript can emit them
+    and onnx.checker can check them: the inputs, outputs and attributes edgelin uses."""
     import onnx
     from onnx.defs import OpSchema
 
-    if onnx.defs.has("LinearAttention", MS_DOMAIN):
-        return
     param, optional = OpSchema.FormalParameter, OpSchema.FormalParameterOption.Optional
-    onnx.defs.register_schema(OpSchema(
-        "LinearAttention", MS_DOMAIN, 1,
-        inputs=[param("query", "T"), param("key", "T"), param("value", "T"), param("past_state", "T", param_option=optional),
-                param("decay", "T", param_option=optional), param("beta", "T", param_option=optional)],
-        outputs=[param("output", "T"), param("present_state", "T")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float tensors")],
-        attributes=[OpSchema.Attribute(name, kind, "", required=False) for name, kind in (
-            ("update_rule", OpSchema.AttrType.STRING), ("q_num_heads", OpSchema.AttrType.INT),
-            ("kv_num_heads", OpSchema.AttrType.INT), ("scale", OpSchema.AttrType.FLOAT), ("chunk_size", OpSchema.AttrType.INT))],
-    ))
+    floats = [("T", ["tensor(float)", "tensor(float16)"], "float tensors")]
+
+    def attributes(*pairs) -> list:
+        return [OpSchema.Attribute(name, kind, "", required=False) for name, kind in pairs]
+
+    if not onnx.defs.has("LinearAttention", MS_DOMAIN):
+        onnx.defs.register_schema(OpSchema(
+            "LinearAttention", MS_DOMAIN, 1,
+            inputs=[param("query", "T"), param("key", "T"), param("value", "T"), param("past_state", "T", param_option=optional),
+                    param("decay", "T", param_option=optional), param("beta", "T", param_option=optional)],
+            outputs=[param("output", "T"), param("present_state", "T")], type_constraints=floats,
+            attributes=attributes(("update_rule", OpSchema.AttrType.STRING), ("q_num_heads", OpSchema.AttrType.INT),
+                                  ("kv_num_heads", OpSchema.AttrType.INT), ("scale", OpSchema.AttrType.FLOAT),
+                                  ("chunk_size", OpSchema.AttrType.INT)),
+        ))
+    if not onnx.defs.has("CausalConvWithState", MS_DOMAIN):
+        onnx.defs.register_schema(OpSchema(
+            "CausalConvWithState", MS_DOMAIN, 1,
+            inputs=[param("input", "T"), param("weight", "T"), param("bias", "T", param_option=optional),
+                    param("past_state", "T", param_option=optional)],
+            outputs=[param("output", "T"), param("present_state", "T")], type_constraints=floats,
+            attributes=attributes(("channels_last", OpSchema.AttrType.INT), ("activation", OpSchema.AttrType.STRING)),
+        ))
 
 
 def translation_table() -> dict:
-    """torch.onnx's ``custom_translation_table``: edgelin's operators -> their ONNX Runtime contrib nodes."""
+    """torch.onnx's ``custom_translation_table``: edgelin's operators -> their ONNX Runtime nodes."""
     import onnxscript
+    from onnxscript import opset18 as op
 
     _schema()
     ms = onnxscript.values.Opset(MS_DOMAIN, 1)
@@ -129,7 +183,16 @@ def translation_table() -> dict:
         return ms.LinearAttention(q, k, v, past, decay, beta, update_rule=rule, q_num_heads=heads, kv_num_heads=heads,
                                   scale=scale, _outputs=2)
 
-    return {torch.ops.edgelin.linear_attention.default: linear_attention}
+    def causal_conv(x, weight, bias, past, channels_last: bool, silu: bool):
+        return ms.CausalConvWithState(x, weight, bias, past, channels_last=int(channels_last),
+                                      activation="silu" if silu else "none", _outputs=2)
+
+    def softplus(x):
+        return op.Softplus(x)
+
+    return {torch.ops.edgelin.linear_attention.default: linear_attention,
+            torch.ops.edgelin.causal_conv.default: causal_conv,
+            torch.ops.edgelin.softplus.default: softplus}
 
 
 # ---- the forms' fused path ---------------------------------------------------------------------------
@@ -178,4 +241,18 @@ def delta(q, k, v, beta, g, S):
     return _heads(o, H), S
 
 
-__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "delta", "linear_attention_op", "lowering", "translation_table"]
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """softplus(x): one Softplus node under the fused lowering (torch's threshold otherwise exports as Softplus,
+    Greater and Where: three nodes for what ONNX Runtime's Softplus computes without overflow on its own)."""
+    return softplus_op(x) if active() else F.softplus(x)
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past: torch.Tensor, *, channels_last: bool,
+                silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A short causal depthwise convolution with its carried window through one CausalConvWithState node
+    (``_conv_reference`` says what it computes); the caller checks ``active()`` and keeps ragged batches portable."""
+    return causal_conv_op(x, weight, bias, past, channels_last, silu)
+
+
+__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "linear_attention_op", "lowering", "softplus",
+           "softplus_op", "translation_table"]

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgelin import fused
 from edgelin.feature_maps import make_feature_map
 from edgelin.ops import FORMS, recurrent_step, state_layout
 from edgelin.short_conv import WindowConv
@@ -101,7 +102,7 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = self.in_proj(x).split([o.inner, o.conv_dim, o.num_heads], dim=-1)
         xbc, window = self.conv1d(xbc, state["conv"], form == "step")  # [B, T, conv_dim], [B, conv_dim, K]
         xs, b, c = xbc.split([o.inner, o.n_groups * o.state_size, o.n_groups * o.state_size], dim=-1)
-        dt = F.softplus(dt + self.dt_bias)  # [B, T, H]
+        dt = fused.softplus(dt + self.dt_bias)  # [B, T, H]
         if o.dt_min > 0.0 or math.isfinite(o.dt_max):
             dt = dt.clamp(min=o.dt_min, max=o.dt_max)
         g = (dt * -self.A_log.exp()).transpose(1, 2)  # [B, H, T]: the log-decay, <= 0

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgelin import fused
 from edgelin.skeleton import check_form, register_mixer
 from edgelin.state import State
 
@@ -40,6 +41,8 @@ class WindowConv(nn.Module):
         ReduceSum) with no Conv and no Transpose: in ONNX Runtime a depthwise Conv of one output position cost ~45 us
         per layer and token on this project's CPU, the largest share of a Mamba2 decode step (19 % of its kernel
         time, ORT's profiler, hidden 256)."""
+        if fused.active():  # the fused lowering: one CausalConvWithState node
+            return self._fused(x, window, step)
         if step:
             B, _, D = x.shape
             full = torch.cat([window[:, :, 1:], x.reshape(B, D, 1)], dim=2)  # [B, D, W]: T = 1, so no Transpose
@@ -54,6 +57,17 @@ class WindowConv(nn.Module):
         if self.silu:
             y = F.silu(y)
         return y.transpose(1, 2), full[:, :, -self.size :]  # [B, T, D], [B, D, W]
+
+    def _fused(self, x: torch.Tensor, window: torch.Tensor, step: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same through ``fused.causal_conv``: the node carries the last K - 1 inputs of a kernel of K taps, so
+        the window of W is carried whole as the state of a kernel of W + 1 taps whose first (the oldest input,
+        dropped here) is zero; the node's present state is then exactly the new window. Channels first, as the
+        window is; at T = 1 the layout change is a Reshape, not a Transpose."""
+        B, T, D = x.shape
+        weight = F.pad(self.weight, (1, 0))  # [D, 1, W + 1]
+        xc = x.reshape(B, D, 1) if step else x.transpose(1, 2)  # [B, D, T]
+        y, window = fused.causal_conv(xc, weight, self.bias, window, channels_last=False, silu=self.silu)  # [B, D, T], [B, D, W]
+        return (y.reshape(B, 1, D) if step else y.transpose(1, 2)), window
 
 
 def conv_qkv(layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: State, new: State, step: bool = False):

@@ -50,6 +50,7 @@ PLUGIN_PROVIDERS = {
 }
 EXECUTION_PROVIDERS["webgpu"] = ("WebGpuExecutionProvider", PLUGIN_PROVIDERS["webgpu"][1])
 PROVIDERS = ("auto", *EXECUTION_PROVIDERS)
+FUSED_NODES = ("LinearAttention", "CausalConvWithState")  # the com.microsoft nodes of a fused export (edgelin.fused)
 HOST_MEMORY = ("cpu", "openvino")  # providers whose kernels read and write the host buffers bound to them
 _REGISTERED: set[str] = set()
 OPTIMIZATION = {
@@ -608,9 +609,10 @@ def _session(path: Path, so: ort.SessionOptions, providers: list) -> ort.Inferen
         return ort.InferenceSession(str(path), so, providers=providers)
     except Exception as exc:  # ORT raises several exception types (Fail, InvalidGraph, InvalidProtobuf, ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        if "LinearAttention" in first:  # a fused export (edgelin export --ops fused) on an ONNX Runtime without the node
+        node = next((n for n in FUSED_NODES if n in first), None)
+        if node:  # a fused export (edgelin export --ops fused) on an ONNX Runtime without the node
             raise ManifestError(f"ONNX Runtime {ort.__version__} cannot load {path}: {first[:300]}; the graph holds the "
-                                "com.microsoft.LinearAttention node of a fused export: install onnxruntime >= 1.30, or "
+                                f"com.microsoft.{node} node of a fused export: install onnxruntime >= 1.30, or "
                                 "re-export with --ops portable") from None
         raise ManifestError(f"ONNX Runtime cannot load {path}: {first[:300]}; re-export the model") from None
 

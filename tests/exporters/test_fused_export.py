@@ -4,7 +4,8 @@ against PyTorch, in every precision.
 - The bundled model (relu map with the denominator, a per-head decay, a short conv): the fused export holds the
   same state contract as the portable one, its graphs give the portable graphs' logits and states (a 150-token
   prefill of two rows, then 24 decode steps fed back) within the fp32 logits and state budgets, one
-  LinearAttention node per layer in each graph, and ``validate`` passes on it (every check).
+  LinearAttention and one CausalConvWithState node per layer in each graph (the decay's softplus one Softplus
+  node), and ``validate`` passes on it (every check).
 - Tiny models of the other update rules (GLA's per-feature decay, Gated DeltaNet, DeltaNet, no denominator with a
   fixed decay, a hybrid with a softmax-attention layer) export fused with the smoke check on (both graphs against
   PyTorch within the fp32 budget); the fused graphs continue the portable export's state.
@@ -22,6 +23,7 @@ import pytest
 
 from conftest import tiny_model
 from edgelin import parity
+from edgelin.model import ShortConv
 from edgelin.runtime import load
 
 BUDGET = parity.held("fp32", {})[0]
@@ -74,8 +76,10 @@ def test_the_bundled_model_fused_equals_portable(bundled_fused, bundled_exports)
     layers = portable_manifest["model"]["n_layers"]
     for graph, counts in _ops(fused_dir).items():
         assert counts.get("LinearAttention") == layers, (graph, counts)
+        assert counts.get("CausalConvWithState") == layers and "Conv" not in counts, (graph, counts)  # the short convs
+        assert counts.get("Softplus") == layers and not {"Greater", "Where"} & set(counts), (graph, counts)  # the decays' softplus
         assert not {"Loop", "Scan", "If"} & set(counts), (graph, counts)
-    assert all("LinearAttention" not in counts for counts in _ops(portable_dir).values())
+    assert all(not {"LinearAttention", "CausalConvWithState"} & set(counts) for counts in _ops(portable_dir).values())
 
     rng = np.random.default_rng(0)
     prompt, steps = rng.integers(0, 256, (2, 150)), rng.integers(0, 256, (2, 24))
@@ -113,6 +117,8 @@ def test_tiny_models_export_fused_and_continue_the_portable_state(case, exported
     counts = _ops(fused_dir)
     linear_layers = model.cfg.n_layers - len(model.cfg.attn_layers)
     assert counts["decode"].get("LinearAttention") == linear_layers and counts["prefill"].get("LinearAttention") == linear_layers
+    convs = sum(isinstance(m, ShortConv) for m in model.modules())
+    assert convs and counts["decode"].get("CausalConvWithState") == convs == counts["prefill"].get("CausalConvWithState"), counts
     rng = np.random.default_rng(1)
     prompt, steps = rng.integers(0, 256, (2, 37)), rng.integers(0, 256, (2, 6))
     _, state = _run(portable_dir, prompt, steps[:, :0])  # the portable prefill's state ...
@@ -152,11 +158,12 @@ def test_a_runtime_without_the_node_says_what_to_do(bundled_fused, tmp_path):
 
     _, fused_dir = bundled_fused
     shutil.copy(fused_dir / "weights.data", tmp_path / "weights.data")
-    proto = onnx.load(str(fused_dir / "decode.onnx"), load_external_data=False)
-    for node in proto.graph.node:
-        if node.op_type == "LinearAttention":
-            node.op_type = "LinearAttentionV0"
-    onnx.save(proto, str(tmp_path / "decode.onnx"))
-    with pytest.raises(EdgelinError, match=r"com\.microsoft\.LinearAttention node of a fused export: install onnxruntime >= 1\.30, or re-export with --ops portable") as err:
-        open_session(tmp_path / "decode.onnx")
-    assert "\n" not in str(err.value)
+    for missing in ("LinearAttention", "CausalConvWithState"):
+        proto = onnx.load(str(fused_dir / "decode.onnx"), load_external_data=False)
+        for node in proto.graph.node:
+            if node.op_type == missing:
+                node.op_type = f"{missing}V0"
+        onnx.save(proto, str(tmp_path / "decode.onnx"))
+        with pytest.raises(EdgelinError, match=rf"com\.microsoft\.{missing} node of a fused export: install onnxruntime >= 1\.30, or re-export with --ops portable") as err:
+            open_session(tmp_path / "decode.onnx")
+        assert "\n" not in str(err.value)

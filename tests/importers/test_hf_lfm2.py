@@ -20,7 +20,7 @@ from testkit import max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 
 from testkit import hf_oracle
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -89,6 +89,15 @@ def test_export_matches_transformers(tmp_path_factory):
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
+
+
+def test_fused_export_matches_transformers(tmp_path_factory):
+    """``--ops fused``: each gated short conv's window as ONNX Runtime's CausalConvWithState node (one per conv layer,
+    in both graphs; no LinearAttention: LFM2 has no recurrence); both graphs against transformers' logits within
+    the portable export's budget."""
+    folder, prompt, steps, ref = oracle("lfm2-hybrid4", tmp_path_factory)
+    out = tmp_path_factory.mktemp("lfm2-fused") / "export"
+    fused_export_vs_reference(folder, out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
 
 
 @pytest.mark.parametrize("changes, field, fragment", [

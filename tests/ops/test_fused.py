@@ -3,7 +3,8 @@ reading of it, and the forms under ``lowering("fused")`` against the naive float
 
 1. The node as ONNX Runtime runs it (a one-node graph, float32) equals ``edgelin.fused._reference`` (the
    operator's recurrence written out), for every update rule edgelin emits, decay per head and per feature,
-   T = 1 and T > 1, batch 2, from a non-zero state: so the graphs compute what eager PyTorch computes.
+   T = 1 and T > 1, batch 2, from a non-zero state: so the graphs compute what eager PyTorch computes. The same
+   for the short convs' CausalConvWithState node (``_conv_reference``) and the Softplus node.
 2. The fused path of every form (chunk and step; additive with and without the denominator, decayed per head or
    per feature, signed and positional maps; the delta rule plain and gated, beta up to 2) equals the naive
    float64 form within the forms' float64 contract, from a carried state, at T = 1, C - 1, C, C + 1 and 100.
@@ -74,6 +75,56 @@ def test_onnx_runtime_runs_the_reference_recurrence(rule, per_feature, T):
     assert o.shape == tuple(ref_o.shape) and S.shape == tuple(ref_S.shape)
     assert rel_err(torch.from_numpy(o), ref_o) <= 2e-6, f"output: {rel_err(torch.from_numpy(o), ref_o):.3g}"
     assert rel_err(torch.from_numpy(S), ref_S) <= 2e-6, f"state: {rel_err(torch.from_numpy(S), ref_S):.3g}"
+
+
+def _one_node(op: str, inputs: list[tuple[str, list]], outputs: list[str], domain: str = "", **attrs) -> bytes:
+    f = TensorProto.FLOAT
+    node = helper.make_node(op, [n for n, _ in inputs], outputs, domain=domain, **attrs)
+    model = helper.make_model(helper.make_graph([node], "one_node", [helper.make_tensor_value_info(n, f, shape) for n, shape in inputs],
+                                                [helper.make_tensor_value_info(n, f, None) for n in outputs]),
+                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(fused.MS_DOMAIN, 1)])
+    model.ir_version = 10
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("T", [1, 3, 4, 5, 19])
+@pytest.mark.parametrize("channels_last", [True, False], ids=["channels-last", "channels-first"])
+@pytest.mark.parametrize("silu,bias", [(False, False), (True, True)], ids=["plain", "silu-bias"])
+def test_onnx_runtime_runs_the_reference_conv(silu, bias, channels_last, T):
+    """com.microsoft.CausalConvWithState against ``fused._conv_reference`` (the node as its specification states
+    it), from a non-zero state, kernel 4 (the state holds 3 positions: T = 3, 4, 5 around it)."""
+    Ch, K = 6, 4
+    gen = torch.Generator().manual_seed(T)
+    x = torch.randn(*((B, T, Ch) if channels_last else (B, Ch, T)), generator=gen)
+    past = torch.randn(*((B, K - 1, Ch) if channels_last else (B, Ch, K - 1)), generator=gen)
+    weight, b = torch.randn(Ch, 1, K, generator=gen), torch.randn(Ch, generator=gen) if bias else None
+    feeds = {"x": x, "w": weight, "past": past} | ({"b": b} if bias else {})
+    names = [("x", list(x.shape)), ("w", list(weight.shape)), ("b" if bias else "", [Ch]), ("past", list(past.shape))]
+    graph = _one_node("CausalConvWithState", [n for n in names if n[0]], ["y", "present"], fused.MS_DOMAIN,
+                      channels_last=int(channels_last), activation="silu" if silu else "none")
+    if not bias:  # the optional input left empty, as the exporter leaves it
+        m = onnx.load_from_string(graph)
+        m.graph.node[0].input[:] = ["x", "w", "", "past"]
+        graph = m.SerializeToString()
+    y, present = ort.InferenceSession(graph, providers=["CPUExecutionProvider"]).run(None, {n: t.numpy() for n, t in feeds.items()})
+    with torch.no_grad():
+        ref_y, ref_present = fused._conv_reference(x.double(), weight.double(), None if b is None else b.double(), past.double(),
+                                                   channels_last, silu)
+    assert y.shape == tuple(ref_y.shape) and present.shape == tuple(ref_present.shape) == tuple(past.shape)
+    assert rel_err(torch.from_numpy(y), ref_y) <= 1e-6, f"output: {rel_err(torch.from_numpy(y), ref_y):.3g}"
+    assert torch.equal(torch.from_numpy(present).double(), ref_present)  # positions moved, not computed
+
+
+def test_onnx_runtimes_softplus_is_torchs_without_a_threshold():
+    """The fused lowering writes softplus as one Softplus node; ONNX Runtime computes it without overflow and within
+    float32 rounding of torch's (which returns x itself above 20) over the whole float range."""
+    x = torch.cat([torch.linspace(-120, 120, 24001), torch.tensor([-1e30, -88.0, 19.999, 20.0, 20.001, 88.0, 89.0, 1e30])])
+    (y,) = ort.InferenceSession(_one_node("Softplus", [("x", [None])], ["y"]), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    ref = torch.nn.functional.softplus(x.double())
+    assert torch.isfinite(torch.from_numpy(y)).all()
+    assert ((torch.from_numpy(y).double() - ref).abs() <= 2.5e-7 * ref.abs() + 1e-45).all()
+    with fused.lowering("fused"):
+        assert torch.equal(fused.softplus(x), torch.nn.functional.softplus(x))  # eager: torch's own
 
 
 def test_the_lowering_is_scoped():
@@ -159,7 +210,7 @@ def test_a_ragged_batch_stays_portable():
 
 
 def test_the_schema_is_declared_once():
-    """Declaring the contrib operator's schema twice (two exports in one process) is not an error."""
+    """Declaring the contrib operators' schemas twice (two exports in one process) is not an error."""
     fused._schema()
     fused._schema()
-    assert onnx.defs.has("LinearAttention", fused.MS_DOMAIN)
+    assert onnx.defs.has("LinearAttention", fused.MS_DOMAIN) and onnx.defs.has("CausalConvWithState", fused.MS_DOMAIN)

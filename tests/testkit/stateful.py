@@ -51,18 +51,24 @@ def export_vs_reference(out: Path, prompt, steps, ref_prefill, ref_decode, budge
 
 
 def fused_export_vs_reference(folder: Path, out: Path, prompt, steps, ref_prefill, ref_decode, budget: float, *, against: str) -> None:
-    """``edgelin export --ops fused`` of ``folder``: one LinearAttention node per layer that is not softmax attention, in
-    both graphs; then both graphs against a framework's logits as ``export_vs_reference``."""
+    """``edgelin export --ops fused`` of ``folder``: one LinearAttention node per recurrent layer (neither softmax
+    attention nor a short-conv layer) and one CausalConvWithState node per short conv, in both graphs; then both
+    graphs against a framework's logits as ``export_vs_reference``."""
     import onnx
 
     from edgelin.checkpoint import load_checkpoint
+    from edgelin.model import ShortConv
     from edgelin.exporters import export
+    from edgelin.short_conv import WindowConv
 
     export(folder, out, check=False, ops="fused")
-    layers = sum(block.attn.kind != "attention" for block in load_checkpoint(folder).blocks)
+    model = load_checkpoint(folder)
+    layers = sum(block.attn.kind not in ("attention", "short_conv") for block in model.blocks)
+    convs = sum(isinstance(m, (WindowConv, ShortConv)) for m in model.modules())
     for graph in ("prefill", "decode"):
         ops = [n.op_type for n in onnx.load(str(out / f"{graph}.onnx"), load_external_data=False).graph.node]
         assert ops.count("LinearAttention") == layers, (graph, ops.count("LinearAttention"), layers)
+        assert ops.count("CausalConvWithState") == convs, (graph, ops.count("CausalConvWithState"), convs)
     export_vs_reference(out, prompt, steps, ref_prefill, ref_decode, budget, against=against)
 
 

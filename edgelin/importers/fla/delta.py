@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgelin import fused
 from edgelin.importers.fields import Fields
 from edgelin.importers.fla import Common, split_heads
 from edgelin.importers.fla.linear_attn import head_width
@@ -42,7 +43,6 @@ QK_NORMS = ("l2", "sum")
 GATE_ACTIVATIONS = ("swish", "silu", "sigmoid")  # GatedDeltaNet's output_gate_activation (swish = silu)
 ATTN_MODES = ("chunk", "fused_recurrent")  # which of fla's kernels computes the same math: no effect here
 SUM_NORM_EPS = 1e-6  # fla's sum_norm: F.normalize(x, p=1, eps=1e-6)
-SOFTPLUS_THRESHOLD = 20.0  # fla's softplus: x itself above 20
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def read_gated_deltanet(f: Fields, common: Common) -> DeltaOptions:
 
 
 def softplus(x: torch.Tensor) -> torch.Tensor:
-    return F.softplus(x, threshold=SOFTPLUS_THRESHOLD)
+    """fla's softplus: x itself above 20, torch's default threshold (one Softplus node under the fused lowering)."""
+    return fused.softplus(x)
 
 
 @register_mixer("fla/delta")
