@@ -7,13 +7,15 @@
 
 Runs ``edgelin bench --section llamacpp`` (edgelin/bench/llamacpp.py: an LFM2 and a Mamba2 transformers checkpoint,
 GGUF F32/F16/Q8_0/Q4_0 vs edgelin fp32/fp16/int8/int4, threads 1 and 2, decode and prefill tokens/s in alternating
-rounds, greedy ids vs transformers), prints its table and writes the bench record (atomically) to --out. Fails, with
-the reason, where the section was skipped: a record of nothing is not kept.
+rounds, edgelin in the Python runtime, in node and in onnxruntime-web's WASM backend, greedy ids vs transformers),
+prints its table and writes the bench record (atomically) to --out (node and wasm need node and ``npm ci`` in this
+checkout; where they cannot run, the record says so). Fails, with the reason, where the section was skipped: a
+record of nothing is not kept.
 
 With ``--model NAME`` the section runs instead on one random-init checkpoint of a published configuration (the
 models of scripts/real_size.py that transformers builds, e.g. LFM2-350M: 354 M parameters, vocabulary 65,536), with
-a byte-level tokenizer of that vocabulary; ``--precisions``, ``--threads``, ``--rounds``, ``--lengths`` and
-``--decode`` narrow the run (a 350 M model's 4k prefill takes tens of seconds per engine and round).
+a byte-level tokenizer of that vocabulary; ``--precisions``, ``--threads``, ``--rounds``, ``--lengths``, ``--decode``
+and ``--runtimes`` narrow the run (a 350 M model's 4k prefill takes tens of seconds per engine and round).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 from edgelin.bench import run_bench
-from edgelin.bench.llamacpp import PRECISIONS, VARIANTS, llamacpp_section
+from edgelin.bench.llamacpp import PRECISIONS, RUNTIMES, VARIANTS, llamacpp_section
 from edgelin.bench.plan import FULL
 from edgelin.bench.report import BenchReport
 from edgelin.runtime.files import write_json
@@ -41,15 +43,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help=f"alternating rounds [{FULL.llama_rounds}]")
     ap.add_argument("--lengths", help=f"prefill lengths [{','.join(map(str, FULL.llama_lengths))}]")
     ap.add_argument("--decode", type=int, help=f"decode calls per measurement [{FULL.llama_decode}]")
+    ap.add_argument("--runtimes", help=f"comma-separated edgelin runtimes, of {','.join(RUNTIMES)} [all]")
     args = ap.parse_args()
+    runtimes = tuple(args.runtimes.split(",")) if args.runtimes else RUNTIMES
+    if sorted(set(runtimes) - set(RUNTIMES)) or not runtimes:
+        sys.exit(f"--runtimes: unknown {', '.join(sorted(set(runtimes) - set(RUNTIMES))) or 'empty'}; use {','.join(RUNTIMES)}")
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    if args.model is None and any(v is not None for v in (args.precisions, args.threads, args.rounds, args.lengths, args.decode)):
-        sys.exit("--precisions, --threads, --rounds, --lengths and --decode go with --model; the section's own run is fixed")
+    if args.model is None and any(v is not None for v in (args.precisions, args.threads, args.rounds, args.lengths, args.decode, args.runtimes)):
+        sys.exit("--precisions, --threads, --rounds, --lengths, --decode and --runtimes go with --model; the section's own run is fixed")
     if args.model is None:
         with tempfile.TemporaryDirectory(prefix="edgelin-llamacpp-") as tmp:
             report = run_bench(sections=["llamacpp"], quick=args.quick, out_dir=tmp, plots=False, progress=say)
     else:
-        report = _published(args, say)
+        report = _published(args, say, runtimes)
     part = report.data["llamacpp"]
     if part["status"] != "ok":
         print(report.table())
@@ -59,7 +65,7 @@ def main() -> None:
     print(f"wrote {written}")
 
 
-def _published(args: argparse.Namespace, say) -> BenchReport:
+def _published(args: argparse.Namespace, say, runtimes: tuple[str, ...]) -> BenchReport:
     """The section on one published configuration of scripts/real_size.py (transformers-built models only)."""
     import dataclasses
 
@@ -85,7 +91,7 @@ def _published(args: argparse.Namespace, say) -> BenchReport:
     threads = tuple(int(x) for x in args.threads.split(",")) if args.threads else None
     machine, t0 = machine_facts(), time.perf_counter()
     part = llamacpp_section(plan, max(threads or (1,)), say, models={args.model: MODELS[args.model]}, precisions=precisions,
-                            thread_counts=threads)
+                            thread_counts=threads, runtimes=runtimes)
     machine["load_average_end"] = load_average()
     data = {"format": "edgelin-bench/1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": False, "machine": machine,
             "busy": busy(machine), "model": None, "llamacpp": part, "seconds": time.perf_counter() - t0, "published_model": args.model,

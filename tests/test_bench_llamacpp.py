@@ -60,6 +60,13 @@ def test_a_variant_is_exported_with_its_options_and_compared_with_its_gguf_type(
     assert calls == [{"precision": "int4", "trace_cache": tmp_path / "t"}, {"precision": "int4", "trace_cache": tmp_path / "t", "check": False}]
 
 
+def test_an_unknown_runtime_is_refused_by_name():
+    from edgelin.bench.plan import FULL, BenchError
+
+    with pytest.raises(BenchError, match="runtimes: rust; choose from python, node, wasm"):
+        llamacpp.llamacpp_section(FULL, 1, lambda msg: None, runtimes=("python", "rust"))
+
+
 def test_the_section_is_opt_in():
     assert "llamacpp" in OPT_IN_SECTIONS and "llamacpp" not in SECTIONS
 
@@ -96,8 +103,12 @@ def test_the_table_shows_every_row_and_the_greedy_agreement():
             "greedy": {"lfm2": {"edgelin": {"fp32": {"status": "ok", "agreement": 1.0, "forced_top1": 0.75}},
                                 "llama.cpp": {"fp32": {"status": "failed", "reason": "exit status -11"}}}}}
     lines = llamacpp_lines(part)
-    assert len([x for x in lines if "0.50x" in x]) == 8
+    assert len([x for x in lines if "0.50x" in x]) == 8 and all(" python " in x for x in lines if "0.50x" in x)  # a record before runtimes
     assert any("edgelin: fp32 1.00 / 0.75" in x for x in lines) and any("llama.cpp: fp32 failed" in x for x in lines)
+    part["rows"][0]["runtime"] = "node"
+    part["runtimes_not_run"] = [{"model": "lfm2", "precision": "fp32", "threads": 2, "runtime": "wasm", "status": "failed", "reason": "out of memory"}]
+    lines = llamacpp_lines(part)
+    assert any(" node " in x and "0.50x" in x for x in lines) and any(" wasm " in x and "failed: out of memory" in x for x in lines)
 
 
 def test_the_goals_judge_the_worst_row_at_the_bench_threads():
@@ -115,6 +126,11 @@ def test_the_goals_judge_the_worst_row_at_the_bench_threads():
     assert got["vs_llamacpp_decode"]["measured"] == 0.8 and got["vs_llamacpp_decode"]["met"] is False
     assert "worst mamba2 fp32" in got["vs_llamacpp_decode"]["what"]
     assert got["vs_llamacpp_prefill"]["measured"] == 1.1 and got["vs_llamacpp_prefill"]["met"] is True
+    # per runtime: node's rows count (native CPU kernels), WASM's are reported and not judged
+    part["rows"] += [{**row("lfm2", "int8", 1, 0.7, 1.3), "runtime": "node"}, {**row("lfm2", "int8", 1, 0.05, 0.05), "runtime": "wasm"}]
+    got = {g["goal"]: g for g in goals({"settings": {"threads": 1}, "llamacpp": part})}
+    assert got["vs_llamacpp_decode"]["measured"] == 0.7 and "worst lfm2 int8/F32 (node)" in got["vs_llamacpp_decode"]["what"]
+    assert got["vs_llamacpp_prefill"]["measured"] == 1.1
     assert not [g for g in goals({"settings": {"threads": 1}, "llamacpp": {"status": "skipped", "reason": "x"}}) if "llamacpp" in g["goal"]]
 
 

@@ -73,11 +73,15 @@ def goals(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+NATIVE = ("python", "node")  # edgelin's runtimes on ONNX Runtime's native CPU kernels, what llama.cpp is judged against
+
+
 def _llamacpp_goals(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Against llama.cpp, at least level: the worst row (model x precision) at the bench's thread count."""
+    """Against llama.cpp, at least level: the worst row (model x precision x native runtime) at the bench's thread
+    count. WASM rows are reported, not judged: a browser's engine against a native one."""
     part = data.get("llamacpp") or {}
     threads = (data.get("settings") or {}).get("threads")
-    rows = [r for r in part.get("rows", []) if r.get("threads") == threads] if part.get("status") == "ok" else []
+    rows = [r for r in part.get("rows", []) if r.get("threads") == threads and r.get("runtime", "python") in NATIVE] if part.get("status") == "ok" else []
     if not rows:
         return []
     out = []
@@ -89,8 +93,9 @@ def _llamacpp_goals(data: dict[str, Any]) -> list[dict[str, Any]]:
         worst = min(rows, key=lambda r: r[test]["edgelin_over_llama_cpp"])
         best = max(rows, key=lambda r: r[test]["edgelin_over_llama_cpp"])
         out.append(_goal(name, f"edgelin / llama.cpp {what} tokens/s ({test}), same checkpoint and precision, {threads} thread(s): "
-                               f"worst {worst['model']} {worst['precision']}/{worst['gguf']}; best {best['model']} {best['precision']} "
-                               f"{best[test]['edgelin_over_llama_cpp']:.2f}", worst[test]["edgelin_over_llama_cpp"], 1.0))
+                               f"worst {worst['model']} {worst['precision']}/{worst['gguf']} ({worst.get('runtime', 'python')}); best "
+                               f"{best['model']} {best['precision']} ({best.get('runtime', 'python')}) {best[test]['edgelin_over_llama_cpp']:.2f}",
+                         worst[test]["edgelin_over_llama_cpp"], 1.0))
     return out
 
 

@@ -16,11 +16,14 @@ passes instead one published configuration at real size, a tokenizer of its voca
     edgelin    the checkpoint exported (``edgelin.exporters.export``) at fp32 / fp16 / int8 / int4, with the exporter's
                check against PyTorch (where it fails: exported unchecked, and the failure recorded)
 
-then, per thread count (1 and 2, and --threads), in ``plan.llama_rounds`` rounds that alternate which goes first:
+then, per thread count (1 and 2, and --threads), in ``plan.llama_rounds`` rounds that alternate the order:
 llama-bench once (``-p L1,L2 -n N -r 1``: prefill tokens/s ``ppL`` and decode tokens/s ``tgN``, each after its own
-warm-up run) and edgelin once (N decode calls from an empty state through the runtime Session, IO binding where the
-state does not grow: tokens/s = N / their total time; one Session.prefill of L tokens per length: L / its time).
-Reported: medians over the rounds and edgelin / llama.cpp (tokens/s ratio: above 1, edgelin is faster).
+warm-up run) and edgelin once in each of its runtimes (``RUNTIMES``; N decode calls from an empty state: tokens/s = N
+/ their total time; one prefill call of L tokens per length: L / its time) -- the Python runtime's Session (IO
+binding where the state does not grow), and runtime/web/edgelin.mjs in node on onnxruntime-node and on
+onnxruntime-web's WASM backend (``scripts/llamacpp_round.mjs``, a node process per round that loads and warms up
+first). Reported: medians over the rounds and edgelin / llama.cpp per runtime (tokens/s ratio: above 1, edgelin is
+faster).
 
 Greedy agreement: ``GREEDY`` greedy ids after the same ``PROMPT`` prompt ids, from transformers (``edgelin.upstream``:
 its own model, fp32, cached decode), from each edgelin export (Session prefill + decode, argmax), and from each GGUF
@@ -63,6 +66,9 @@ MODELS = {  # name -> (transformers model_type, config): the bundled model's wei
     "mamba2": ("mamba2", {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "expand": 2, "num_heads": 8,
                           "head_dim": 64, "n_groups": 1, "state_size": 64, "conv_kernel": 4}),
 }
+RUNTIMES = ("python", "node", "wasm")  # edgelin's runtimes timed against llama.cpp: the Python Session, runtime/web/edgelin.mjs
+# in node on onnxruntime-node (native CPU) and on onnxruntime-web's WASM backend (the kernels a browser's wasm provider runs)
+JS_ROUND = Path(__file__).resolve().parents[2] / "scripts" / "llamacpp_round.mjs"  # a source checkout's; node_modules beside it
 PROMPT, GREEDY = 32, 16
 TIMEOUT = 1800.0  # seconds for one conversion, quantisation or llama-bench run
 
@@ -278,6 +284,15 @@ def edgelin_round(sess: Session, n_decode: int, lengths: tuple[int, ...], rng: n
     return out
 
 
+def js_round(runtime: str, folder: Path, threads: int, n_decode: int, lengths: tuple[int, ...]) -> dict[str, Any]:
+    """One measurement like ``edgelin_round`` in a JavaScript runtime (scripts/llamacpp_round.mjs: a node process that
+    loads the export, warms up and times N decode calls from an empty state and one prefill call per length), or
+    {"status": "skipped"|"failed", "reason": ...}."""
+    from .lowering import JS_PACKAGES, node_json
+
+    return node_json(JS_ROUND, JS_PACKAGES[runtime], [folder, threads, n_decode, *lengths], timeout=TIMEOUT)
+
+
 def gguf_type(name: str) -> str:
     """The GGUF type an edgelin precision or variant (PRECISIONS, VARIANTS) is compared with."""
     return PRECISIONS[name] if name in PRECISIONS else VARIANTS[name][1]
@@ -308,10 +323,16 @@ def _median(rounds: list[dict[str, float]], key: str) -> float:
 
 # ---- the section -------------------------------------------------------------------------------------
 def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[str, tuple[str, dict]] | None = None,
-                     precisions: tuple[str, ...] | None = None, thread_counts: tuple[int, ...] | None = None) -> dict[str, Any]:
+                     precisions: tuple[str, ...] | None = None, thread_counts: tuple[int, ...] | None = None,
+                     runtimes: tuple[str, ...] = RUNTIMES) -> dict[str, Any]:
     """The section: every model of ``models`` (default MODELS: name -> (transformers model_type, config)) at every
     precision of ``precisions`` (default: all of PRECISIONS; names of VARIANTS too) with ``thread_counts`` threads (default 1, 2 and
-    ``threads``); ``scripts/llamacpp_bench.py --model`` runs it on a published configuration at real size."""
+    ``threads``), edgelin in each of ``runtimes`` (of RUNTIMES; a JavaScript runtime that cannot run here -- no node,
+    no ``npm ci`` -- is recorded as skipped, with the reason, and the rest goes on); ``scripts/llamacpp_bench.py --model``
+    runs it on a published configuration at real size."""
+    unknown = sorted(set(runtimes) - set(RUNTIMES))
+    if unknown or not runtimes:
+        raise BenchError(f"runtimes: {', '.join(unknown) or 'none given'}; choose from {', '.join(RUNTIMES)}")
     src, why = find_llama_cpp()
     if src is None:
         return {"status": "skipped", "reason": why}
@@ -326,7 +347,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
     tests = [f"tg{plan.llama_decode}", *(f"pp{L}" for L in plan.llama_lengths)]
     rng = np.random.default_rng(DATA_SEED)
     prompt = rng.integers(0, VOCAB, PROMPT, dtype=np.int64)
-    rows, greedy, models, build_info = [], {}, {}, {}
+    rows, greedy, models, build_info, not_run = [], {}, {}, {}, {}
     load = {"start": load_average()}
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-llamacpp-") as tmp:
         work = Path(tmp)
@@ -355,28 +376,44 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
                                "forced_top1": float(np.mean(np.asarray(ids["forced_argmax"]) == ref[0]))}
                     greedy[name][side][p] = ids
                 for T in thread_counts:
-                    say(f"  {name} {p} / {kind}, {T} thread(s): {plan.llama_rounds} round(s) of llama-bench and edgelin, alternating ...")
-                    sess = Session(work / name / p, "cpu", T, session_options={"inter_op_num_threads": 1}, io_binding=True)
+                    say(f"  {name} {p} / {kind}, {T} thread(s): {plan.llama_rounds} round(s) of llama-bench and edgelin "
+                        f"({', '.join(runtimes)}), alternating ...")
+                    sess = None
+                    if "python" in runtimes:
+                        sess = Session(work / name / p, "cpu", T, session_options={"inter_op_num_threads": 1}, io_binding=True)
+                        edgelin_round(sess, plan.llama_decode, plan.llama_lengths, rng)  # warm-up (llama-bench warms up itself)
                     cmd = [bench_bin, "-m", ggufs[kind], "-t", T, "-p", ",".join(map(str, plan.llama_lengths)), "-n", plan.llama_decode,
                            "-r", 1, "-o", "json"]
-                    edgelin_round(sess, plan.llama_decode, plan.llama_lengths, rng)  # warm-up (llama-bench warms up itself)
-                    theirs, ours = [], []
+                    sides = ("llama", *runtimes)
+                    theirs, ours = [], {rt: [] for rt in runtimes}
                     for r in range(plan.llama_rounds):
-                        for side in (("llama", "edgelin") if r % 2 == 0 else ("edgelin", "llama")):
+                        for side in (sides if r % 2 == 0 else sides[::-1]):
                             if side == "llama":
                                 text = _run(cmd, "llama-bench")
                                 theirs.append(parse_llama_bench(text))
                                 build_info = build_info or {k: json.loads(text)[0].get(k) for k in ("build_commit", "build_number", "cpu_info", "backends")}
-                            else:
-                                ours.append(edgelin_round(sess, plan.llama_decode, plan.llama_lengths, rng))
-                    row = {"model": name, "precision": p, "gguf": kind, "threads": T, "rounds": plan.llama_rounds,
-                           "io_binding": sess.io_binding, "load_average": load_average()}
-                    for test in tests:
-                        a, b = _median(ours, test), _median(theirs, test)
-                        row[test] = {"edgelin_tokens_per_s": a, "llama_cpp_tokens_per_s": b, "edgelin_over_llama_cpp": a / b,
-                                     "edgelin_rounds": [r[test] for r in ours], "llama_cpp_rounds": [r[test] for r in theirs]}
-                    rows.append(row)
-                    say("    " + ", ".join(f"{t} {row[t]['edgelin_over_llama_cpp']:.2f}x" for t in tests) + " (edgelin / llama.cpp tokens/s)")
+                            elif side == "python":
+                                ours["python"].append(edgelin_round(sess, plan.llama_decode, plan.llama_lengths, rng))
+                            elif (name, p, T, side) not in not_run:  # a JavaScript runtime, a node process per round
+                                got = js_round(side, work / name / p, T, plan.llama_decode, plan.llama_lengths)
+                                if "status" in got:
+                                    not_run[name, p, T, side] = got
+                                    say(f"    {side}: {got['status']}: {got['reason']}")
+                                else:
+                                    ours[side].append(got)
+                    for runtime, measured in ours.items():
+                        if not measured:
+                            continue
+                        row = {"model": name, "precision": p, "gguf": kind, "threads": T, "runtime": runtime, "rounds": len(measured),
+                               "load_average": load_average()}
+                        if runtime == "python":
+                            row["io_binding"] = sess.io_binding
+                        for test in tests:
+                            a, b = _median(measured, test), _median(theirs, test)
+                            row[test] = {"edgelin_tokens_per_s": a, "llama_cpp_tokens_per_s": b, "edgelin_over_llama_cpp": a / b,
+                                         "edgelin_rounds": [r[test] for r in measured], "llama_cpp_rounds": [r[test] for r in theirs]}
+                        rows.append(row)
+                        say(f"    {runtime}: " + ", ".join(f"{t} {row[t]['edgelin_over_llama_cpp']:.2f}x" for t in tests) + " (edgelin / llama.cpp tokens/s)")
                 sess = None
     load["end"] = load_average()
     return {
@@ -384,9 +421,13 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
         "what": "edgelin vs llama.cpp on the same transformers checkpoints (random weights, perturbed; byte-level tokenizer): "
                 "tokens/s of decode (llama-bench tgN; edgelin: N Session.decode calls from an empty state, batch 1, IO binding "
                 "where the state does not grow) and of prefill (llama-bench ppL; edgelin: one Session.prefill of L tokens), "
-                "medians over rounds that alternate which goes first; ratio edgelin / llama.cpp (above 1: edgelin faster); "
+                "edgelin per runtime (python: the Session; node / wasm: runtime/web/edgelin.mjs on onnxruntime-node / "
+                "onnxruntime-web's WASM backend, the same calls, one node process per round), medians over rounds that "
+                "alternate which goes first; ratio edgelin / llama.cpp (above 1: edgelin faster); "
                 f"greedy ids after {PROMPT} prompt ids vs transformers' own model",
-        "precisions": chosen, "threads": thread_counts, "tests": tests, "models": models, "rows": rows, "greedy": greedy,
+        "precisions": chosen, "threads": thread_counts, "runtimes": list(runtimes), "tests": tests, "models": models, "rows": rows,
+        "runtimes_not_run": [{"model": m, "precision": p, "threads": t, "runtime": rt, **why} for (m, p, t, rt), why in not_run.items()],
+        "greedy": greedy,
         "greedy_method": {"transformers": "edgelin.upstream.run: transformers' own model (fp32, triton/fla hidden), prefill then cached greedy decode",
                           "edgelin": "runtime Session: prefill of the prompt, then argmax of each decode call's logits, fed back",
                           "agreement": "fraction of the greedy ids before the first difference from transformers'",
@@ -410,4 +451,4 @@ def _shapes(ckpt: Path) -> list[tuple[int, ...]]:
     return shapes
 
 
-__all__ = ["ENV", "MODELS", "PRECISIONS", "VARIANTS", "gguf_type", "find_llama_cpp", "llamacpp_section", "parse_llama_bench"]
+__all__ = ["ENV", "MODELS", "PRECISIONS", "RUNTIMES", "VARIANTS", "js_round", "gguf_type", "find_llama_cpp", "llamacpp_section", "parse_llama_bench"]

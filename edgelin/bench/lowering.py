@@ -90,17 +90,24 @@ def python_runtime(folders: dict[str, Path], threads: int, rounds: int, steps: i
     return {key: float(np.median(values)) for key, values in times.items()}
 
 
+def node_json(script: Path, package: str, args: list, timeout: float = 3600) -> dict[str, Any]:
+    """Run a bench script of scripts/ in node with ``package`` (a key of JS_PACKAGES' values) and ``args``: the JSON
+    of its last stdout line, or {"status": "skipped"|"failed", "reason": ...}."""
+    node = shutil.which("node")
+    if node is None or not script.is_file() or not (ROOT / "node_modules" / package).is_dir():
+        return {"status": "skipped", "reason": f"needs node and a source checkout with node_modules/{package} (npm ci)"}
+    done = subprocess.run([node, str(script), package, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        why = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else f"exit status {done.returncode}")
+        return {"status": "failed", "reason": why[:300]}  # node's last line is its version: the error's line says more
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def js_runtime(package: str, folders: dict[str, Path], threads: int, rounds: int, lengths: tuple[int, ...]) -> dict[str, Any]:
     """The node script's medians, or {"status": "skipped"|"failed", "reason": ...}."""
-    node = shutil.which("node")
-    if node is None or not NODE_SCRIPT.is_file() or not (ROOT / "node_modules" / package).is_dir():
-        return {"status": "skipped", "reason": f"needs node and a source checkout with node_modules/{package} (npm ci)"}
-    done = subprocess.run([node, str(NODE_SCRIPT), package, str(folders["portable"]), str(folders["fused"]), str(threads),
-                           str(rounds), *map(str, lengths)], capture_output=True, text=True, cwd=ROOT, timeout=3600)
-    if done.returncode != 0:
-        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
-        return {"status": "failed", "reason": last[:300]}
-    return json.loads(done.stdout.strip().splitlines()[-1])["medians"]
+    out = node_json(NODE_SCRIPT, package, [folders["portable"], folders["fused"], threads, rounds, *lengths])
+    return out if "status" in out else out["medians"]
 
 
 def speedups(medians: dict[str, float]) -> dict[str, float]:
@@ -159,4 +166,4 @@ def lowering_lines(x: dict) -> list[str]:
     return lines
 
 
-__all__ = ["LOWERINGS", "lowering_lines", "lowering_section", "python_runtime", "js_runtime", "speedups"]
+__all__ = ["JS_PACKAGES", "LOWERINGS", "lowering_lines", "lowering_section", "node_json", "python_runtime", "js_runtime", "speedups"]

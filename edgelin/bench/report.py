@@ -434,10 +434,13 @@ def llamacpp_lines(x: dict) -> list[str]:
     v = x["versions"]
     lines = [head, f"  llama.cpp from llama-cpp-python {v.get('llama_cpp_python_sdist')} (build {v.get('build_commit')}), onnxruntime "
                    f"{v.get('onnxruntime')}; x = edgelin / llama.cpp (above 1: edgelin faster)",
-             f"  {'model':7s} {'prec':5s} {'gguf':5s} {'thr':>3s}  " + "  ".join(f"{t + ' llama.cpp / edgelin':>28s} {'x':>6s}" for t in x["tests"])]
+             f"  {'model':7s} {'prec':5s} {'gguf':5s} {'thr':>3s} {'runtime':7s}  "
+             + "  ".join(f"{t + ' llama.cpp / edgelin':>28s} {'x':>6s}" for t in x["tests"])]
     for r in x["rows"]:
         cells = [f"{r[t]['llama_cpp_tokens_per_s']:>13,.0f} / {r[t]['edgelin_tokens_per_s']:>12,.0f} {r[t]['edgelin_over_llama_cpp']:>5.2f}x" for t in x["tests"]]
-        lines.append(f"  {r['model']:7s} {r['precision']:5s} {r['gguf']:5s} {r['threads']:>3d}  " + "  ".join(cells))
+        lines.append(f"  {r['model']:7s} {r['precision']:5s} {r['gguf']:5s} {r['threads']:>3d} {r.get('runtime', 'python'):7s}  " + "  ".join(cells))
+    for r in x.get("runtimes_not_run", []):
+        lines.append(f"  {r['model']:7s} {r['precision']:5s} {'':5s} {r['threads']:>3d} {r['runtime']:7s}  {r['status']}: {r['reason']}")
     lines.append("  greedy ids vs transformers': same before the first difference / top-1 same per step with transformers' ids fed")
     for name, g in x["greedy"].items():
         for side in ("edgelin", "llama.cpp"):

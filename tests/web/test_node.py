@@ -215,3 +215,17 @@ def test_without_cases_node_skips_and_says_why(node):
     result = subprocess.run([node, "--test", "--test-reporter=spec", str(TEST_FILE)], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "EDGELIN_WEB_CASES is not set" in result.stdout
+
+
+@pytest.mark.parametrize("runtime", ["node", "wasm"])
+def test_the_llamacpp_sections_javascript_round_times_an_export(runtime, node, ort_node, ort_web, bundled_export):
+    """scripts/llamacpp_round.mjs, the bench's llamacpp section's measurement in the JavaScript runtimes: decode
+    tokens/s over N calls and prefill tokens/s of one call per length, from the export in node_modules' ONNX Runtime."""
+    from edgelin.bench import llamacpp
+    from edgelin.bench.lowering import JS_PACKAGES
+
+    if not (ROOT / "node_modules" / JS_PACKAGES[runtime]).is_dir():
+        pytest.skip(f"the bench runs the checkout's node_modules/{JS_PACKAGES[runtime]}")
+    got = llamacpp.js_round(runtime, bundled_export, 1, 4, (16, 40))
+    assert set(got) == {"tg4", "pp16", "pp40"}, got
+    assert all(value > 0 and np.isfinite(value) for value in got.values()), got

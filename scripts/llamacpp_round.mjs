@@ -1,0 +1,43 @@
+// The JavaScript runtimes' half of the bench's llamacpp section (edgelin/bench/llamacpp.py): one edgelin
+// measurement of one export through runtime/web/edgelin.mjs, as the Python runtime's edgelin_round makes it:
+//   node scripts/llamacpp_round.mjs PACKAGE DIR THREADS N_DECODE LENGTHS...  -> JSON on stdout
+// PACKAGE: onnxruntime-node (native CPU) or onnxruntime-web (its WASM backend, as a browser runs it).
+// {"tgN": N decode calls from an empty state, N / their total seconds, "ppL": one prefill call of L tokens
+// (the state's piece set to L), L / its seconds}; ids below 512 (the section's models have at least that many).
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+
+import * as edgelin from "../runtime/web/edgelin.mjs";
+
+const [pkg, dir, threads, nDecode, ...lengths] = process.argv.slice(2);
+const ort = await import(pkg);
+const sessionOptions = pkg === "onnxruntime-web"
+  ? { executionProviders: ["wasm"] }
+  : { executionProviders: ["cpu"], intraOpNumThreads: Number(threads), interOpNumThreads: 1 };
+if (pkg === "onnxruntime-web") ort.env.wasm.numThreads = Number(threads);
+const model = await edgelin.loadExport(ort, (name) => readFile(join(dir, name)).then((b) => new Uint8Array(b)), { sessionOptions });
+const id = (i) => (i * 7919 + 13) % Math.min(512, model.vocabSize);
+const ids = (T) => Array.from({ length: T }, (_, i) => id(i));
+
+let state = model.newState(); // warm-up: a few decode calls and a short prefill (llama-bench warms up itself)
+for (let i = 0; i < 4; i++) await model.decode(id(i), state);
+await model.prefill(ids(64), model.newState(), { piece: 64 });
+
+const out = {};
+const n = Number(nDecode);
+state = model.newState();
+let total = 0;
+for (let i = 0; i < n; i++) {
+  const start = performance.now();
+  await model.decode(id(i), state);
+  total += performance.now() - start;
+}
+out[`tg${n}`] = n / (total / 1000);
+for (const T of lengths.map(Number)) {
+  const prompt = ids(T);
+  state = model.newState();
+  const start = performance.now();
+  await model.prefill(prompt, state, { piece: T });
+  out[`pp${T}`] = T / ((performance.now() - start) / 1000);
+}
+console.log(JSON.stringify(out));
