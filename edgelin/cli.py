@@ -78,8 +78,9 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
                    "one scale per tensor cannot resolve; channel otherwise]. The README's 'Edge precision' says more.")
 @click.option("--ops", type=click.Choice(["portable", "fused"]), default="portable", show_default=True,
               help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
-                   "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer; ONNX Runtime >= 1.30: Python, "
-                   "onnxruntime-node, onnxruntime-web). The state is the same either way. The README's Performance section says which is faster where.")
+                   "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer, and one CausalConvWithState node "
+                   "per short conv; ONNX Runtime >= 1.30: Python, onnxruntime-node, onnxruntime-web). The state is the "
+                   "same either way. The README's Performance section says which is faster where.")
 @click.option("--max-sequence", type=int, default=4096, show_default=True, metavar="TOKENS",
               help="The most tokens one prefill call takes, for graphs whose size depends on it (the portable delta rule's "
                    "scan across chunks: each doubling adds a level, ~1 s of export per layer). Recorded in edgelin.json; "

@@ -5,7 +5,10 @@ active. Inside it, the state update of every linear-attention form the graphs us
 ``delta_step`` (the decode graph), ``chunk_linear_attention`` and ``chunk_delta_rule`` (the prefill graph) --
 calls the torch operator ``edgelin::linear_attention`` instead of its portable code, and the exporter
 translates that operator into one ``com.microsoft.LinearAttention`` node (ONNX Runtime >= 1.31 on CPU, and
-onnxruntime-web's WASM backend). Everything around it (projections, feature maps, gates, norms) is unchanged.
+onnxruntime-web's WASM backend). Two smaller pieces go the same way: each short causal convolution with a carried
+window (``causal_conv``: ``edgelin::causal_conv`` -> one ``com.microsoft.CausalConvWithState`` node) and softplus
+(``softplus``: ``edgelin::softplus`` -> one ``Softplus`` node, not torch's Softplus + Greater + Where). Everything
+else around them (projections, feature maps, gates, norms) is unchanged.
 
 The operator's recurrence, per head (state [B, H, d_k, d_v], key-major as edgelin's):
 
