@@ -2,8 +2,9 @@
 // measurement of one export through runtime/web/edgelin.mjs, as the Python runtime's edgelin_round makes it:
 //   node scripts/llamacpp_round.mjs PACKAGE DIR THREADS N_DECODE LENGTHS...  -> JSON on stdout
 // PACKAGE: onnxruntime-node (native CPU) or onnxruntime-web (its WASM backend, as a browser runs it).
-// {"tgN": N decode calls from an empty state, N / their total seconds, "ppL": one prefill call of L tokens
-// (the state's piece set to L), L / its seconds}; ids below 512 (the section's models have at least that many).
+// {"tgN": N decode calls from an empty state, N / their total seconds, "ppL": one prefill of L tokens in the
+// runtime's default pieces (the manifest's prefill_piece), L / its seconds}; ids below 512 (the section's models
+// have at least that many).
 import { readFile } from "node:fs/promises";
 import { join } from "node:path";
 
@@ -37,7 +38,7 @@ for (const T of lengths.map(Number)) {
   const prompt = ids(T);
   state = model.newState();
   const start = performance.now();
-  await model.prefill(prompt, state, { piece: T });
+  await model.prefill(prompt, state);
   out[`pp${T}`] = T / ((performance.now() - start) / 1000);
 }
 console.log(JSON.stringify(out));

@@ -19,7 +19,9 @@ passes instead one published configuration at real size, a tokenizer of its voca
 then, per thread count (1 and 2, and --threads), in ``plan.llama_rounds`` rounds that alternate the order:
 llama-bench once (``-p L1,L2 -n N -r 1``: prefill tokens/s ``ppL`` and decode tokens/s ``tgN``, each after its own
 warm-up run) and edgelin once in each of its runtimes (``RUNTIMES``; N decode calls from an empty state: tokens/s = N
-/ their total time; one prefill call of L tokens per length: L / its time) -- the Python runtime's Session (IO
+/ their total time; one prefill of L tokens per length through the runtime's prefill with its defaults -- pieces of
+the manifest's prefill_piece, 1,024, the state carried, as a user's prompt goes, as llama.cpp cuts a prompt into
+micro-batches of 512: L / its time) -- the Python runtime's Session (IO
 binding where the state does not grow), and runtime/web/edgelin.mjs in node on onnxruntime-node and on
 onnxruntime-web's WASM backend (``scripts/llamacpp_round.mjs``, a node process per round that loads and warms up
 first). Reported: medians over the rounds and edgelin / llama.cpp per runtime (tokens/s ratio: above 1, edgelin is
@@ -279,14 +281,15 @@ def edgelin_round(sess: Session, n_decode: int, lengths: tuple[int, ...], rng: n
     for L in lengths:
         ids, state = rng.integers(0, VOCAB, (1, L), dtype=np.int64), sess.new_state(1)
         t0 = clock()
-        sess.prefill(ids, state, chunk=L, last_only=True)  # one call of L tokens, as the records were measured
+        sess.prefill(ids, state, last_only=True)  # the runtime's default pieces (the earlier records: one call of L tokens)
         out[f"pp{L}"] = L / (clock() - t0)
     return out
 
 
 def js_round(runtime: str, folder: Path, threads: int, n_decode: int, lengths: tuple[int, ...]) -> dict[str, Any]:
     """One measurement like ``edgelin_round`` in a JavaScript runtime (scripts/llamacpp_round.mjs: a node process that
-    loads the export, warms up and times N decode calls from an empty state and one prefill call per length), or
+    loads the export, warms up and times N decode calls from an empty state and one prefill per length in the
+    runtime's default pieces), or
     {"status": "skipped"|"failed", "reason": ...}."""
     from .lowering import JS_PACKAGES, node_json
 
@@ -420,7 +423,8 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
         "status": "ok",
         "what": "edgelin vs llama.cpp on the same transformers checkpoints (random weights, perturbed; byte-level tokenizer): "
                 "tokens/s of decode (llama-bench tgN; edgelin: N Session.decode calls from an empty state, batch 1, IO binding "
-                "where the state does not grow) and of prefill (llama-bench ppL; edgelin: one Session.prefill of L tokens), "
+                "where the state does not grow) and of prefill (llama-bench ppL; edgelin: one prefill of L tokens in the runtime's "
+                "default pieces, the manifest's prefill_piece), "
                 "edgelin per runtime (python: the Session; node / wasm: runtime/web/edgelin.mjs on onnxruntime-node / "
                 "onnxruntime-web's WASM backend, the same calls, one node process per round), medians over rounds that "
                 "alternate which goes first; ratio edgelin / llama.cpp (above 1: edgelin faster); "
