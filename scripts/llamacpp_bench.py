@@ -30,6 +30,7 @@ from edgelin.bench import run_bench
 from edgelin.bench.llamacpp import PRECISIONS, RUNTIMES, VARIANTS, llamacpp_section
 from edgelin.bench.plan import FULL
 from edgelin.bench.report import BenchReport
+from edgelin.errors import EdgelinError
 from edgelin.runtime.files import write_json
 
 
@@ -45,17 +46,18 @@ def main() -> None:
     ap.add_argument("--decode", type=int, help=f"decode calls per measurement [{FULL.llama_decode}]")
     ap.add_argument("--runtimes", help=f"comma-separated edgelin runtimes, of {','.join(RUNTIMES)} [all]")
     args = ap.parse_args()
-    runtimes = tuple(args.runtimes.split(",")) if args.runtimes else RUNTIMES
-    if sorted(set(runtimes) - set(RUNTIMES)) or not runtimes:
-        sys.exit(f"--runtimes: unknown {', '.join(sorted(set(runtimes) - set(RUNTIMES))) or 'empty'}; use {','.join(RUNTIMES)}")
+    runtimes = tuple(args.runtimes.split(",")) if args.runtimes else RUNTIMES  # checked by the section before any work
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.model is None and any(v is not None for v in (args.precisions, args.threads, args.rounds, args.lengths, args.decode, args.runtimes)):
         sys.exit("--precisions, --threads, --rounds, --lengths, --decode and --runtimes go with --model; the section's own run is fixed")
-    if args.model is None:
-        with tempfile.TemporaryDirectory(prefix="edgelin-llamacpp-") as tmp:
-            report = run_bench(sections=["llamacpp"], quick=args.quick, out_dir=tmp, plots=False, progress=say)
-    else:
-        report = _published(args, say, runtimes)
+    try:
+        if args.model is None:
+            with tempfile.TemporaryDirectory(prefix="edgelin-llamacpp-") as tmp:
+                report = run_bench(sections=["llamacpp"], quick=args.quick, out_dir=tmp, plots=False, progress=say)
+        else:
+            report = _published(args, say, runtimes)
+    except EdgelinError as exc:  # an unknown runtime, an export that could not be written (a full disk): one line
+        sys.exit(f"llamacpp bench: {exc}; nothing written")
     part = report.data["llamacpp"]
     if part["status"] != "ok":
         print(report.table())
