@@ -19,7 +19,11 @@ starts from ``fresh_state(model.state_specs(), batch)``. Optional members, used 
 such a model may store its state in float16, see ``check_float16_state``) and ``accepts_lengths`` (True
 when ``forward(input_ids, state, lengths=lengths)`` prefills a right-padded ragged batch: lengths [B]
 int64, row b's state afterwards exactly that of its first lengths[b] tokens alone; only then may
-``export(..., ragged=True)`` give the prefill graph a ``lengths`` input, see ``check_lengths``).
+``export(..., ragged=True)`` give the prefill graph a ``lengths`` input, see ``check_lengths``) and
+``accepts_logits_at`` (True when ``forward(input_ids, state, logits_at=at)`` computes the logits of the asked
+positions only: at [B, P] int64, the result [B, P, vocab] equal to ``select_positions(forward(...)[0], at)``;
+a model without it still gets the prefill graph's ``logits_at`` input, the head then computed for every
+position and the rows picked afterwards).
 """
 
 from __future__ import annotations
@@ -116,6 +120,18 @@ def check_lengths(model: Any) -> None:
         )
 
 
+def accepts_logits_at(model: Any) -> bool:
+    """Whether the model declares that ``forward`` computes the logits of chosen positions only (``logits_at``)."""
+    return _declares(model, "accepts_logits_at")
+
+
+def select_positions(x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Rows ``at`` [B, P] (int64, each clamped into [0, T-1]: a graph cannot raise on data) of each sequence of
+    ``x`` [B, T, D] -> [B, P, D]: the prefill graph's ``logits_at`` (the positions whose logits a caller wants)."""
+    at = at.clamp(0, x.shape[1] - 1)  # [B, P]
+    return torch.gather(x, 1, at.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
 def max_positions(model: Any) -> int | None:
     """The context limit the model declares (optional member ``max_positions``: positions per sequence), or None."""
     value = getattr(model, "max_positions", None)
@@ -135,6 +151,6 @@ def tokenizer(model: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "ExportableModel", "accepts_lengths", "max_positions", "check_float16_state", "check_lengths", "check_model", "chunk_size",
+    "ExportableModel", "accepts_lengths", "accepts_logits_at", "select_positions", "max_positions", "check_float16_state", "check_lengths", "check_model", "chunk_size",
     "state_decays", "tokenizer",
 ]

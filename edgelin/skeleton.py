@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgelin.ops.lengths import check_lengths
+from edgelin.protocol import select_positions
 from edgelin.runtime.manifest import StateSpec, state_key
 from edgelin.state import State, fresh_state
 
@@ -207,6 +208,8 @@ class CausalLM(nn.Module):
         self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
 
     # ---- the model protocol (edgelin.protocol) ------------------------------------------------------------
+    accepts_logits_at = True  # forward(..., logits_at=) runs the head at the asked positions only
+
     @property
     def accepts_lengths(self) -> bool:
         """forward(..., lengths=) prefills a right-padded ragged batch when every mixer can."""
@@ -248,20 +251,28 @@ class CausalLM(nn.Module):
         return tuple(sorted(common))
 
     # ---- running ----------------------------------------------------------------------------------------
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+        # the final norm on every row, the head on the asked ones (at [B, P]): a norm is ~D flops a row against the
+        # head's D x V, and on every row it stays one node with the last residual add (ONNX Runtime fuses the two)
         x = self.norm(x)
+        if at is not None:
+            x = select_positions(x, at)
         logits = x @ self.embed.weight.T if self.lm_head is None else self.lm_head(x)  # [B, T, vocab]
         return logits if self.logits_scale == 1.0 else logits / self.logits_scale
 
     def forward(
-        self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk", lengths: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk", lengths: torch.Tensor | None = None,
+        logits_at: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, State]:
         """input_ids [B, T] -> logits [B, T, vocab], state after the last token. ``form``: the form of every
         mixer ("chunk": the prefill graph; "step" takes T = 1 and is what ``step`` runs; a mixer may run more).
 
         ``lengths`` [B] int64 (a ragged batch, right padding; sequence forms only): row b's real tokens are
         its first lengths[b]; its returned state is that after its last real token, exactly as prefilling
-        the row alone, and its logits at t >= lengths[b] mean nothing (edgelin.ops.lengths)."""
+        the row alone, and its logits at t >= lengths[b] mean nothing (edgelin.ops.lengths).
+
+        ``logits_at`` [B, P] int64: the logits of those positions only, [B, P, vocab] (``select_positions``); the
+        head runs on P rows instead of T (a prompt needs the last one)."""
         if form not in self.forms:
             layer = next(i for i, b in enumerate(self.blocks) if not _runs(b.attn, form))
             mixer = self.blocks[layer].attn
@@ -285,7 +296,7 @@ class CausalLM(nn.Module):
         for block, keys in zip(self.blocks, self.layer_keys()):
             x, layer = block(x, {name: state[key] for name, key in keys.items()}, **run)
             new_state.update({key: layer[name] for name, key in keys.items()})
-        return self._logits(x), new_state
+        return self._logits(x, logits_at), new_state
 
     def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """One token per sequence: input_ids [B, 1] -> logits [B, 1, vocab], the next state."""

@@ -25,6 +25,7 @@ from torch import nn
 
 from edgelin.config import ModelConfig
 from edgelin.model import RMSNorm, SwiGLU, init_weights
+from edgelin.protocol import select_positions
 
 Cache = dict[str, torch.Tensor]
 ROPE_BASE = 10000.0
@@ -89,8 +90,9 @@ class SoftmaxLM(nn.Module):
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self)  # as LinearLM
 
-    def forward(self, input_ids: torch.Tensor, cache: Cache | None = None) -> tuple[torch.Tensor, Cache]:
-        """input_ids [B, T] -> logits [B, T, vocab], the KV cache including these tokens."""
+    def forward(self, input_ids: torch.Tensor, cache: Cache | None = None, logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, Cache]:
+        """input_ids [B, T] -> logits [B, T, vocab] (or, ``logits_at`` [B, P], those positions' only: [B, P, vocab]),
+        the KV cache including these tokens."""
         x = self.embed(input_ids)  # [B, T, d_model]
         new_cache: Cache = {}
         for i, block in enumerate(self.blocks):
@@ -98,6 +100,8 @@ class SoftmaxLM(nn.Module):
             v_past = None if cache is None else cache[f"{i}.v"]
             x, new_cache[f"{i}.k"], new_cache[f"{i}.v"] = block(x, k_past, v_past)
         x = self.norm(x)
+        if logits_at is not None:  # the head at the asked positions only, as edgelin's skeleton
+            x = select_positions(x, logits_at)
         logits = x @ self.embed.weight.T if self.lm_head is None else self.lm_head(x)  # [B, T, vocab]
         return logits, new_cache
 

@@ -32,7 +32,7 @@ import torch
 from edgelin import __version__, fused, parity, protocol, upstream
 from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256, open_checkpoint
 from edgelin.errors import EdgelinError, ExportError
-from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, graph_spec
+from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, LOGITS_AT, graph_spec
 from edgelin.exporters import traces
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
@@ -147,10 +147,11 @@ def _check_epsilons(model) -> None:
 
 def build_manifest(
     model, *, opset: int, source: str, precision: str = "fp32", extra: dict | None = None, logits_dtype: str | None = None,
-    ragged: bool = False, tokenizer: dict | None = None,
+    ragged: bool = False, tokenizer: dict | None = None, logits_at: bool = True,
 ) -> Manifest:
     """The manifest of ``model``'s export (edgelin/2): states straight from its state contract, the io of
-    both graphs, the runtime's prefill piece, the prefill graph's ``lengths`` input when ``ragged``, the
+    both graphs, the runtime's prefill piece, the prefill graph's ``lengths`` input when ``ragged`` and its
+    ``logits_at`` input unless told not to (the runtimes ask for a prompt's last position only), the
     ``tokenizer`` entry given (a checkpoint's Hugging Face tokenizer) or the model's own. The graph
     hashes are added once the files are final (``Manifest.with_hashes``)."""
     return Manifest(
@@ -158,7 +159,7 @@ def build_manifest(
         vocab_size=model.vocab_size, tokenizer=tokenizer or protocol.tokenizer(model), model=model.model_config(),
         opset=opset, precision=precision, edgelin_version=__version__, source=source, extra=dict(extra or {}),
         logits_dtype=logits_dtype or "float32", prefill_piece=PREFILL_PIECE,  # every precision keeps fp32 logits
-        lengths=LENGTHS if ragged else None, max_positions=protocol.max_positions(model),
+        lengths=LENGTHS if ragged else None, logits_at=LOGITS_AT if logits_at else None, max_positions=protocol.max_positions(model),
     )
 
 
@@ -391,6 +392,8 @@ def _smoke_check(reference: dict[str, Any], out: Path, manifest: Manifest) -> di
         feeds = {name: a.astype(spec.np_dtype, copy=False) for (name, a), spec in zip(to_numpy(specs, st).items(), specs)}
         if graph == "prefill" and lengths is not None:
             feeds[manifest.lengths] = lengths.numpy()
+        if graph == "prefill":  # every position's logits, as the reference has
+            feeds |= manifest.prefill_positions(*x.shape)
         got = sessions[graph].run([manifest.logits] + [s.output for s in specs], {INPUT_IDS: x.numpy(), **feeds})
         return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])})
 
@@ -423,6 +426,7 @@ def export(
     ops: str = fused.DEFAULT_LOWERING,
     max_sequence: int = DEFAULT_MAX_SEQUENCE,
     trace_cache: str | Path | None = None,
+    logits_at: bool = True,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -462,7 +466,11 @@ def export(
 
     ``trace_cache``: a folder where each traced graph is kept and from which a later export of the same model
     (same weights, code and graph options: ``ragged``, ``opset``, ``ops``, ``max_sequence``) takes it instead of
-    tracing again, whatever its precision, checks or tokenizer (``edgelin.exporters.traces``). Off by default."""
+    tracing again, whatever its precision, checks or tokenizer (``edgelin.exporters.traces``). Off by default.
+
+    ``logits_at``: the prefill graph takes the positions whose logits it returns (the manifest's ``logits_at``;
+    the runtimes ask for a prompt's last one, so the final norm and the head run on one row, not T). False: it
+    returns every position's logits, as exports made before that input -- for a client that predates it."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size, max_sequence)
     if ops not in fused.LOWERINGS:
@@ -503,7 +511,7 @@ def export(
             model_part = traces.model_key(model)
         for graph, fname in GRAPH_FILES.items():
             t0 = time.perf_counter()
-            spec = graph_spec(model, graph, lengths=ragged)
+            spec = graph_spec(model, graph, lengths=ragged, logits_at=logits_at)
             names = (spec.input_names, spec.output_names)
             if cache is None:
                 say(f"exporting the {graph} graph (opset {opset}) ...")
@@ -538,7 +546,7 @@ def export(
         manifest = build_manifest(
             model, opset=opset, source=digest,
             extra={"chunk_size": protocol.chunk_size(model), "nodes": nodes, "state_bytes_per_sequence": 0}, ragged=ragged,
-            tokenizer=None if tok is None else tok.spec,
+            tokenizer=None if tok is None else tok.spec, logits_at=logits_at,
         )
         manifest = dataclasses.replace(manifest, precision=precision, states=state_dtypes(manifest.states, precision, state_dtype),
                                        max_sequence=max_sequence if bounded else None)

@@ -96,7 +96,7 @@ def _metadata_problems(file: str, sess: ort.InferenceSession, m: Manifest, how: 
 # What a runtime wires and feeds by the manifest: it must be what the graph itself was exported with. An
 # edgelin.json whose states are paired differently (present.0.S fed back as state.1.S, of equal shape), with
 # another init, precision or logits name would run and give garbage; the graph's embedded copy tells.
-WIRING = ("input_ids", "logits", "lengths", "vocab_size", "precision", "logits_dtype", "min_sequence", "states")
+WIRING = ("input_ids", "logits", "lengths", "logits_at", "vocab_size", "precision", "logits_dtype", "min_sequence", "states")
 
 
 def _wiring_problems(file: str, own: Manifest, m: Manifest) -> list[str]:

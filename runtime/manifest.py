@@ -17,6 +17,7 @@ manifests are checked against it when written and when read. Standard library + 
       "min_sequence": 1, "prefill_piece": 1024,
       "max_sequence": 4096,         (only where the prefill graph is exact up to a length: longer prompts go in pieces)
       "lengths": "lengths",         (only a ragged export: the prefill graph's per-row lengths, int64 [batch])
+      "logits_at": "logits_at",     (the prefill graph's positions whose logits it returns, int64 [batch, positions])
       "states": [{"input": "state.0.S", "output": "present.0.S", "shape": ["batch", 4, 64, 64],
                   "dtype": "float32", "init": 0.0}, ...],
       "vocab_size": 256,
@@ -33,6 +34,12 @@ it is upgraded in memory and ``Manifest.load`` warns (``FormatWarning``).
 export made without ``--ragged``) describes a prefill graph that takes input_ids and states only, and is
 written without the field, exactly as before. With it, the prefill graph takes a third kind of input:
 right-padded rows of different lengths in one call, each row's state as if prefilled alone.
+
+``logits_at`` is optional too: without it (every export before the field) the prefill graph returns the logits
+of every position, [batch, sequence, vocab] (``logits_layout.positions`` "every"). With it (positions
+"logits_at") the prefill graph takes int64 [batch, positions] after ``lengths`` and returns the logits of those
+positions only, [batch, positions, vocab]: a runtime asks for the last position of a prompt, and the head runs
+on one row instead of every one.
 """
 
 from __future__ import annotations
@@ -70,9 +77,11 @@ REQUIRED_V1 = (
     "model", "opset", "precision", "edgelin_version", "source",
 )
 DROPPED_V1 = ("weights_file",)  # named a file that is not in the export
-FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "max_sequence", "lengths", "max_positions", "weights")
+FIELDS = REQUIRED_V1 + ("sha256", "symbols", "io", "logits_layout", "min_sequence", "prefill_piece", "max_sequence", "lengths", "logits_at", "max_positions", "weights")
 WEIGHTS = "weights"  # the key of the weights file's hash in ``sha256``
 SEQUENCE = "sequence"
+POSITIONS = "positions"  # the prefill graph's logits_at: how many positions' logits one call returns
+LOGITS_AT = "logits_at"  # the name edgelin's exports give that input (a manifest may name it otherwise)
 SYMBOLS = {
     BATCH: "sequences run together (>= 1); the same for every input and output of one call",
     SEQUENCE: "tokens in one prefill call (>= min_sequence); decode takes exactly 1",
@@ -82,8 +91,12 @@ GROWING_SYMBOLS = {  # in "symbols" only when a state grows
           "every growing state and row of one call (rows of different lengths are left-padded, see docs/manifest.md)",
     PRESENT: "positions a growing state holds after a call: past + the call's tokens, at most the state's window",
 }
+POSITIONS_SYMBOL = {  # in "symbols" only when the prefill graph takes logits_at
+    POSITIONS: "positions of a prefill call whose logits it returns (logits_at; 1 for a prompt's next token)",
+}
 SEQUENCE_DIM = {"prefill": SEQUENCE, "decode": 1}  # the token dim of input_ids and logits, per graph
 LOGITS_LAYOUT = {"axes": (BATCH, SEQUENCE, "vocab"), "positions": "every", "next_token": "last"}
+LOGITS_AT_POSITIONS = "logits_at"  # logits_layout.positions of an export whose prefill graph takes logits_at
 LOGITS_DTYPES = ("float32", "float16")
 TOKEN_INTS = ("offset", "bos_id", "eos_id", "pad_id")
 # tokenizer fields beyond the six every manifest has; a 'huggingface' tokenizer has them all
@@ -246,6 +259,7 @@ class Manifest:
     prefill_piece: int = PREFILL_PIECE
     max_sequence: int | None = None  # the most tokens one prefill call takes (the graph is exact up to it); None: any
     lengths: str | None = None  # the ragged prefill graph's per-row lengths input, int64 [batch]; None: no such input
+    logits_at: str | None = None  # the prefill graph's positions input, int64 [batch, positions]; None: every position's logits
     max_positions: int | None = None  # the context limit the model declares (positions per sequence); None: none
     weights: dict[str, Any] | None = None  # {"file", "bytes"}: the graphs' one external-data file; None: weights inside each graph
     read_from: str = field(default=FORMAT, compare=False)  # the format the manifest was read in (edgelin/1 is upgraded)
@@ -268,7 +282,12 @@ class Manifest:
     def io(self, graph: str) -> dict[str, list[dict[str, Any]]]:
         """Every input and output of ``graph`` ("prefill" or "decode"): name, dtype, shape, in graph order."""
         return implied_io(graph, self.input_ids, self.logits, self.logits_dtype, self.vocab_size,
-                        [s.to_dict() for s in self.states], self.lengths)
+                        [s.to_dict() for s in self.states], self.lengths, self.logits_at)
+
+    def prefill_positions(self, batch: int, tokens: int, *, last: bool = False) -> dict[str, np.ndarray]:
+        """What a prefill call of ``batch`` rows of ``tokens`` feeds besides ids, lengths and states: the graph's
+        ``logits_at`` (every position, or ``last`` only), or nothing for an export without it."""
+        return {} if self.logits_at is None else {self.logits_at: positions_feed(batch, tokens, last)}
 
     def with_hashes(self, export_dir: str | Path) -> "Manifest":
         """This manifest with the sha256 of the graph files (and the weights file) in ``export_dir``."""
@@ -322,15 +341,17 @@ class Manifest:
             "format": FORMAT,
             "graphs": dict(self.graphs),
             "sha256": None if self.sha256 is None else dict(self.sha256),
-            "symbols": dict(SYMBOLS) | (GROWING_SYMBOLS if self.grows else {}),
+            "symbols": dict(SYMBOLS) | (GROWING_SYMBOLS if self.grows else {}) | (POSITIONS_SYMBOL if self.logits_at else {}),
             "io": {g: self.io(g) for g in GRAPHS},
             "input_ids": self.input_ids,
             "logits": self.logits,
-            "logits_layout": dict(LOGITS_LAYOUT, axes=list(LOGITS_LAYOUT["axes"])),
+            "logits_layout": dict(LOGITS_LAYOUT, axes=list(LOGITS_LAYOUT["axes"]))
+            | ({} if self.logits_at is None else {"positions": LOGITS_AT_POSITIONS}),
             "min_sequence": self.min_sequence,
             "prefill_piece": self.prefill_piece,
             **({} if self.max_sequence is None else {"max_sequence": self.max_sequence}),
             **({} if self.lengths is None else {"lengths": self.lengths}),  # absent: written exactly as before
+            **({} if self.logits_at is None else {"logits_at": self.logits_at}),
             **({} if self.max_positions is None else {"max_positions": self.max_positions}),
             **({} if self.weights is None else {"weights": dict(self.weights)}),
             "states": [s.to_dict() for s in self.states],
@@ -396,10 +417,14 @@ class Manifest:
                 s["init"] = int(s["init"])
             states.append(StateSpec.from_dict(s, f"{where}: states[{i}]"))
         vocab = _int(d["vocab_size"])
-        lengths = d.get("lengths")
-        names = [d["input_ids"], d["logits"]] + [s.input for s in states] + [s.output for s in states] + [lengths] * (lengths is not None)
+        lengths, logits_at = d.get("lengths"), d.get("logits_at")
+        names = ([d["input_ids"], d["logits"]] + [s.input for s in states] + [s.output for s in states]
+                 + [n for n in (lengths, logits_at) if n is not None])
         if len(set(names)) != len(names):
             raise ManifestError(f"{where}: input, output and state names are not unique")
+        if (d["logits_layout"]["positions"] == LOGITS_AT_POSITIONS) != (logits_at is not None) or (POSITIONS in d["symbols"]) != (logits_at is not None):
+            raise ManifestError(f"{where}: logits_layout.positions is 'logits_at' and symbols has 'positions' exactly when the manifest "
+                                "names a logits_at input; re-export the model")
         logits_out = d["io"]["prefill"]["outputs"][0] if d["io"]["prefill"]["outputs"] else {}
         logits_dtype = logits_out.get("dtype")
         if logits_dtype not in LOGITS_DTYPES:
@@ -414,7 +439,7 @@ class Manifest:
             vocab_size=vocab, tokenizer=tok, model=dict(d["model"]), opset=_int(d["opset"]),
             precision=d["precision"], edgelin_version=d["edgelin_version"], source=d["source"], extra=extra,
             sha256=dict(d["sha256"]) if hashes_given else None, logits_dtype=logits_dtype,
-            min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]), lengths=lengths,
+            min_sequence=_int(d["min_sequence"]), prefill_piece=_int(d["prefill_piece"]), lengths=lengths, logits_at=logits_at,
             max_sequence=None if d.get("max_sequence") is None else _int(d["max_sequence"]),
             max_positions=None if d.get("max_positions") is None else _int(d["max_positions"]), weights=weights,
         )
@@ -423,7 +448,7 @@ class Manifest:
         for g in GRAPHS:
             if not json_equal(d["io"][g], m.io(g)):
                 raise ManifestError(
-                    f"{where}: io.{g} does not list what input_ids, lengths, logits, vocab_size and states imply "
+                    f"{where}: io.{g} does not list what input_ids, lengths, logits_at, logits, vocab_size and states imply "
                     f"({_short(d['io'][g], 80)}); re-export the model"
                 )
         return m
@@ -481,24 +506,36 @@ def _inside(export_dir: str | Path, name: str, what: str) -> Path:
     return path
 
 
-def implied_io(graph: str, input_ids: str, logits: str, logits_dtype: str, vocab: int, states: list[dict], lengths: str | None) -> dict[str, list]:
+def implied_io(graph: str, input_ids: str, logits: str, logits_dtype: str, vocab: int, states: list[dict], lengths: str | None,
+               logits_at: str | None = None) -> dict[str, list]:
     """The io of ``graph`` implied by the manifest fields (states as dicts): input_ids, the prefill graph's
-    lengths if any, every state input; logits, every state output."""
+    lengths and logits_at if any, every state input; logits (of the asked positions, where logits_at is), every
+    state output."""
     seq = SEQUENCE_DIM[graph]
-    ragged = [tensor(lengths, "int64", [BATCH])] if lengths is not None and graph == "prefill" else []
+    prefill = graph == "prefill"
+    ragged = [tensor(lengths, "int64", [BATCH])] if lengths is not None and prefill else []
+    picked = [tensor(logits_at, "int64", [BATCH, POSITIONS])] if logits_at is not None and prefill else []
     return {
-        "inputs": [tensor(input_ids, "int64", [BATCH, seq])] + ragged + [tensor(s["input"], s["dtype"], s["shape"]) for s in states],
-        "outputs": [tensor(logits, logits_dtype, [BATCH, seq, vocab])]
+        "inputs": [tensor(input_ids, "int64", [BATCH, seq])] + ragged + picked + [tensor(s["input"], s["dtype"], s["shape"]) for s in states],
+        "outputs": [tensor(logits, logits_dtype, [BATCH, POSITIONS if picked else seq, vocab])]
         + [tensor(s["output"], s["dtype"], [PRESENT if d == PAST else d for d in s["shape"]]) for s in states],
     }
 
 
+def positions_feed(batch: int, tokens: int, last: bool = False) -> np.ndarray:
+    """The prefill graph's ``logits_at`` for ``batch`` rows of ``tokens``: every position, int64 [batch, tokens],
+    or (``last``) the last one only, [batch, 1]."""
+    row = np.array([tokens - 1], dtype=np.int64) if last else np.arange(tokens, dtype=np.int64)
+    return np.ascontiguousarray(np.broadcast_to(row, (batch, row.size)))
+
+
 def sync_io(d: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite the ``io`` of a manifest dict from its input_ids, lengths, logits, vocab_size and states, in
+    """Rewrite the ``io`` of a manifest dict from its input_ids, lengths, logits_at, logits, vocab_size and states, in
     place (for tools and tests that edit a manifest by hand); the logits dtype is kept. Returns ``d``."""
     logits_dtype = d.get("io", {}).get("prefill", {}).get("outputs", [{}])[0].get("dtype", "float32")
     for g in SEQUENCE_DIM:
-        d.setdefault("io", {})[g] = implied_io(g, d["input_ids"], d["logits"], logits_dtype, d["vocab_size"], d["states"], d.get("lengths"))
+        d.setdefault("io", {})[g] = implied_io(g, d["input_ids"], d["logits"], logits_dtype, d["vocab_size"], d["states"], d.get("lengths"),
+                                       d.get("logits_at"))
     return d
 
 
@@ -664,7 +701,7 @@ def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
 
 
 __all__ = [
-    "BATCH", "DTYPES", "FORMAT", "HUGGINGFACE", "TOKENIZER_FILES", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "PREFILL_PIECE", "SEQUENCE",
+    "BATCH", "DTYPES", "FORMAT", "HUGGINGFACE", "TOKENIZER_FILES", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "LOGITS_AT", "POSITIONS", "PREFILL_PIECE", "SEQUENCE",
     "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "state_key", "canonical_json", "canonical_manifest_equal",
-    "file_sha256", "join_problems", "normalize_tokenizer", "parse_json", "plain_file_name", "sync_io",
+    "file_sha256", "join_problems", "normalize_tokenizer", "parse_json", "plain_file_name", "positions_feed", "sync_io",
 ]

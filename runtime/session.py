@@ -28,7 +28,7 @@ import onnxruntime as ort
 from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
 from edgelin.runtime.check import check_graph, graph_io
 from edgelin.runtime.files import check_output_folder, check_replace, make_parents
-from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest, join_problems
+from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest, join_problems, positions_feed
 from edgelin.runtime.state import CPU, Device, State, check_state_for, require_state, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 from edgelin.runtime.options import check_int, check_number
@@ -217,7 +217,7 @@ class Session:
         ids = self._check_ids(input_ids, state)
         pieces = []
         for start, end in self._pieces(ids.shape[1], chunk):
-            logits = self._run("prefill", ids[:, start:end], state)  # [B, t, V]
+            logits = self._run("prefill", ids[:, start:end], state, last=last_only)  # [B, t, V], or [B, 1, V]
             pieces.append(logits[:, -1].copy() if last_only else logits)  # keep [B, V], not the whole piece
         return pieces[-1] if last_only else np.concatenate(pieces, axis=1)  # [B, V] or [B, T, V]
 
@@ -271,9 +271,9 @@ class Session:
         last = np.empty((B, self.vocab_size), dtype=self._logits_dtype["prefill"])  # [B, V]
         for start, end in self._pieces(T, chunk):
             here = np.clip(lengths - start, 0, end - start)  # [B] real tokens of each row in this piece
-            logits = self._run("prefill", ids[:, start:end], state, here)  # [B, t, V]
+            logits = self._run("prefill", ids[:, start:end], state, here, last=True)  # [B, 1, V]: each row's last real token
             ends = np.flatnonzero((lengths > start) & (lengths <= end))  # rows whose last token is in this piece
-            last[ends] = logits[ends, lengths[ends] - start - 1]
+            last[ends] = logits[ends, 0]
         return last
 
     def _check_prompts(self, prompts: Any) -> list[np.ndarray]:
@@ -359,25 +359,33 @@ class Session:
             )
         return np.ascontiguousarray(ids, dtype=np.int64)
 
-    def _run(self, graph: str, ids: np.ndarray, state: State, lengths: np.ndarray | None = None) -> np.ndarray:
+    def _run(self, graph: str, ids: np.ndarray, state: State, lengths: np.ndarray | None = None, *, last: bool = False) -> np.ndarray:
         """One graph run: ids int64 [B, t] -> logits [B, t, V]; the state moves on. A ragged prefill graph
-        also takes each row's real tokens, ``lengths`` [B] (default: all t)."""
+        also takes each row's real tokens, ``lengths`` [B] (default: all t). ``last``: only each row's last
+        (real) position's logits, [B, 1, V] -- the only ones a prefill graph with ``logits_at`` then computes."""
         m, sess = self.manifest, self._sessions[graph]
+        B, t = ids.shape
         ragged = graph == "prefill" and m.lengths is not None
         if ragged and lengths is None:
-            lengths = np.full(ids.shape[0], ids.shape[1], dtype=np.int64)  # [B]: no padding
+            lengths = np.full(B, t, dtype=np.int64)  # [B]: no padding
+        ends = None if lengths is None else np.maximum(np.asarray(lengths, dtype=np.int64) - 1, 0)[:, None]  # [B, 1]
+        at = None
+        if graph == "prefill" and m.logits_at is not None:  # the positions whose logits the graph returns, [B, P]
+            at = (positions_feed(B, t, last=True) if ends is None else ends) if last else positions_feed(B, t)
         if not self.io_binding:
             feeds = {m.input_ids: ids, **{s.input: v.numpy() for s, v in zip(m.states, state.values)}}
             if ragged:
                 feeds[m.lengths] = np.ascontiguousarray(lengths, dtype=np.int64)
+            if at is not None:
+                feeds[m.logits_at] = at
             logits, *states = self._ort(graph, sess.run, [m.logits] + [s.output for s in m.states], feeds)
             state._advance([to_ortvalue(a, self.device) for a in states])
-            state.seen += ids.shape[1]
-            return logits
+            state.seen += t
+            return _last(logits, ends) if last and at is None else logits
         key = (self._serial, graph, ids.shape, state._parity)
         bound = state._bindings.get(key)
         if bound is None:
-            bound = self._bind(graph, ids, state)
+            bound = self._bind(graph, ids, state, t if at is None else at.shape[1])
             # decode has the same shapes every step: bind once per buffer set, then only run. Only where the
             # provider computes in host memory (CPU, OpenVINO's CPU device): ORT copies an input to a device at bind
             # time, so a kept binding would go stale -- and feed the first step's ids again (measured on WebGPU)
@@ -388,11 +396,15 @@ class Session:
         if ragged:  # bound per call (prefill bindings are never kept); the array lives until the run is done
             lengths = np.ascontiguousarray(lengths, dtype=np.int64)  # [B]
             io.bind_ortvalue_input(m.lengths, to_ortvalue(lengths, CPU))
+        if at is not None:  # bound per call, as lengths
+            io.bind_ortvalue_input(m.logits_at, to_ortvalue(at, CPU))
         self._ort(graph, sess.run_with_iobinding, io)
         if self.provider not in HOST_MEMORY:  # a device copies outputs to host buffers asynchronously (CUDA, WebGPU)
             io.synchronize_outputs()
         state._advance()
-        state.seen += ids.shape[1]
+        state.seen += t
+        if last and at is None:
+            return _last(logits, ends)
         return logits.copy() if graph == "decode" else logits  # the decode buffer is reused next step
 
     def _ort(self, graph: str, call, *args):
@@ -408,13 +420,13 @@ class Session:
                 "feed shorter pieces (Session.prefill(..., chunk=N)); otherwise try the cpu provider or re-export"
             ) from None
 
-    def _bind(self, graph: str, ids: np.ndarray, state: State) -> tuple[Any, np.ndarray, np.ndarray]:
+    def _bind(self, graph: str, ids: np.ndarray, state: State, positions: int) -> tuple[Any, np.ndarray, np.ndarray]:
         """An IO binding reading the state's current buffers and writing the other set, never the same one. The
-        ids are in their buffer before it is bound: a provider on a device copies an input at bind time."""
+        ids are in their buffer before it is bound: a provider on a device copies an input at bind time.
+        ``positions``: how many positions' logits the graph returns per row (t, or logits_at's)."""
         m, sess = self.manifest, self._sessions[graph]
-        shape = ids.shape
         ids_buffer = np.array(ids, dtype=np.int64)  # [B, t]
-        logits = np.empty((*shape, m.vocab_size), dtype=self._logits_dtype[graph])  # [B, t, V]
+        logits = np.empty((ids.shape[0], positions, m.vocab_size), dtype=self._logits_dtype[graph])  # [B, P, V]
         io = sess.io_binding()
         io.bind_ortvalue_input(m.input_ids, to_ortvalue(ids_buffer, CPU))  # shares memory with ids_buffer
         io.bind_ortvalue_output(m.logits, to_ortvalue(logits, CPU))  # ORT writes straight into `logits`
@@ -422,6 +434,12 @@ class Session:
             io.bind_ortvalue_input(spec.input, current)
             io.bind_ortvalue_output(spec.output, out)
         return io, ids_buffer, logits
+
+
+def _last(logits: np.ndarray, ends: np.ndarray | None) -> np.ndarray:
+    """Each row's last position of ``logits`` [B, t, V] (``ends`` [B, 1]: its last real one), [B, 1, V]: for an export
+    whose prefill graph returns every position's logits (made before logits_at)."""
+    return logits[:, -1:] if ends is None else np.take_along_axis(logits, ends[:, :, None], axis=1)
 
 
 def is_optimized_graph(path: Path) -> bool:

@@ -140,7 +140,10 @@ def sessions(out):
 
 
 def run(manifest, session, x, state):
-    feeds = {manifest.input_ids: np.asarray(x, np.int64)} | {s.input: state[s.key] for s in manifest.states}
+    x = np.asarray(x, np.int64)
+    prefill = manifest.logits_at in [i.name for i in session.get_inputs()]
+    at = manifest.prefill_positions(*x.shape) if prefill else {}  # every position's logits
+    feeds = {manifest.input_ids: x} | at | {s.input: state[s.key] for s in manifest.states}
     got = session.run(None, feeds)
     return got[0], {s.key: v for s, v in zip(manifest.states, got[1:])}
 

@@ -36,6 +36,7 @@ from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
 from edgelin.model import LinearLM
 from edgelin.protocol import chunk_size
 from edgelin.runtime.files import write_json
+from edgelin.runtime.manifest import LOGITS_AT, POSITIONS, positions_feed
 from edgelin.runtime.session import open_session
 from edgelin.softmax import SoftmaxLM
 from edgelin.state import fresh_state, to_numpy
@@ -52,15 +53,16 @@ NOT_LINEAR_LM = "the model is not a LinearLM ({}): the softmax twin and the O(T^
 
 # ---- the softmax twin ----------------------------------------------------------------------------
 class SoftmaxPrefill(nn.Module):
-    """input_ids [B, T] -> logits [B, T, V], present.{i}.k/v [B, H, T, Dh] (the KV cache)."""
+    """input_ids [B, T], logits_at [B, P] -> logits [B, P, V] (as edgelin's prefill graphs: a prompt needs its
+    last position's), present.{i}.k/v [B, H, T, Dh] (the KV cache)."""
 
     def __init__(self, model: SoftmaxLM) -> None:
         super().__init__()
         self.model = model
         self.keys = kv_keys(model.cfg.n_layers)
 
-    def forward(self, input_ids: torch.Tensor):
-        logits, cache = self.model(input_ids, None)
+    def forward(self, input_ids: torch.Tensor, logits_at: torch.Tensor):
+        logits, cache = self.model(input_ids, None, logits_at)
         return (logits, *(cache[k] for k in self.keys))
 
 
@@ -119,14 +121,15 @@ def export_one(model: nn.Module, job: dict[str, Any]) -> dict[str, Any]:
     if kind in ("parallel", "chunk"):
         if kind == "chunk":
             model = model.with_chunk_size(job["chunk"]).eval()
-        spec = graph_spec(model, "prefill", form="parallel" if kind == "parallel" else None)  # the quadratic form, or chunked
+        spec = graph_spec(model, "prefill", form="parallel" if kind == "parallel" else None, logits_at=True)  # the quadratic form, or chunked
         export_graph(spec.module, spec.example, (spec.input_names, spec.output_names), spec.dynamic_shapes, opset, path)
     elif kind == "softmax_prefill":
         keys = kv_keys(model.cfg.n_layers)
-        names = ([INPUT_IDS], [LOGITS] + [f"present.{k}" for k in keys])
+        names = ([INPUT_IDS, LOGITS_AT], [LOGITS] + [f"present.{k}" for k in keys])
         sequence = torch.export.Dim("sequence", min=1, max=1 << 24)
-        example = (torch.zeros(2, 37, dtype=torch.int64),)
-        export_graph(SoftmaxPrefill(model), example, names, ({0: batch, 1: sequence},), opset, path)
+        positions = torch.export.Dim(POSITIONS, min=1, max=1 << 24)
+        example = (torch.zeros(2, 37, dtype=torch.int64), torch.tensor([[36, 0, 3, 35, 3, 1]] * 2))
+        export_graph(SoftmaxPrefill(model), example, names, ({0: batch, 1: sequence}, {0: batch, 1: positions}), opset, path)
     elif kind == "softmax_decode":
         keys = kv_keys(model.cfg.n_layers)
         past_len = torch.export.Dim("past", min=1, max=1 << 24)
@@ -257,7 +260,7 @@ def verify(paths: dict[str, Path], subject: Subject, twin: SoftmaxLM | None, thr
             ids = torch.randint(0, V, (2, 37), generator=gen)
             ref, cache = twin(ids)
             if "softmax_prefill" in paths:
-                got = _run(paths["softmax_prefill"], {INPUT_IDS: ids.numpy()}, threads)
+                got = _run(paths["softmax_prefill"], {INPUT_IDS: ids.numpy(), LOGITS_AT: positions_feed(*ids.shape)}, threads)
                 checks["softmax_prefill"] = _check(got, ref, {f"present.{k}": c for k, c in cache.items()})
             if "softmax_decode" in paths:
                 worst = {"logits": parity.NONE, "state": parity.NONE}
@@ -278,7 +281,7 @@ def verify(paths: dict[str, Path], subject: Subject, twin: SoftmaxLM | None, thr
                 ids = torch.randint(0, V, (2, T), generator=gen)
                 state = fresh_state(specs, 2)
                 ref, ref_state = model(ids, state)  # the model's own prefill form: every form must give the same
-                got = _run(paths[name], {INPUT_IDS: ids.numpy(), **to_numpy(specs, state)}, threads)
+                got = _run(paths[name], {INPUT_IDS: ids.numpy(), LOGITS_AT: positions_feed(*ids.shape), **to_numpy(specs, state)}, threads)
                 worst = _worse(worst, _check(got, ref, {s.output: ref_state[s.key] for s in specs}))
             checks[name] = worst
     budgets = {kind: parity.budget(PRECISION, kind) for kind in ("logits", "state")}

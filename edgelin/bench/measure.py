@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgelin import __version__
-from edgelin.runtime.manifest import StateSpec
+from edgelin.runtime.manifest import LOGITS_AT, StateSpec, positions_feed
 from edgelin.runtime.session import make_session_options, open_session
 
 INPUT_IDS = "input_ids"  # the graphs' token input (edgelin.exporters.graphs.INPUT_IDS, which imports torch)
@@ -249,11 +249,14 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     specs = [StateSpec.from_dict(d, f"worker state {i}") for i, d in enumerate(spec.get("states", []))]
     fresh = {s.input: np.full(s.concrete_shape(B), s.init, dtype=s.np_dtype) for s in specs}
     names = [o.name for o in sess.get_outputs()]
+    picks = any(i.name == LOGITS_AT for i in sess.get_inputs())  # the graph computes the logits it is asked for
 
     def run_once():
         state = fresh
         for start in range(0, T, piece):
-            outs = dict(zip(names, sess.run(None, {INPUT_IDS: ids[:, start:start + piece], **state})))
+            x = ids[:, start:start + piece]
+            at = {LOGITS_AT: positions_feed(B, x.shape[1], last=True)} if picks else {}  # a prompt's next token, as a runtime asks
+            outs = dict(zip(names, sess.run(None, {INPUT_IDS: x, **at, **state})))
             state = {s.input: outs[s.output] for s in specs}
 
     rss_before = _proc_bytes("/proc/self/status", "VmRSS")

@@ -21,7 +21,9 @@
 // rules but draws from a small seeded generator of its own (sfc32): a seed gives the same stream
 // every time in JavaScript, but not the stream numpy gives for that seed in Python.
 // Batch 1 only. A ragged export (the manifest names `lengths`, the prefill graph's per-row token counts)
-// is fed lengths = [tokens in the call]: no padding, the same results as an export without the input.
+// is fed lengths = [tokens in the call]: no padding, the same results as an export without the input. A prefill
+// graph with `logits_at` (the manifest names it) is asked for the last position's logits only, unless every
+// position's are wanted (prefill(..., {all: true})).
 
 export const FORMAT = "edgelin/2";
 export const VERSION = "0.1.0";
@@ -68,19 +70,22 @@ export function checkManifest(m) {
   if (!Number.isInteger(m.prefill_piece) || m.prefill_piece < 1) fail("'prefill_piece' must be a positive integer");
   if (!Number.isInteger(m.min_sequence) || m.min_sequence < 1) fail("'min_sequence' must be a positive integer");
   if (m.max_sequence !== undefined && (!Number.isInteger(m.max_sequence) || m.max_sequence < m.min_sequence)) fail("'max_sequence' must be an integer >= min_sequence");
-  if (m.logits_layout.next_token !== "last" || m.logits_layout.positions !== "every") fail("unknown logits_layout");
+  // positions "logits_at": the prefill graph returns the positions its logits_at input asks for (the last one, here)
+  const positions = m.logits_at === undefined ? "every" : "logits_at";
+  if (m.logits_layout.next_token !== "last" || m.logits_layout.positions !== positions) fail("unknown logits_layout");
   for (const s of m.states) {
     if (!TYPED[s.dtype]) fail(`state ${s.input} has dtype ${s.dtype}`);
     // a growing state (a KV cache) has "past" where its positions go: 0 for a fresh sequence
     if (s.shape[0] !== "batch" || !s.shape.slice(1).every((d) => (Number.isInteger(d) && d > 0) || d === "past")) fail(`state ${s.input} has shape ${JSON.stringify(s.shape)}`);
   }
   if (m.lengths !== undefined && (typeof m.lengths !== "string" || !m.lengths)) fail("'lengths' must be a name");
+  if (m.logits_at !== undefined && (typeof m.logits_at !== "string" || !m.logits_at)) fail("'logits_at' must be a name");
   for (const g of GRAPHS) {
     const names = (list) => list.map((t) => t.name).sort().join(",");
-    const ragged = g === "prefill" && m.lengths !== undefined ? [m.lengths] : [];
-    const wantIn = [m.input_ids, ...ragged, ...m.states.map((s) => s.input)].sort().join(",");
+    const extra = g === "prefill" ? [m.lengths, m.logits_at].filter((n) => n !== undefined) : [];
+    const wantIn = [m.input_ids, ...extra, ...m.states.map((s) => s.input)].sort().join(",");
     const wantOut = [m.logits, ...m.states.map((s) => s.output)].sort().join(",");
-    if (names(m.io[g].inputs) !== wantIn || names(m.io[g].outputs) !== wantOut) fail(`io.${g} does not match input_ids, lengths, logits and states`);
+    if (names(m.io[g].inputs) !== wantIn || names(m.io[g].outputs) !== wantOut) fail(`io.${g} does not match input_ids, lengths, logits_at, logits and states`);
   }
   const logits = m.io.prefill.outputs.find((t) => t.name === m.logits);
   if (logits.dtype !== "float32" && logits.dtype !== "float16") fail(`logits dtype ${logits.dtype}`);
@@ -766,7 +771,8 @@ export class Model {
     }
   }
 
-  async _run(graph, ids, state) {
+  /** One graph run; returns the logits [1, t, V] flat, or with `last` (prefill) the last position's [1, 1, V]. */
+  async _run(graph, ids, state, last = false) {
     const m = this.manifest;
     if (m.max_positions !== undefined && state.seen + ids.length > m.max_positions) {
       throw new EdgelinError(`this model declares a context of ${m.max_positions} positions (max_positions); the sequence would reach ${state.seen + ids.length} -- start a new conversation or shorten the prompt`);
@@ -776,11 +782,17 @@ export class Model {
     if (graph === "prefill" && m.lengths !== undefined) {
       feeds[m.lengths] = new this.ort.Tensor("int64", BigInt64Array.of(BigInt(ids.length)), [1]); // one row, unpadded
     }
+    const picked = graph === "prefill" && m.logits_at !== undefined; // the graph computes the logits it is asked for only
+    if (picked) {
+      const at = last ? BigInt64Array.of(BigInt(ids.length - 1)) : BigInt64Array.from(ids, (_, t) => BigInt(t));
+      feeds[m.logits_at] = new this.ort.Tensor("int64", at, [1, at.length]);
+    }
     const out = await this.sessions[graph].run(feeds);
     for (const s of m.states) state.tensors[s.input] = out[s.output];
     state.seen += ids.length;
-    const data = out[m.logits].data;
-    return this.logitsHalf ? Float32Array.from(data, fromHalf) : data; // [1, t, V] flat
+    let data = out[m.logits].data;
+    if (last && !picked) data = data.subarray(data.length - this.vocabSize); // an export made before logits_at
+    return this.logitsHalf ? Float32Array.from(data, fromHalf) : data; // [1, t, V] (or [1, 1, V]) flat
   }
 
   /**
@@ -801,7 +813,7 @@ export class Model {
     let last = null;
     for (let i = 0; i < starts.length; i++) {
       const end = i + 1 < starts.length ? starts[i + 1] : ids.length;
-      const logits = await this._run("prefill", ids.slice(starts[i], end), state);
+      const logits = await this._run("prefill", ids.slice(starts[i], end), state, !all);
       last = logits.slice(logits.length - V);
       if (all) kept.push(logits);
     }

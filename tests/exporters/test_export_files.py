@@ -41,8 +41,10 @@ MANIFEST_ONLY_DRIVER = textwrap.dedent(
     state = {s["input"]: np.full([1 if d == "batch" else d for d in s["shape"]], s["init"], dtypes[s["dtype"]]) for s in m["states"]}
 
     def run(graph, ids, state):
+        # the prefill graph returns the logits of the positions its logits_at input names (the manifest says which)
+        at = {m["logits_at"]: np.array([[len(ids) - 1]], np.int64)} if graph == "prefill" and "logits_at" in m else {}
         outs = sess[graph].run([m["logits"]] + [s["output"] for s in m["states"]],
-                               {m["input_ids"]: np.array([ids], np.int64), **state})
+                               {m["input_ids"]: np.array([ids], np.int64), **at, **state})
         return outs[0], {s["input"]: v for s, v in zip(m["states"], outs[1:])}
 
     logits, state = run("prefill", prompt, state)

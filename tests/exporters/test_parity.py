@@ -37,7 +37,10 @@ class Graphs:
         self.sessions = {g: ort.InferenceSession(str(out / f), providers=["CPUExecutionProvider"]) for g, f in self.manifest.graphs.items()}
 
     def run(self, graph, ids, state):
-        feeds = {self.manifest.input_ids: np.asarray(ids, np.int64)}
+        ids = np.asarray(ids, np.int64)
+        feeds = {self.manifest.input_ids: ids}
+        if graph == "prefill":
+            feeds.update(self.manifest.prefill_positions(*ids.shape))  # every position's logits
         feeds.update({s.input: state[s.input] for s in self.manifest.states})
         out = self.sessions[graph].run(None, feeds)
         return out[0], {s.input: v for s, v in zip(self.manifest.states, out[1:])}
@@ -161,12 +164,15 @@ def test_graph_io_follows_the_contract(exported):
         proto = onnx.load(str(out / fname))
         inputs = {i.name: i for i in proto.graph.input}
         outputs = {o.name: o for o in proto.graph.output}
-        assert list(inputs) == [manifest.input_ids] + [s.input for s in manifest.states]
+        picked = [manifest.logits_at] if graph == "prefill" else []  # the positions whose logits the prefill graph returns
+        assert list(inputs) == [manifest.input_ids] + picked + [s.input for s in manifest.states]
         assert list(outputs) == [manifest.logits] + [s.output for s in manifest.states]
         dims = [d.dim_param or d.dim_value for d in inputs[manifest.input_ids].type.tensor_type.shape.dim]
         assert dims == (["batch", "sequence"] if graph == "prefill" else ["batch", 1])
         logits_dims = [d.dim_param or d.dim_value for d in outputs[manifest.logits].type.tensor_type.shape.dim]
-        assert logits_dims[0] == "batch" and logits_dims[-1] == manifest.vocab_size
+        assert logits_dims == (["batch", "positions", manifest.vocab_size] if graph == "prefill" else ["batch", 1, manifest.vocab_size])
+        if picked:
+            assert [d.dim_param or d.dim_value for d in inputs[manifest.logits_at].type.tensor_type.shape.dim] == ["batch", "positions"]
         for s in manifest.states:
             shape = [d.dim_param or d.dim_value for d in inputs[s.input].type.tensor_type.shape.dim]
             assert shape == list(s.shape), (graph, s.input, shape)

@@ -223,7 +223,8 @@ def _activations(export_dir, names: list[str], windows: int = 8, length: int = 2
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feed = {"input_ids": ids} | {s.input: np.full(s.concrete_shape(windows), s.init, s.np_dtype) for s in manifest.states}
+    feed = ({"input_ids": ids} | manifest.prefill_positions(*ids.shape)
+            | {s.input: np.full(s.concrete_shape(windows), s.init, s.np_dtype) for s in manifest.states})
     return {n: a.reshape(-1, a.shape[-1]) for n, a in zip(names, session.run(names, feed))}
 
 

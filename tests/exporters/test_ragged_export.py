@@ -110,7 +110,7 @@ def test_one_ragged_call_equals_each_prompt_alone(exports, name):
     rows = prompts(1)
     calls = []
     run = session._run
-    session._run = lambda graph, *a: calls.append(graph) or run(graph, *a)
+    session._run = lambda graph, *a, **kw: calls.append(graph) or run(graph, *a, **kw)
     last, state = session.prefill_batch(rows)
     session._run = run
     assert calls == ["prefill"], "the whole batch should take one prefill call"
@@ -181,7 +181,7 @@ def test_an_export_without_lengths_prefills_one_by_one(exports):
     model, plain = exports("bundled-relu-conv4-scalar", ragged=False)
     session = load(plain, provider="cpu", threads=1)
     assert session.manifest.lengths is None and "one by one" in session.ragged_fallback
-    assert [t["name"] for t in session.manifest.io("prefill")["inputs"]][:2] == ["input_ids", "state.0.S"]
+    assert [t["name"] for t in session.manifest.io("prefill")["inputs"]][:3] == ["input_ids", "logits_at", "state.0.S"]
     rows = prompts(6, (3, C + 1))
     last, state = session.prefill_batch(rows)
     for b, ids in enumerate(rows):
@@ -206,7 +206,7 @@ def test_batched_generation_prefills_together(exports, lengths, calls):
     rows = [list(map(int, p)) for p in prompts(7, lengths)]
     seen = []
     run = session._run
-    session._run = lambda graph, *a: seen.append(graph) or run(graph, *a)
+    session._run = lambda graph, *a, **kw: seen.append(graph) or run(graph, *a, **kw)
     together = Generator(session, rows, max_new_tokens=6).run()
     session._run = run
     assert seen.count("prefill") == calls
@@ -236,7 +236,8 @@ def test_out_of_range_lengths_are_clamped_in_the_graph(exports, name):
     state = session.new_state(2).numpy()  # {state input name: zeros}
 
     def run(lengths):
-        return graph.run(None, {"input_ids": ids, "lengths": np.array(lengths, dtype=np.int64), **state})
+        return graph.run(None, {"input_ids": ids, "lengths": np.array(lengths, dtype=np.int64), **state,
+                                **session.manifest.prefill_positions(*ids.shape)})
 
     for bad, same in (([T, -1], [T, 0]), ([T + 4, 3], [T, 3]), ([-7, 10**9], [0, T])):
         for got, ref in zip(run(bad), run(same)):

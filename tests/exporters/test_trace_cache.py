@@ -17,11 +17,12 @@ from edgelin.exporters import exporter as export_impl
 from edgelin.exporters import traces
 
 
-def _keys(model, *, ragged: bool = False, opset: int = 18, ops: str = "portable", max_sequence: int = 4096) -> dict[str, str]:
+def _keys(model, *, ragged: bool = False, opset: int = 18, ops: str = "portable", max_sequence: int = 4096,
+          logits_at: bool = True) -> dict[str, str]:
     part = traces.model_key(model)
     keys = {}
     for graph in ("prefill", "decode"):
-        spec = graph_spec(model, graph, lengths=ragged)
+        spec = graph_spec(model, graph, lengths=ragged, logits_at=logits_at)
         keys[graph] = traces.trace_key(part, graph=graph, names=(spec.input_names, spec.output_names), example=spec.example,
                                        dynamic=spec.dynamic_shapes, opset=opset, ops=ops, max_sequence=max_sequence)
     return keys
@@ -45,6 +46,7 @@ def test_the_key_is_the_same_for_the_same_model_and_changes_with_anything_a_trac
         "opset": _keys(tiny_model("elu+1"), opset=19),
         "fused lowering": _keys(tiny_model("elu+1"), ops="fused"),
         "max_sequence": _keys(tiny_model("elu+1"), max_sequence=8192),
+        "every position's logits": _keys(tiny_model("elu+1"), logits_at=False),
     }
     buffered = tiny_model("elu+1")
     buffered.register_buffer("extra", torch.zeros(3))
@@ -67,7 +69,8 @@ def test_the_key_is_the_same_for_the_same_model_and_changes_with_anything_a_trac
         changed[f"a function attribute, default {scale}"] = _keys(fn)
     for name, keys in changed.items():
         assert keys["prefill"] != base["prefill"], name
-        assert (keys["decode"] == base["decode"]) == (name == "ragged"), name  # ragged: the prefill graph's inputs only
+        prefill_only = name in ("ragged", "every position's logits")  # the prefill graph's inputs only
+        assert (keys["decode"] == base["decode"]) == prefill_only, name
     distinct = {k["prefill"] for k in changed.values()}
     assert len(distinct) == len(changed), "two different changes gave one key"
 

@@ -117,6 +117,8 @@ def test_zero_denominator_stays_finite_in_the_graphs(fla_oracle, tmp_path):
     for graph, tokens in (("prefill", ids), ("decode", ids[:, :1])):
         session = ort.InferenceSession(str(tmp_path / "out" / manifest.graphs[graph]), providers=["CPUExecutionProvider"])
         feeds = {manifest.input_ids: tokens.numpy(), **{s.input: np.zeros(s.concrete_shape(2), s.np_dtype) for s in manifest.states}}
+        if graph == "prefill":
+            feeds |= manifest.prefill_positions(*tokens.shape)
         logits = session.run(None, feeds)[0]
         assert np.isfinite(logits).all(), f"{graph}: non-finite logits"
         assert max_abs(torch.from_numpy(logits), ref[:, : tokens.shape[1]]) <= MAX_ABS

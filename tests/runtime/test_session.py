@@ -113,7 +113,7 @@ def test_prefill_goes_in_the_manifests_pieces_unless_told(session, monkeypatch):
     generate and the JavaScript runtime do); ``chunk`` sets the piece, ``chunk=T`` is one call."""
     calls = []
     run = session._run
-    monkeypatch.setattr(session, "_run", lambda graph, ids, *rest: calls.append(ids.shape[1]) or run(graph, ids, *rest))
+    monkeypatch.setattr(session, "_run", lambda graph, ids, *rest, **kw: calls.append(ids.shape[1]) or run(graph, ids, *rest, **kw))
     piece = session.manifest.prefill_piece
     ids = np.random.default_rng(4).integers(0, 256, (1, 2 * piece + 5))
     default = session.prefill(ids, session.new_state(1), last_only=True)

@@ -181,10 +181,13 @@ def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundl
     _, hybrid_dir = exported("elu+1", decay="scalar", attn_layers=(1,), attn_window=16)
     # a tied head read in place: Gemm with transB on the embedding (a vocabulary of 1,024: test_weights_file's export)
     _, gemm_dir = exported("elu+1", options={"precision": "fp32"}, vocab_size=1024)
+    # a prefill graph that returns every position's logits (exports before logits_at): the runtime takes the last
+    _, every_dir = exported("elu+1", options={"logits_at": False})
     from edgelin.runtime.manifest import Manifest
 
     assert any(s.dtype == "int64" for s in Manifest.load(cos_dir).states), "the cosFormer export should carry an int64 state"
     assert Manifest.load(ragged_export).lengths is not None and Manifest.load(cos_dir).lengths is None
+    assert Manifest.load(every_dir).logits_at is None and Manifest.load(cos_dir).logits_at is not None
     prompts = [(n, _bytes(t), piece) for n, t, piece in PROMPTS]
     decoding, encoding = _tokenizer_cases()
     cases = {
@@ -194,6 +197,7 @@ def test_the_javascript_runtime_matches_the_python_runtime(node, ort_node, bundl
             _export_case("cosformer-ragged", ragged_export, python_greedy, 24, prompts),
             _export_case("hybrid-window16", hybrid_dir, python_greedy, 24, prompts),
             _export_case("tied-head-gemm", gemm_dir, python_greedy, 24, prompts),
+            _export_case("every-position-logits", every_dir, python_greedy, 24, prompts),
         ],
         "decoding": decoding, "encoding": encoding, "sampling": _sampling_cases(),
         "golden": _golden_cases(bundled_export, tmp_path),
