@@ -4,7 +4,7 @@
 active. Inside it, the state update of every linear-attention form the graphs use -- ``recurrent_step`` and
 ``delta_step`` (the decode graph), ``chunk_linear_attention`` and ``chunk_delta_rule`` (the prefill graph) --
 calls the torch operator ``edgelin::linear_attention`` instead of its portable code, and the exporter
-translates that operator into one ``com.microsoft.LinearAttention`` node (ONNX Runtime >= 1.31 on CPU, and
+translates that operator into one ``com.microsoft.LinearAttention`` node (ONNX Runtime >= 1.30 on CPU, onnxruntime-node and
 onnxruntime-web's WASM backend). Two smaller pieces go the same way: each short causal convolution with a carried
 window (``causal_conv``: ``edgelin::causal_conv`` -> one ``com.microsoft.CausalConvWithState`` node) and softplus
 (``softplus``: ``edgelin::softplus`` -> one ``Softplus`` node, not torch's Softplus + Greater + Where). Everything
