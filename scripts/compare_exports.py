@@ -4,7 +4,8 @@
 
 For each thread count: ``--rounds`` rounds, each running every export in turn (the order reversed every other round,
 so that none always goes first): ``--steps`` batch-1 decode calls after a 16-token prompt (median ms per call) and
-one prefill of ``--prefill`` random tokens from an empty state (tokens/s). Prints the medians over rounds, each
+one prefill of ``--prefill`` random tokens from an empty state (tokens/s), as a prompt goes: in the runtime's default
+pieces, asking for the last position's logits (an export with ``logits_at`` computes no other). Prints the medians over rounds, each
 round's figure beside them, and each export's weights file size. Any export folders the runtime loads: different
 precisions, schemes or lowerings of one model are what it is for.
 """
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                 decode[n].append(float(np.median(times)) * 1e3)
                 state = s.new_state(1)
                 t0 = time.perf_counter()
-                s.prefill(ids[:, : args.prefill], state)
+                s.prefill(ids[:, : args.prefill], state, last_only=True)
                 prefill[n].append(args.prefill / (time.perf_counter() - t0))
         width = max(map(len, names))
         for n, p in zip(names, args.exports):
