@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from edgelin.bench import SECTIONS, _finite, interleaved, stats, write_json_atomic, write_plots
 from edgelin.cli_bench import bench
 from edgelin.runtime.files import write_json
+from testkit.protocol import Delegating
 
 STAT_KEYS = ("median", "p10", "p90", "min", "max")
 
@@ -329,29 +330,8 @@ def test_prefill_worker_is_torch_free(tmp_path):
     assert result["providers"] == ["CPUExecutionProvider"]
 
 
-class Wrapped(torch.nn.Module):
+class Wrapped(Delegating):
     """Follows edgelin.protocol without being a LinearLM: no cfg, init_state or with_chunk_size."""
-
-    def __init__(self, inner) -> None:
-        super().__init__()
-        self.inner = inner
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def chunk_size(self) -> int:
-        return self.inner.chunk_size
-
-    def forward(self, input_ids, state=None):
-        return self.inner(input_ids, state)
-
-    def step(self, input_ids, state):
-        return self.inner.step(input_ids, state)
-
-    def state_specs(self):
-        return self.inner.state_specs()
 
     def model_config(self) -> dict:
         return {"wrapped": self.inner.model_config()}

@@ -9,9 +9,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from torch import nn
 
 from conftest import tiny_model
+from testkit.protocol import Delegating
 from edgelin import parity
 from edgelin.exporters.graphs import Graph
 from edgelin.protocol import accepts_logits_at, select_positions
@@ -76,24 +76,8 @@ def test_the_skeleton_runs_its_head_on_the_asked_rows_only(T, tied):
             hook.remove()
 
 
-class EveryPosition(nn.Module):
+class EveryPosition(Delegating):
     """A protocol model that does not declare accepts_logits_at: its graph picks the rows from all T logits."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner, self.vocab_size = inner, inner.vocab_size
-
-    def forward(self, input_ids, state=None):
-        return self.inner(input_ids, state)
-
-    def step(self, input_ids, state):
-        return self.inner.step(input_ids, state)
-
-    def state_specs(self):
-        return self.inner.state_specs()
-
-    def model_config(self):
-        return self.inner.model_config()
 
 
 @pytest.mark.parametrize("own", [True, False], ids=["model-picks", "graph-picks"])
