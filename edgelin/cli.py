@@ -63,6 +63,10 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
               help="How the recurrent state is stored between steps; float16 only with --precision fp16.")
 @click.option("--ragged", is_flag=True,
               help="The prefill graph also takes per-row lengths (int64 [batch]): prompts of different lengths prefill in one call, right-padded.")
+@click.option("--all-logits", is_flag=True,
+              help="The prefill graph returns every position's logits, with no logits_at input (as exports made before it): "
+                   "only for a client older than that input. By default the runtimes ask for each piece's last position, "
+                   "and the head runs on that row only (prefill ~1.2x faster at a 65k vocabulary).")
 @click.option("--tokenizer", "tokenizer", type=click.Path(), default=None,
               help="A Hugging Face tokenizer (a folder with tokenizer.json, or the file) to export with the model "
                    "[default: CHECKPOINT's own tokenizer.json, if it has one].")
@@ -86,12 +90,12 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
                    "scan across chunks: each doubling adds a level, ~1 s of export per layer). Recorded in edgelin.json; "
                    "the runtimes cut longer prompts into pieces of at most this many tokens. Other models take any length.")
 @click.option("--trace-cache", type=click.Path(), default=None, metavar="DIR",
-              help="Keep each traced graph in DIR and take it from there when the same model (weights, code, --ragged, "
+              help="Keep each traced graph in DIR and take it from there when the same model (weights, code, --ragged, --all-logits, "
                    "--opset, --ops, --max-sequence) is exported again, in any precision: the trace is most of an export's "
                    "time. Entries are about the fp32 model's size per graph; delete DIR when done.")
 @user_errors
-def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, tokenizer, budgets, embedding, int8_scheme, ops, max_sequence,
-               trace_cache):
+def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precision, state_dtype, ragged, all_logits, tokenizer, budgets, embedding,
+               int8_scheme, ops, max_sequence, trace_cache):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
     CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
@@ -120,7 +124,7 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
         _default_checkpoint(checkpoint), out_dir, opset=opset, chunk_size=chunk_size,
         force=force, check=not no_check, progress=progress, precision=precision, state_dtype=state_dtype, ragged=ragged,
         tokenizer=tokenizer, budget=parity.overrides_of(budgets), embedding=embedding, int8_scheme=int8_scheme, ops=ops, max_sequence=max_sequence,
-        trace_cache=trace_cache,
+        trace_cache=trace_cache, logits_at=not all_logits,
     )
     click.echo(result.summary())
 

@@ -84,6 +84,10 @@ class ExportResult:
             lines.append(f"  state per sequence: {m.state_bytes(1):,} bytes (constant in sequence length)")
         if self.manifest.lengths is not None:
             lines.append(f"  ragged prefill: input {self.manifest.lengths!r} takes each row's length (prompts of different lengths in one call)")
+        if m.logits_at is not None:
+            lines.append(f"  prefill logits: at the positions input {m.logits_at!r} asks for (the runtimes: each piece's last only)")
+        else:
+            lines.append("  prefill logits: every position (no logits_at input: for a client older than it)")
         if m.max_sequence is not None:
             lines.append(f"  prefill calls: at most {m.max_sequence:,} tokens each (max_sequence; the runtimes cut longer prompts into pieces)")
         if self.smoke is None:
@@ -465,7 +469,7 @@ def export(
     longer prompts into pieces of at most that many tokens. Other graphs take any length and record nothing.
 
     ``trace_cache``: a folder where each traced graph is kept and from which a later export of the same model
-    (same weights, code and graph options: ``ragged``, ``opset``, ``ops``, ``max_sequence``) takes it instead of
+    (same weights, code and graph options: ``ragged``, ``logits_at``, ``opset``, ``ops``, ``max_sequence``) takes it instead of
     tracing again, whatever its precision, checks or tokenizer (``edgelin.exporters.traces``). Off by default.
 
     ``logits_at``: the prefill graph takes the positions whose logits it returns (the manifest's ``logits_at``;

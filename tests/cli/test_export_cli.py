@@ -35,6 +35,7 @@ def test_export_writes_the_contract_and_a_summary(checkpoint, tmp_path):
     # 1 layer: S [2 heads, 16, 16] + z [2, 16] in float32 = (512 + 32) * 4 = 2,176 bytes per sequence
     assert "nodes" in result.stdout and "state per sequence: 2,176 bytes" in result.stdout and "-> ok" in result.stdout
     assert "exporting the prefill graph" in result.stderr  # progress goes to stderr
+    assert manifest["logits_at"] == "logits_at" and "prefill logits: at the positions input 'logits_at'" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -90,3 +91,15 @@ def test_export_ragged_gives_the_prefill_graph_lengths(checkpoint, tmp_path):
     assert manifest["lengths"] == "lengths"
     assert {"name": "lengths", "dtype": "int64", "shape": ["batch"]} in manifest["io"]["prefill"]["inputs"]
     assert "ragged prefill: input 'lengths'" in result.stdout and "-> ok" in result.stdout
+
+
+def test_export_all_logits_leaves_the_prefill_graph_without_logits_at(checkpoint, tmp_path):
+    """For a client older than the logits_at input: every position's logits, the manifest as before the field."""
+    out = tmp_path / "out"
+    result = run("export", checkpoint, "-o", out, "--all-logits")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "edgelin.json").read_text())
+    assert "logits_at" not in manifest and manifest["logits_layout"]["positions"] == "every"
+    assert [t["name"] for t in manifest["io"]["prefill"]["inputs"]][:2] == ["input_ids", "state.0.S"]
+    assert manifest["io"]["prefill"]["outputs"][0]["shape"] == ["batch", "sequence", 256]
+    assert "prefill logits: every position" in result.stdout and "-> ok" in result.stdout
