@@ -10,8 +10,8 @@ A ragged prefill graph (``lengths=True``, for a model with ``accepts_lengths``) 
 
 The product's prefill graph (``logits_at=True``) takes ``logits_at`` int64 [batch, positions] next (after
 ``lengths``, before the states): the positions whose logits it returns, [batch, positions, vocab]. A prompt
-needs only its last position's, so the final norm and the head -- the largest matmul of a small model with a
-large vocabulary -- run on one row instead of T, and the graph returns 1 x V floats, not T x V.
+needs only its last position's, so the head -- the largest matmul of a small model with a large vocabulary --
+runs on one row instead of T, and the graph returns 1 x V floats, not T x V.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from edgelin.errors import ManifestError
-from edgelin.runtime.manifest import FORMAT_V1, FormatWarning, Manifest
+from edgelin.runtime.manifest import FORMAT_V1, FormatWarning, Manifest, sync_io
 from edgelin.runtime.schema import SCHEMA_FILE, schema, validate
 
 
@@ -28,6 +28,13 @@ def _set(path, value):
 
 
 _DELETE = object()
+
+
+def _every_position(d):
+    """The manifest of the same export made with --all-logits: no logits_at, layout "every", no "positions" symbol."""
+    del d["logits_at"], d["symbols"]["positions"]
+    d["logits_layout"]["positions"] = "every"
+    sync_io(d)
 
 # bad manifests the schema itself refuses: (id, edit)
 SCHEMA_BAD = [
@@ -48,6 +55,9 @@ SCHEMA_BAD = [
     ("io-empty-outputs", _set(["io", "decode", "outputs"], [])),
     ("layout-next", _set(["logits_layout", "next_token"], "first")),
     ("layout-axes", _set(["logits_layout", "axes"], ["sequence", "batch", "vocab"])),
+    ("layout-positions", _set(["logits_layout", "positions"], "last")),
+    ("logits-at-empty", _set(["logits_at"], "")),
+    ("io-dim-positions-typo", _set(["io", "prefill", "inputs", 1, "shape", 1], "position")),
     ("min-seq-0", _set(["min_sequence"], 0)),
     ("piece-text", _set(["prefill_piece"], "1024")),
     ("piece-bool", _set(["prefill_piece"], True)),
@@ -81,6 +91,11 @@ READER_BAD = [
     ("integer-as-float", _set(["vocab_size"], 256.0), "must be a positive integer"),  # JSON Schema counts 256.0 an integer
     ("bytes-offset", _set(["tokenizer", "offset"], 1), "needs a vocabulary of 257"),
     ("max-below-min", lambda d: d.update(min_sequence=8, max_sequence=4), r"max_sequence \(4\) is below min_sequence \(8\)"),
+    ("logits-at-layout-every", _set(["logits_layout", "positions"], "every"), "exactly when"),
+    ("logits-at-no-symbol", _set(["symbols", "positions"], _DELETE), "exactly when"),
+    ("logits-at-dropped", _set(["logits_at"], _DELETE), "exactly when"),
+    ("logits-at-name-clash", _set(["logits_at"], "input_ids"), "not unique"),
+    ("logits-at-renamed", _set(["logits_at"], "picks"), "does not list what"),
 ]
 
 
@@ -142,6 +157,8 @@ def test_what_only_the_reader_refuses(good, edit, message):
     [
         pytest.param(_set(["extension"], {"any": ["thing"]}), id="unknown-top-level-field"),
         pytest.param(_set(["tokenizer", "eos_id"], 10), id="eos"),
+        pytest.param(_every_position, id="every-position-logits"),  # an export made before logits_at, or --all-logits
+        pytest.param(lambda d: (_set(["logits_at"], "picks")(d), sync_io(d)), id="logits-at-named-otherwise"),
     ],
 )
 def test_schema_and_reader_accept_the_same_variants(good, edit):
