@@ -473,7 +473,7 @@ def export(
     tracing again, whatever its precision, checks or tokenizer (``edgelin.exporters.traces``). Off by default.
 
     ``logits_at``: the prefill graph takes the positions whose logits it returns (the manifest's ``logits_at``;
-    the runtimes ask for a prompt's last one, so the final norm and the head run on one row, not T). False: it
+    the runtimes ask for a prompt's last one, so the head runs on one row, not T). False: it
     returns every position's logits, as exports made before that input -- for a client that predates it."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size, max_sequence)

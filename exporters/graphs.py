@@ -92,6 +92,13 @@ class GraphSpec:
     dynamic_shapes: tuple  # torch.export dynamic_shapes for ``example``
 
 
+def example_positions(length: int) -> torch.Tensor:
+    """An example ``logits_at`` [EXAMPLE_BATCH, 6] for an example prompt of ``length`` (>= 5) tokens: 6 positions (even,
+    as example lengths are odd; neither batch 2 nor past 5, so no dim is traced as another one), in no order, the first
+    and the last among them, one repeated: nothing is traced for "the last one only"."""
+    return torch.tensor([[length - 1, 0, 3, length - 2, 3, 1]] * EXAMPLE_BATCH, dtype=torch.int64)
+
+
 def graph_spec(model: nn.Module, role: str, form: str | None = None, *, lengths: bool = False, logits_at: bool = False) -> GraphSpec:
     """The export recipe of the ``role`` graph ("prefill" or "decode") of ``model``; ``lengths``: the
     prefill graph takes per-row lengths (a ragged batch; the model must accept them); ``logits_at``: the
@@ -122,9 +129,7 @@ def graph_spec(model: nn.Module, role: str, form: str | None = None, *, lengths:
     id_dims = {0: batch} if role == "decode" else {0: batch, 1: torch.export.Dim("sequence", min=1, max=MAX_SEQUENCE)}
     inputs, outputs = io_names(model, lengths, logits_at)
     ragged = (torch.tensor([length, length - chunk_size(model)], dtype=torch.int64),) if lengths else ()
-    # 6 positions (even: the example length is odd; neither batch 2 nor past 5, so no dim is traced as another one),
-    # in no order, the first and the last among them, one repeated: nothing is traced for "the last one only"
-    at = (torch.tensor([[length - 1, 0, 3, length - 2, 3, 1]] * EXAMPLE_BATCH, dtype=torch.int64),) if logits_at else ()
+    at = (example_positions(length),) if logits_at else ()
     at_dims = ({0: batch, 1: torch.export.Dim(POSITIONS, min=1, max=MAX_SEQUENCE)},) * len(at)
     return GraphSpec(
         module=Graph(model, form or ROLES[role], lengths, logits_at).eval(),
@@ -135,4 +140,4 @@ def graph_spec(model: nn.Module, role: str, form: str | None = None, *, lengths:
     )
 
 
-__all__ = ["EXAMPLE_BATCH", "Graph", "GraphSpec", "INPUT_IDS", "LENGTHS", "LOGITS", "LOGITS_AT", "ROLES", "graph_spec", "io_names"]
+__all__ = ["EXAMPLE_BATCH", "Graph", "GraphSpec", "INPUT_IDS", "LENGTHS", "LOGITS", "LOGITS_AT", "ROLES", "example_positions", "graph_spec", "io_names"]

@@ -32,7 +32,7 @@ from torch import nn
 from edgelin import parity
 from edgelin.config import ModelConfig
 from edgelin.exporters.exporter import DEFAULT_OPSET, export, export_graph
-from edgelin.exporters.graphs import INPUT_IDS, LOGITS, graph_spec
+from edgelin.exporters.graphs import INPUT_IDS, LOGITS, example_positions, graph_spec
 from edgelin.model import LinearLM
 from edgelin.protocol import chunk_size
 from edgelin.runtime.files import write_json
@@ -128,7 +128,7 @@ def export_one(model: nn.Module, job: dict[str, Any]) -> dict[str, Any]:
         names = ([INPUT_IDS, LOGITS_AT], [LOGITS] + [f"present.{k}" for k in keys])
         sequence = torch.export.Dim("sequence", min=1, max=1 << 24)
         positions = torch.export.Dim(POSITIONS, min=1, max=1 << 24)
-        example = (torch.zeros(2, 37, dtype=torch.int64), torch.tensor([[36, 0, 3, 35, 3, 1]] * 2))
+        example = (torch.zeros(2, 37, dtype=torch.int64), example_positions(37))
         export_graph(SoftmaxPrefill(model), example, names, ({0: batch, 1: sequence}, {0: batch, 1: positions}), opset, path)
     elif kind == "softmax_decode":
         keys = kv_keys(model.cfg.n_layers)
