@@ -80,7 +80,7 @@ def _find_npm(package: str, files: tuple[str, ...], given, env: str, option: str
 
 def find_ort_web(given: str | os.PathLike | None = None) -> Path:
     """The ``dist`` folder of an installed onnxruntime-web (``given``, $EDGELIN_ORT_WEB or node_modules)."""
-    return _find_npm(ORT_PACKAGE, ORT_FILES, given, ORT_ENV, "--ort-web", "1.30.0")
+    return _find_npm(ORT_PACKAGE, ORT_FILES, given, ORT_ENV, "--ort-web", "1.31.1")
 
 
 def find_tokenizers_js(given: str | os.PathLike | None = None) -> Path:
