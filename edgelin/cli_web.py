@@ -30,6 +30,10 @@ def web(export_dir, out_dir, force, ort_web, tokenizers_js, serve, port):
     fetched from the internet when it runs. Open index.html?prompt=TEXT&n=N to
     generate N tokens greedily at load (the text lands in #output).
 
+    In ONNX Runtime Web's WASM backend, an export with block-quantised weights (MatMulNBits nodes: int4,
+    int8 blocks, an int8 or int4 table shared with the head) decodes several times slower than at fp32
+    (measured: README, 'In the browser'). The summary says when the graphs hold them.
+
     \b
     Examples:
       edgelin web out/ -o site/

@@ -154,12 +154,42 @@ def serve_dir() -> Path:
     return temp_dir(root, SERVE_SCRATCH)
 
 
+# A node type onnxruntime-web's WASM backend runs slowly. Measured (random-init LFM2-350M, onnxruntime-web 1.31.1
+# under node, 2 threads; README, "In the browser"): decode 3-4 tokens/s with int8 blocks and int4, against 24 at
+# fp32, 27 with per-channel int8 and an fp32 table, 11 with an int8 table. ONNX Runtime's n-bit GEMM kernels (MLAS)
+# are built for x86-64 and ARM64; the WASM decode costs about what widening every weight to fp32 on every call would
+# (not traced further).
+WASM_SLOW_OP = b"MatMulNBits"
+WASM_NOTE = ("note: the graphs hold {op} nodes (block-quantised weights), which onnxruntime-web's WASM backend runs "
+             "slowly: decode several times slower there than at fp32 (README, 'In the browser'); for a browser export fp32 "
+             "where memory allows, or --precision int8 --int8-scheme channel --embedding fp32, and check that one with "
+             "edgelin validate (per-channel int8 is less accurate on trained hybrids)")
+
+
+def holds_op(graph: str | os.PathLike, op_type: bytes, chunk: int = 1 << 24) -> bool:
+    """True when the ONNX file ``graph`` has a node of type ``op_type``: its NodeProto.op_type field (number 4, a
+    length-prefixed string: tag 0x22, then the length) holding exactly those bytes. Read in pieces (a graph without
+    an external-data file holds its weights too), no ONNX package needed."""
+    if not 0 < len(op_type) < 128:
+        raise ValueError(f"op_type must be 1..127 bytes (a one-byte length), got {len(op_type)}")
+    needle = b"\x22" + bytes([len(op_type)]) + op_type
+    seen = b""  # the last len(needle) - 1 bytes read: a match may straddle two pieces
+    with open(graph, "rb") as f:
+        while piece := f.read(chunk):
+            window = seen + piece
+            if needle in window:
+                return True
+            seen = window[-(len(needle) - 1):]
+    return False
+
+
 @dataclass
 class SiteResult:
     out_dir: Path
     files: dict[str, int]  # relative path -> bytes
     manifest: Manifest
     upgraded: bool  # the export was edgelin/1 and its manifest was upgraded in the site
+    wasm_slow: bool = False  # the graphs hold WASM_SLOW_OP nodes
 
     def summary(self) -> str:
         total = sum(self.files.values())
@@ -170,6 +200,8 @@ class SiteResult:
         if self.manifest.tokenizer.get("kind") == "ids":  # said at build, not only when the page is asked for text
             lines.append("  note: this export has no text tokenizer (tokenizer kind 'ids'): the page takes and prints token ids only; "
                          "re-export with --tokenizer TOK/ (a Hugging Face tokenizer.json) for text")
+        if self.wasm_slow:
+            lines.append("  " + WASM_NOTE.format(op=WASM_SLOW_OP.decode()))
         lines.append("  serve it with any static web server (or `edgelin web EXPORT -o SITE --serve`) and open its index.html")
         lines.append("  automation: index.html?prompt=TEXT&n=N generates N tokens greedily at load; #output holds the text")
         if self.manifest.extra.get("golden") is not None:
@@ -265,7 +297,8 @@ def write_site(
         shutil.rmtree(tmp, ignore_errors=True)
         remove_created(created)
         raise
-    return SiteResult(out, files, site_manifest, upgraded=manifest.read_from != site_manifest.format)
+    slow = any(holds_op(out / "export" / manifest.graphs[g], WASM_SLOW_OP) for g in GRAPHS)
+    return SiteResult(out, files, site_manifest, upgraded=manifest.read_from != site_manifest.format, wasm_slow=slow)
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -341,5 +374,5 @@ def open_headless(chromium: str, site: str | os.PathLike, query: dict, profile: 
     return got.get("report")
 
 
-__all__ = ["HEADLESS_FLAGS", "SiteResult", "check_port", "find_ort_web", "find_tokenizers_js", "make_server", "open_headless",
-           "serve_in_thread", "site_files", "write_site"]
+__all__ = ["HEADLESS_FLAGS", "SiteResult", "WASM_NOTE", "WASM_SLOW_OP", "check_port", "find_ort_web", "find_tokenizers_js",
+           "holds_op", "make_server", "open_headless", "serve_in_thread", "site_files", "write_site"]

@@ -128,3 +128,48 @@ def test_an_ids_only_export_is_said_at_build(tiny_export, ort_web, tmp_path):
     summary = write_site(copy, tmp_path / "site", ort_web=ort_web).summary()
     assert "no text tokenizer (tokenizer kind 'ids')" in summary and "--tokenizer" in summary
     assert "no text tokenizer" not in write_site(tiny_export, tmp_path / "site2", ort_web=ort_web).summary()
+
+
+# id -> (precision, export options, whether the graphs must hold MatMulNBits; None: whatever the graphs say)
+WASM_CASES = {"fp32": ("fp32", {}, False), "int4": ("int4", {}, True), "int8-block": ("int8", {"int8_scheme": "block"}, True),
+              "int8": ("int8", {}, None), "int8-channel-fp32-table": ("int8", {"embedding": "fp32"}, False)}
+
+
+@pytest.mark.parametrize("case", list(WASM_CASES))
+def test_the_summary_says_when_the_wasm_backend_widens_block_quantised_weights(case, bundled_exports, ort_web, tmp_path):
+    """The note appears exactly when a graph holds a MatMulNBits node (counted by the ONNX package here)."""
+    import onnx
+
+    precision, options, expected = WASM_CASES[case]
+    export_dir = bundled_exports(precision, **options)
+    counted = sum(n.op_type == "MatMulNBits" for g in ("prefill.onnx", "decode.onnx")
+                  for n in onnx.load(export_dir / g, load_external_data=False).graph.node)
+    if expected is not None:
+        assert (counted > 0) == expected, counted
+    r = write_site(export_dir, tmp_path / "site", ort_web=ort_web)
+    assert r.wasm_slow == (counted > 0)
+    assert ("MatMulNBits nodes (block-quantised weights)" in r.summary()) == (counted > 0)
+
+
+def test_holds_op_reads_the_node_type_only_and_across_its_read_pieces(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edgelin.web import holds_op
+
+    def model(op_type, name):
+        node = helper.make_node(op_type, ["x"], ["y"], name=name)
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        path = tmp_path / f"{op_type}-{name}.onnx"
+        onnx.save(helper.make_model(graph, ir_version=10), path)
+        return path
+
+    named = model("Identity", "MatMulNBits")  # the name, not the type
+    typed = model("MatMulNBits", "n")
+    assert not holds_op(named, b"MatMulNBits") and holds_op(typed, b"MatMulNBits")
+    data = typed.read_bytes()
+    at = data.index(b"MatMulNBits")
+    for chunk in (1, 2, 7, at, at + 1, at + 5, len(data)):  # the type cut at every kind of place between two reads
+        assert holds_op(typed, b"MatMulNBits", chunk=chunk), chunk
+        assert not holds_op(named, b"MatMulNBits", chunk=chunk), chunk
