@@ -76,10 +76,13 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
               help="int8/int4 exports: how the token embedding and a tied head are stored, block-quantised (block 32) or "
                    "exact [default: int8; a 250k x 1024 table is 1 GB in fp32, 0.29 GB in int8, 0.16 GB in int4].")
 @click.option("--int8-scheme", type=click.Choice(["channel", "block"]), default=None,
-              help="int8 exports: per-channel weights with one activation scale per tensor (channel: the faster prefill) or "
-                   "8-bit blocks of 32 with activations quantised per block (block: llama.cpp's Q8_0, closer to fp32, "
-                   "prefill ~40 % slower, decode level) [default: block for a transformers checkpoint, whose trained activations "
-                   "one scale per tensor cannot resolve; channel otherwise]. The README's 'Edge precision' says more.")
+              help="int8 exports: per-channel weights with one activation scale per tensor (channel: the faster prefill, and "
+                   "the fast one in a browser's WASM backend) or 8-bit blocks of 32 with activations quantised per block "
+                   "(block: llama.cpp's Q8_0, closer to fp32; natively the faster decode and the slower prefill, in WASM "
+                   "several times slower: LFM2-350M decodes 4 tokens/s there, 27 per channel with --embedding fp32) "
+                   "[default: block for a transformers "
+                   "checkpoint, whose trained activations one scale per tensor cannot resolve; channel otherwise]. The README's "
+                   "'Edge precision' and 'In the browser' say more.")
 @click.option("--ops", type=click.Choice(["portable", "fused"]), default="portable", show_default=True,
               help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
                    "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer, and one CausalConvWithState node "
