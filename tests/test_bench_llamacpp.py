@@ -150,3 +150,31 @@ def test_the_checkpoints_tokenizer_has_the_models_vocabulary(size):
 def test_a_tokenizer_too_large_for_byte_pairs_is_refused():
     with pytest.raises(llamacpp.BenchError, match="cannot be made"):
         llamacpp.byte_level_tokenizer(70000)
+
+
+def test_a_test_no_round_measured_is_said_in_its_row_the_table_and_left_out_of_the_goals():
+    """A JavaScript round reports the measurements it finished ("failed" for the others): a row's median is over the
+    rounds that measured a test, a test none did is "not_measured" with its error, the table says so, and the goals
+    judge the rows that have the figure and say how many lack it."""
+    from edgelin.bench.goals import goals
+    from edgelin.bench.llamacpp import row_tests
+
+    theirs = [{"tg8": 100.0, "pp512": 400.0, "pp4096": 300.0}, {"tg8": 110.0, "pp512": 420.0, "pp4096": 320.0}]
+    measured = [{"tg8": 20.0, "pp512": 100.0}, {"tg8": 30.0}]  # round 2 lost pp512 too; neither has pp4096
+    got = row_tests(measured, theirs, ["tg8", "pp512", "pp4096"], {"pp4096": "std::bad_alloc", "pp512": "std::bad_alloc"})
+    assert got["tg8"]["edgelin_tokens_per_s"] == 25.0 and got["tg8"]["edgelin_rounds"] == [20.0, 30.0]
+    assert got["tg8"]["edgelin_over_llama_cpp"] == 25.0 / 105.0
+    assert got["pp512"]["edgelin_rounds"] == [100.0] and got["pp512"]["llama_cpp_tokens_per_s"] == 410.0
+    assert "pp4096" not in got and got["not_measured"] == {"pp4096": "std::bad_alloc"}
+    assert "not_measured" not in row_tests(measured[:1], theirs, ["tg8", "pp512"])
+    row = {"model": "lfm2", "precision": "fp32", "gguf": "F32", "threads": 2, "runtime": "node", **got}
+    full = {"model": "lfm2", "precision": "int8", "gguf": "Q8_0", "threads": 2, "runtime": "python",
+            **row_tests([{"tg8": 90.0, "pp512": 380.0, "pp4096": 270.0}], theirs, ["tg8", "pp512", "pp4096"])}
+    part = {"status": "ok", "tests": ["tg8", "pp512", "pp4096"], "rows": [row, full], "greedy": {},
+            "versions": {"llama_cpp_python_sdist": "0.3.36", "build_commit": "unknown", "onnxruntime": "1.31.1"}}
+    lines = llamacpp_lines(part)
+    assert any(" node " in x and "not measured" in x and "0.24x" in x for x in lines)  # tg8 measured, pp4096 not
+    assert any(x.strip() == "node pp4096: std::bad_alloc" for x in lines)
+    by = {g["goal"]: g for g in goals({"settings": {"threads": 2}, "llamacpp": part})}
+    assert by["vs_llamacpp_prefill"]["measured"] == 270.0 / 310.0 and "1 row(s) not measured" in by["vs_llamacpp_prefill"]["what"]
+    assert by["vs_llamacpp_decode"]["measured"] == 25.0 / 105.0 and "not measured" not in by["vs_llamacpp_decode"]["what"]

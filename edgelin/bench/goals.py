@@ -88,13 +88,15 @@ def _llamacpp_goals(data: dict[str, Any]) -> list[dict[str, Any]]:
     prefill = [t for t in part["tests"] if t.startswith("pp")]
     for name, test, what in (("vs_llamacpp_decode", next(t for t in part["tests"] if t.startswith("tg")), "decode"),
                              ("vs_llamacpp_prefill", prefill[-1] if prefill else None, "prefill")):
-        if test is None:
+        measured = [r for r in rows if test in r]  # a row may lack a test its runtime could not measure ("not_measured")
+        if test is None or not measured:
             continue
-        worst = min(rows, key=lambda r: r[test]["edgelin_over_llama_cpp"])
-        best = max(rows, key=lambda r: r[test]["edgelin_over_llama_cpp"])
+        worst = min(measured, key=lambda r: r[test]["edgelin_over_llama_cpp"])
+        best = max(measured, key=lambda r: r[test]["edgelin_over_llama_cpp"])
         out.append(_goal(name, f"edgelin / llama.cpp {what} tokens/s ({test}), same checkpoint and precision, {threads} thread(s): "
                                f"worst {worst['model']} {worst['precision']}/{worst['gguf']} ({worst.get('runtime', 'python')}); best "
-                               f"{best['model']} {best['precision']} ({best.get('runtime', 'python')}) {best[test]['edgelin_over_llama_cpp']:.2f}",
+                               f"{best['model']} {best['precision']} ({best.get('runtime', 'python')}) {best[test]['edgelin_over_llama_cpp']:.2f}"
+                               + (f"; {len(rows) - len(measured)} row(s) not measured" if len(measured) < len(rows) else ""),
                          worst[test]["edgelin_over_llama_cpp"], 1.0))
     return out
 

@@ -292,8 +292,8 @@ def edgelin_round(sess: Session, n_decode: int, lengths: tuple[int, ...], rng: n
 def js_round(runtime: str, folder: Path, threads: int, n_decode: int, lengths: tuple[int, ...]) -> dict[str, Any]:
     """One measurement like ``edgelin_round`` in a JavaScript runtime (scripts/llamacpp_round.mjs: a node process that
     loads the export, warms up and times N decode calls from an empty state and one prefill per length in the
-    runtime's default pieces), or
-    {"status": "skipped"|"failed", "reason": ...}."""
+    runtime's default pieces; "failed": {key: why} for a measurement that threw while the others ran), or
+    {"status": "skipped"|"failed", "reason": ...} when the round could not run at all."""
     from .lowering import JS_PACKAGES, node_json
 
     return node_json(JS_ROUND, JS_PACKAGES[runtime], [folder, threads, n_decode, *lengths], timeout=TIMEOUT)
@@ -327,6 +327,26 @@ def _median(rounds: list[dict[str, float]], key: str) -> float:
     return float(np.median([r[key] for r in rounds]))
 
 
+def row_tests(measured: list[dict[str, float]], theirs: list[dict[str, float]], tests: list[str],
+              failed: dict[str, str] | None = None) -> dict[str, Any]:
+    """One row's figures: per test, edgelin's and llama.cpp's medians over their rounds and the ratio. edgelin's
+    median is over the rounds that measured the test (a JavaScript round reports the measurements it finished); a
+    test none did goes to "not_measured" with why (``failed``: test -> its runtime's error)."""
+    out: dict[str, Any] = {}
+    missing = {}
+    for test in tests:
+        ours = [r[test] for r in measured if test in r]
+        if not ours:
+            missing[test] = (failed or {}).get(test, "not measured")
+            continue
+        a, b = float(np.median(ours)), _median(theirs, test)
+        out[test] = {"edgelin_tokens_per_s": a, "llama_cpp_tokens_per_s": b, "edgelin_over_llama_cpp": a / b,
+                     "edgelin_rounds": ours, "llama_cpp_rounds": [r[test] for r in theirs]}
+    if missing:
+        out["not_measured"] = missing
+    return out
+
+
 # ---- the section -------------------------------------------------------------------------------------
 def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[str, tuple[str, dict]] | None = None,
                      precisions: tuple[str, ...] | None = None, thread_counts: tuple[int, ...] | None = None,
@@ -353,7 +373,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
     tests = [f"tg{plan.llama_decode}", *(f"pp{L}" for L in plan.llama_lengths)]
     rng = np.random.default_rng(DATA_SEED)
     prompt = rng.integers(0, VOCAB, PROMPT, dtype=np.int64)
-    rows, greedy, models, build_info, not_run = [], {}, {}, {}, {}
+    rows, greedy, models, build_info, not_run, failed = [], {}, {}, {}, {}, {}
     load = {"start": load_average()}
     with tempfile.TemporaryDirectory(prefix="edgelin-bench-llamacpp-") as tmp:
         work = Path(tmp)
@@ -406,6 +426,9 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
                                     not_run[name, p, T, side] = got
                                     say(f"    {side}: {got['status']}: {got['reason']}")
                                 else:
+                                    for test, why in got.pop("failed", {}).items():
+                                        failed.setdefault((name, p, T, side), {})[test] = why
+                                        say(f"    {side}: {test} failed: {why}")
                                     ours[side].append(got)
                     for runtime, measured in ours.items():
                         if not measured:
@@ -414,12 +437,10 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
                                "load_average": load_average()}
                         if runtime == "python":
                             row["io_binding"] = sess.io_binding
-                        for test in tests:
-                            a, b = _median(measured, test), _median(theirs, test)
-                            row[test] = {"edgelin_tokens_per_s": a, "llama_cpp_tokens_per_s": b, "edgelin_over_llama_cpp": a / b,
-                                         "edgelin_rounds": [r[test] for r in measured], "llama_cpp_rounds": [r[test] for r in theirs]}
+                        row.update(row_tests(measured, theirs, tests, failed.get((name, p, T, runtime))))
                         rows.append(row)
-                        say(f"    {runtime}: " + ", ".join(f"{t} {row[t]['edgelin_over_llama_cpp']:.2f}x" for t in tests) + " (edgelin / llama.cpp tokens/s)")
+                        say(f"    {runtime}: " + ", ".join(f"{t} {row[t]['edgelin_over_llama_cpp']:.2f}x" if t in row else f"{t} not measured"
+                                                       for t in tests) + " (edgelin / llama.cpp tokens/s)")
                 sess = None
     load["end"] = load_average()
     return {
@@ -458,4 +479,5 @@ def _shapes(ckpt: Path) -> list[tuple[int, ...]]:
     return shapes
 
 
-__all__ = ["ENV", "MODELS", "PRECISIONS", "RUNTIMES", "VARIANTS", "js_round", "gguf_type", "find_llama_cpp", "llamacpp_section", "parse_llama_bench"]
+__all__ = ["ENV", "MODELS", "PRECISIONS", "RUNTIMES", "VARIANTS", "js_round", "gguf_type", "find_llama_cpp", "llamacpp_section", "parse_llama_bench",
+           "row_tests"]

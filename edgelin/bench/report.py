@@ -437,8 +437,11 @@ def llamacpp_lines(x: dict) -> list[str]:
              f"  {'model':7s} {'prec':5s} {'gguf':5s} {'thr':>3s} {'runtime':7s}  "
              + "  ".join(f"{t + ' llama.cpp / edgelin':>28s} {'x':>6s}" for t in x["tests"])]
     for r in x["rows"]:
-        cells = [f"{r[t]['llama_cpp_tokens_per_s']:>13,.0f} / {r[t]['edgelin_tokens_per_s']:>12,.0f} {r[t]['edgelin_over_llama_cpp']:>5.2f}x" for t in x["tests"]]
+        cells = [f"{r[t]['llama_cpp_tokens_per_s']:>13,.0f} / {r[t]['edgelin_tokens_per_s']:>12,.0f} {r[t]['edgelin_over_llama_cpp']:>5.2f}x"
+                 if t in r else f"{'not measured':>28s} {'':>6s}" for t in x["tests"]]
         lines.append(f"  {r['model']:7s} {r['precision']:5s} {r['gguf']:5s} {r['threads']:>3d} {r.get('runtime', 'python'):7s}  " + "  ".join(cells))
+        for t, why in (r.get("not_measured") or {}).items():
+            lines.append(f"    {r.get('runtime', 'python')} {t}: {why}")
     for r in x.get("runtimes_not_run", []):
         lines.append(f"  {r['model']:7s} {r['precision']:5s} {'':5s} {r['threads']:>3d} {r['runtime']:7s}  {r['status']}: {r['reason']}")
     lines.append("  greedy ids vs transformers': same before the first difference / top-1 same per step with transformers' ids fed")

@@ -233,3 +233,7 @@ def test_the_llamacpp_sections_javascript_round_times_an_export(runtime, node, o
     got = llamacpp.js_round(runtime, bundled_export, 1, 4, (16, 40))
     assert set(got) == {"tg4", "pp16", "pp40"}, got
     assert all(value > 0 and np.isfinite(value) for value in got.values()), got
+    # a measurement that throws loses only its own figure: an empty prompt, which the runtime refuses
+    got = llamacpp.js_round(runtime, bundled_export, 1, 4, (0, 16))
+    assert set(got) == {"tg4", "pp16", "failed"} and set(got["failed"]) == {"pp0"}, got
+    assert "prefill takes at least" in got["failed"]["pp0"] and got["pp16"] > 0 and got["tg4"] > 0
