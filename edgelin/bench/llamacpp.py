@@ -59,8 +59,8 @@ BUILD = "bash scripts/llamacpp_build.sh DIR (minutes), then EDGELIN_LLAMA_CPP=DI
 PRECISIONS = {"fp32": "F32", "fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}  # edgelin precision -> GGUF type
 # other edgelin exports a run may ask for by name (scripts/llamacpp_bench.py --precisions): name -> (export options, GGUF type)
 VARIANTS = {"int8-block": ({"precision": "int8", "int8_scheme": "block"}, "Q8_0"),
-            # per-channel int8 and an fp32 table: no MatMulNBits node, which onnxruntime-web's WASM build runs by widening
-            # each weight to fp32 on every call (edgelin.web.wasm_note)
+            # per-channel int8 and an fp32 table: no MatMulNBits node, which onnxruntime-web's WASM backend decodes several
+            # times slower than fp32 (edgelin.web.WASM_NOTE)
             "int8-channel-fp32-table": ({"precision": "int8", "int8_scheme": "channel", "embedding": "fp32"}, "Q8_0")}
 CONVERTED = {"F32": "f32", "F16": "f16"}  # written by the converter; the others quantised from F32 by llama-quantize
 VOCAB = 512  # a byte-level tokenizer: the 256 bytes, then 256 merges of two letters (llama.cpp refuses a BPE without merges)
