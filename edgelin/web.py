@@ -155,7 +155,7 @@ def serve_dir() -> Path:
 
 
 # A node type onnxruntime-web's WASM backend runs slowly. Measured (random-init LFM2-350M, onnxruntime-web 1.31.1
-# under node, 2 threads; README, "In the browser"): decode 3-4 tokens/s with int8 blocks and int4, against 24 at
+# under node, 2 threads; README, "In the browser"): decode 3-4 tokens/s with int8 blocks and int4, against 26 at
 # fp32, 27 with per-channel int8 and an fp32 table, 11 with an int8 table. ONNX Runtime's n-bit GEMM kernels (MLAS)
 # are built for x86-64 and ARM64; the WASM decode costs about what widening every weight to fp32 on every call would
 # (not traced further).
