@@ -346,8 +346,10 @@ HEADLESS_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def open_headless(chromium: str, site: str | os.PathLike, query: dict, profile: str | os.PathLike, timeout: float = 240.0) -> dict | None:
     """Open the site's page in headless Chromium with ``query`` (e.g. prompt, n, check) and ``report``: the page
     posts its report ({state, output, decodeTokensPerS, ...}) to this server when done; returns it, or None when
-    nothing came within ``timeout`` seconds (or Chromium exited first). Tests and scripts/tokenizer_speed.py use it."""
+    nothing came within ``timeout`` seconds (or Chromium exited first). Chromium's temporary folder is removed when
+    it has exited. Tests and scripts/tokenizer_speed.py use it."""
     import subprocess
+    import tempfile
     import time
     import urllib.parse
 
@@ -359,9 +361,14 @@ def open_headless(chromium: str, site: str | os.PathLike, query: dict, profile: 
             self.send_response(204)
             self.end_headers()
 
+    # Chromium makes a folder of its own in TMPDIR at each start (org.chromium.Chromium.XXXXXX, its singleton socket
+    # inside) and, stopped by a kill, leaves it there: its TMPDIR is a folder of ours, removed once it has exited
+    # (a short path: a Unix socket's path holds at most 107 bytes)
+    scratch = Path(tempfile.mkdtemp(prefix="edgelin-chromium-"))
     server, base = serve_in_thread(site, 0, Handler)
     url = base + PAGE + "?" + urllib.parse.urlencode({**query, "report": "/__report"})
-    proc = subprocess.Popen([chromium, *HEADLESS_FLAGS, f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([chromium, *HEADLESS_FLAGS, f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "TMPDIR": str(scratch)})
     try:
         start = time.monotonic()
         while "report" not in got and proc.poll() is None and time.monotonic() - start < timeout:
@@ -371,6 +378,7 @@ def open_headless(chromium: str, site: str | os.PathLike, query: dict, profile: 
         proc.wait()
         server.shutdown()
         server.server_close()
+        shutil.rmtree(scratch, ignore_errors=True)
     return got.get("report")
 
 

@@ -22,11 +22,19 @@ def open_page(chromium: str, site, query: dict, profile, timeout: float = 240.0)
 
 
 def test_the_site_generates_the_python_runtimes_greedy_text(chromium, ort_web, bundled_export, tmp_path):
+    import tempfile
+    from pathlib import Path
+
     from edgelin.runtime import generate_text
 
     want = generate_text(bundled_export, PROMPT, max_new_tokens=N, provider="cpu", threads=1)["text"]
     site = write_site(bundled_export, tmp_path / "site", ort_web=ort_web).out_dir
+    leftovers = lambda: set(Path(tempfile.gettempdir()).glob("org.chromium.Chromium.*"))  # noqa: E731
+    before = leftovers()
     report = open_page(chromium, site, {"prompt": PROMPT, "n": N}, tmp_path / "profile")
+    # Chromium, killed once the page reported, would leave its own temporary folder in the machine's: it made it in
+    # one of edgelin's, removed after it
+    assert not leftovers() - before
     assert report["state"] == "done", report["output"]
     assert report["output"] == want
     assert float(report["decodeTokensPerS"]) > 0
