@@ -365,19 +365,23 @@ def open_headless(chromium: str, site: str | os.PathLike, query: dict, profile: 
     # inside) and, stopped by a kill, leaves it there: its TMPDIR is a folder of ours, removed once it has exited
     # (a short path: a Unix socket's path holds at most 107 bytes)
     scratch = Path(tempfile.mkdtemp(prefix="edgelin-chromium-"))
-    server, base = serve_in_thread(site, 0, Handler)
-    url = base + PAGE + "?" + urllib.parse.urlencode({**query, "report": "/__report"})
-    proc = subprocess.Popen([chromium, *HEADLESS_FLAGS, f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "TMPDIR": str(scratch)})
     try:
-        start = time.monotonic()
-        while "report" not in got and proc.poll() is None and time.monotonic() - start < timeout:
-            time.sleep(0.1)
+        server, base = serve_in_thread(site, 0, Handler)
+        try:
+            url = base + PAGE + "?" + urllib.parse.urlencode({**query, "report": "/__report"})
+            proc = subprocess.Popen([chromium, *HEADLESS_FLAGS, f"--user-data-dir={profile}", url], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(scratch)})
+            try:
+                start = time.monotonic()
+                while "report" not in got and proc.poll() is None and time.monotonic() - start < timeout:
+                    time.sleep(0.1)
+            finally:
+                proc.kill()
+                proc.wait()
+        finally:
+            server.shutdown()
+            server.server_close()
     finally:
-        proc.kill()
-        proc.wait()
-        server.shutdown()
-        server.server_close()
         shutil.rmtree(scratch, ignore_errors=True)
     return got.get("report")
 
