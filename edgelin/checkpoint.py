@@ -105,13 +105,15 @@ def open_checkpoint(path: "str | os.PathLike | Checkpoint") -> Checkpoint:
     CheckpointError where it is not a checkpoint: no folder, no config.json, a pickle, no weights, a bad config."""
     if isinstance(path, Checkpoint):
         return path
-    from edgelin.importers import read_config
+    from edgelin.importers import check_supported, read_config
 
     folder = _checkpoint_dir(path)
     config = read_config(folder)
     model_type = config.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise CheckpointError(f"{folder / CONFIG_FILE}: 'model_type' must be a string, got {model_type!r}")
+    if model_type is not None:
+        check_supported(folder, model_type, config)
     return Checkpoint(folder, config, model_type, tuple(weight_files(folder)))
 
 

@@ -47,7 +47,7 @@ def _default_checkpoint(checkpoint: str | None) -> str:
 
 BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. logits.max_rel=3e-5: kinds logits, state, "
                "provider, long, top1, greedy, heldout; bounds max_abs, max_rel (max abs / max(1, max |reference|)), rel_l2, "
-               "min_agreement, max_bpb_delta. See the README's 'Parity budgets'.")
+               "min_agreement, max_bpb_delta. See docs/parity.md.")
 
 
 @main.command("export")
@@ -58,7 +58,8 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
 @click.option("--force", is_flag=True, help="Replace OUT if it exists and is empty or an edgelin export (only once the new export succeeded); any other folder is refused.")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime vs PyTorch smoke comparison.")
 @click.option("--precision", type=click.Choice(list(BUDGETS)), default="fp32", show_default=True,
-              help="Weights/activations: fp16 (state sums in fp32), int8 (per-channel weights), int4 (MatMulNBits, block 32).")
+              help="Weights/activations: fp16 (state sums in fp32), int8 (per-channel or block weights: --int8-scheme), "
+                   "int4 (MatMulNBits, blocks of 32).")
 @click.option("--state-dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True,
               help="How the recurrent state is stored between steps; float16 only with --precision fp16.")
 @click.option("--ragged", is_flag=True,
@@ -81,13 +82,13 @@ BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. 
                    "(block: llama.cpp's Q8_0, closer to fp32; natively the faster decode and the slower prefill, in WASM "
                    "several times slower: LFM2-350M decodes 4 tokens/s there, 27 per channel with --embedding fp32) "
                    "[default: block for a transformers "
-                   "checkpoint, whose trained activations one scale per tensor cannot resolve; channel otherwise]. The README's "
+                   "checkpoint, whose trained activations one scale per tensor cannot resolve; channel otherwise]. docs/guide.md's "
                    "'Edge precision' and 'In the browser' say more.")
 @click.option("--ops", type=click.Choice(["portable", "fused"]), default="portable", show_default=True,
               help="How linear attention's recurrence is written: portable (ONNX standard operators; every runtime) or "
                    "fused (one ONNX Runtime com.microsoft.LinearAttention node per layer, and one CausalConvWithState node "
                    "per short conv; ONNX Runtime >= 1.30: Python, onnxruntime-node, onnxruntime-web). The state is the "
-                   "same either way. The README's Performance section says which is faster where.")
+                   "same either way. docs/performance.md says which is faster where.")
 @click.option("--max-sequence", type=int, default=4096, show_default=True, metavar="TOKENS",
               help="The most tokens one prefill call takes, for graphs whose size depends on it (the portable delta rule's "
                    "scan across chunks: each doubling adds a level, ~1 s of export per layer). Recorded in edgelin.json; "
@@ -101,7 +102,13 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
                int8_scheme, ops, max_sequence, trace_cache):
     """Export CHECKPOINT to two ONNX graphs (prefill + decode) and edgelin.json.
 
-    CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model).
+    CHECKPOINT is a folder with config.json and model.safetensors (default: the bundled model):
+    a Hugging Face transformers or flash-linear-attention save_pretrained folder of a family below,
+    or an edgelin checkpoint. `edgelin models` shows the families with their layer kinds.
+
+    \b
+    FAMILIES
+
     A tokenizer.json in it (or --tokenizer) is copied into OUT and described in edgelin.json, with the
     bos/eos/pad ids of generation_config.json, config.json or tokenizer_config.json.
     The export is written to a temporary folder and moved to OUT only when both graphs exported,
@@ -130,6 +137,39 @@ def export_cmd(checkpoint, out_dir, opset, chunk_size, force, no_check, precisio
         trace_cache=trace_cache, logits_at=not all_logits,
     )
     click.echo(result.summary())
+
+
+def _families_help() -> str:
+    from edgelin.importers.catalog import families_text
+
+    return "\n".join(f"      {line}" for line in families_text().splitlines())  # the docstring's indent + 2
+
+
+export_cmd.help = export_cmd.help.replace("    FAMILIES", _families_help())
+
+
+@main.command("models")
+@click.option("--markdown", is_flag=True, help="Print the table as Markdown (the README's supported-models table).")
+@click.option("--refused", is_flag=True, help="List the families edgelin knows of and does not export yet, with what blocks each.")
+@user_errors
+def models_cmd(markdown, refused):
+    """The model families edgelin exports: framework, model_type, layer kinds.
+
+    Every family exports at fp32, fp16, int8 and int4, runs in the Python, node and browser runtimes,
+    and is held to its framework's own model by the tests and by `edgelin validate --upstream`.
+
+    \b
+    Examples:
+      edgelin models
+      edgelin models --refused      # what is not exported yet, and why
+      edgelin models --markdown
+    """
+    from edgelin.importers import catalog
+
+    if markdown:
+        click.echo(catalog.table_markdown(refused=refused))
+    else:
+        click.echo(catalog.table_text(refused=refused))
 
 
 @main.command("validate")

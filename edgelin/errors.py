@@ -17,6 +17,11 @@ class CheckpointError(EdgelinError):
     """A checkpoint folder is missing, corrupt, or does not match its config."""
 
 
+class UnsupportedCheckpoint(CheckpointError):
+    """A well-formed checkpoint of a family, or with an option, that edgelin does not export; the message names
+    the blocker and the next step."""
+
+
 class ExportError(EdgelinError):
     """An export could not be produced or is not a valid edgelin export."""
 

@@ -272,9 +272,7 @@ class _Validator:
             table = BUDGETS["fp32"]["upstream"] if check.name.startswith("import vs") else self.budgets[kind]
             table = {**parity.with_overrides({kind: table}, {kind: self.overrides.get(kind, {})})[kind], "state_rel_l2": self.budgets["state"]["rel_l2"]}
             check.floored = any(check.budget.get(b, 0.0) > v for b, v in table.items())
-        self.checks.append(check)
-        mark = {PASS: "ok", FAIL: "FAIL", NA: "n/a"}[check.status]
-        self.say(f"  {check.group:10s} {check.name:40s} {mark}")
+        self.checks.append(check)  # said once, in the table: progress names only the phases
         return check
 
     def ids(self, batch: int, length: int) -> np.ndarray:
@@ -838,7 +836,6 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     say("structure ...")
     for c in check_structure(export_dir, manifest, ckpt_path, model):
         report.checks.append(c)
-        say(f"  structure  {c.name:40s} {'ok' if c.status == PASS else c.status.upper()}")
     if in_memory:
         ok = model_sha256(checkpoint) == manifest.source
         report.checks.append(Check("structure", "source weights", PASS if ok else FAIL, where="" if ok else "model weights hash != manifest source"))

@@ -5,8 +5,9 @@ edgelin's model protocol (``edgelin.protocol.ExportableModel``), so it exports, 
 edgelin's own ``LinearLM``. Importers are loaded on first use: importing this package does not import torch.
 
 Adding a family: write a function ``(checkpoint) -> model`` -- it is given an ``edgelin.checkpoint.Checkpoint``, the
-folder read once (``open_checkpoint(path)`` returns that as it is, and makes one from a plain path) -- and register
-it under its ``model_type`` with ``register_importer``. Every importer builds the one model skeleton (``edgelin.skeleton.CausalLM``) with its
+folder read once (``open_checkpoint(path)`` returns that as it is, and makes one from a plain path) -- and add the
+family to ``edgelin.importers.catalog.FAMILIES`` (its model_types, classes, layer kinds and importer), from which it
+is registered here and listed by ``edgelin models``, ``edgelin export --help`` and the README. Every importer builds the one model skeleton (``edgelin.skeleton.CausalLM``) with its
 mixers; flash-linear-attention families are one module each in ``edgelin.importers.fla`` and share its config
 reading (``edgelin.importers.fields``) and weight matching (``edgelin.importers.weights``).
 """
@@ -18,7 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from edgelin.errors import CheckpointError, RuntimeInputError
+from edgelin.errors import CheckpointError, RuntimeInputError, UnsupportedCheckpoint
+from edgelin.importers.catalog import FAMILIES, accepts, refusal
 from edgelin.runtime.files import read_regular
 
 CONFIG_FILE = "config.json"
@@ -46,17 +48,10 @@ def _lazy(module: str, name: str) -> Importer:
     return load
 
 
-for _family in ("linear_attn", "retnet", "gla", "delta_net", "gated_deltanet"):  # flash-linear-attention: one module per model_type
-    register_importer(_family, _lazy(f"edgelin.importers.fla.{_family}", "load"), "fla")
-# Hugging Face transformers: one module per family
-register_importer("qwen3_5_text", _lazy("edgelin.importers.hf.qwen3_5", "load_text"), "transformers")
-register_importer("qwen3_5", _lazy("edgelin.importers.hf.qwen3_5", "load"), "transformers")
-register_importer("qwen3_next", _lazy("edgelin.importers.hf.qwen3_next", "load"), "transformers")
-register_importer("lfm2", _lazy("edgelin.importers.hf.lfm2", "load"), "transformers")
-register_importer("mamba2", _lazy("edgelin.importers.hf.mamba2", "load"), "transformers")
-register_importer("bamba", _lazy("edgelin.importers.hf.bamba", "load"), "transformers")
-register_importer("granitemoehybrid", _lazy("edgelin.importers.hf.granitemoehybrid", "load"), "transformers")
-register_importer("nemotron_h", _lazy("edgelin.importers.hf.nemotron_h", "load"), "transformers")
+# one registration per model_type, from the catalog of families (edgelin.importers.catalog)
+for _f in FAMILIES:
+    for _type, _function in zip(_f.model_types, _f.functions):
+        register_importer(_type, _lazy(_f.module, _function), _f.framework)
 
 
 def supported() -> tuple[str, ...]:
@@ -107,18 +102,22 @@ def model_from_config(config: dict[str, Any], where: str = "the config") -> Any:
     return import_checkpoint(Checkpoint(Path(where), config, model_type, (), config_only=True))
 
 
+def check_supported(folder: Path, model_type: Any, config: dict[str, Any]) -> None:
+    """UnsupportedCheckpoint, saying why and what to do, unless a registered importer reads this checkpoint: before
+    anything else of the folder is read, so that a family edgelin cannot export is said first."""
+    if not (isinstance(model_type, str) and model_type in IMPORTERS and accepts(model_type, config)):
+        raise UnsupportedCheckpoint(f"{Path(folder) / CONFIG_FILE}: {refusal(str(model_type), config)}")
+
+
 def import_checkpoint(path: Any) -> Any:
     """Build the model of a foreign checkpoint folder (or ``edgelin.checkpoint.Checkpoint``, read once) with the
     importer registered for its ``model_type``; the importer is given the Checkpoint."""
     from edgelin.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(path)
-    importer = IMPORTERS.get(ckpt.model_type) if ckpt.model_type is not None else None
-    if importer is None:
-        raise CheckpointError(
-            f"{ckpt.path / CONFIG_FILE}: model_type {ckpt.model_type!r} is not supported; supported model types: {', '.join(supported())}"
-        )
+    check_supported(ckpt.path, ckpt.model_type, ckpt.config)
+    importer = IMPORTERS[ckpt.model_type]
     return importer(ckpt)
 
 
-__all__ = ["FRAMEWORKS", "IMPORTERS", "Importer", "foreign_model_type", "import_checkpoint", "model_from_config", "read_config", "register_importer", "supported"]
+__all__ = ["FAMILIES", "FRAMEWORKS", "IMPORTERS", "check_supported", "Importer", "foreign_model_type", "import_checkpoint", "model_from_config", "read_config", "register_importer", "supported"]

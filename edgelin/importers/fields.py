@@ -11,7 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from edgelin.errors import CheckpointError
+from edgelin.errors import CheckpointError, UnsupportedCheckpoint
+from edgelin.importers.catalog import NEXT_STEP
 
 # Fields of any HF-style config that do not change what the model computes.
 GENERIC_FIELDS = frozenset({
@@ -53,6 +54,11 @@ class Fields:
             raise self.fail(name, f"must be true or false, got {value!r}")
         return value
 
+    def unsupported(self, name: str, message: str) -> UnsupportedCheckpoint:
+        """A refusal of something the checkpoint asks for that edgelin does not implement (not a malformed value):
+        the message says what, and the next step is added."""
+        return UnsupportedCheckpoint(f"{self.where}: config field {name!r} {message}. {NEXT_STEP}")
+
     def choice(self, name: str, allowed: tuple[str, ...]) -> str:
         value = self.get(name)
         if value not in allowed:
@@ -68,14 +74,19 @@ def check_fields(
     known = GENERIC_FIELDS | set(defaults) | set(refused)
     unknown = sorted(set(data) - known)
     if unknown:
-        raise CheckpointError(
-            f"{where}: config field {unknown[0]!r} is unknown to edgelin's {importer} importer; it may change the "
-            f"model, so the checkpoint is refused (docs/importers.md lists the fields each family reads; if you know "
-            f"this one does not change the model, remove it from {where.name} and export again)"
+        named = ", ".join(map(repr, unknown[:12])) + (f" and {len(unknown) - 12} more" if len(unknown) > 12 else "")
+        plural = "s" if len(unknown) > 1 else ""
+        raise UnsupportedCheckpoint(
+            f"{where}: config field{plural} {named} {'are' if plural else 'is'} unknown to edgelin's {importer} importer; "
+            f"{'they' if plural else 'it'} may change the model, so the checkpoint is refused (docs/importers.md lists the "
+            f"fields each family reads; if you know {'they do' if plural else 'it does'} not change the model, remove "
+            f"{'them' if plural else 'it'} from {where.name} and export again)"
         )
-    for name, what in refused.items():
-        if data.get(name) is not None:
-            raise CheckpointError(f"{where}: config field {name!r} is set ({what}); edgelin does not support it")
+    set_options = [(name, what) for name, what in refused.items() if data.get(name) is not None]
+    if set_options:
+        said = "; ".join(f"{name!r} ({what})" for name, what in set_options)
+        raise UnsupportedCheckpoint(f"{where}: config field{'s' if len(set_options) > 1 else ''} {said} "
+                                    f"{'are' if len(set_options) > 1 else 'is'} set; edgelin does not support it yet. {NEXT_STEP}")
     return Fields(data, {**{name: None for name in refused}, **defaults}, where)
 
 

@@ -77,8 +77,13 @@ def test_registry_lists_linear_attn():
 
 
 def test_unknown_model_type_lists_the_supported_ones(ckpt, refused):
-    edit_config(ckpt, model_type="mamba")
-    refused(ckpt, "'mamba'", "linear_attn")
+    edit_config(ckpt, model_type="not_a_family")
+    refused(ckpt, "'not_a_family'", "linear_attn", "edgelin models")
+
+
+def test_a_known_family_not_exported_names_its_blocker(ckpt, refused):
+    edit_config(ckpt, model_type="mamba")  # fla's Mamba: its config still carries fla's own fields
+    refused(ckpt, "flash-linear-attention's Mamba", "'mamba'", "selective scan", "edgelin models", "docs/your-model.md")
 
 
 @pytest.mark.parametrize("field, value, fragment", [

@@ -29,7 +29,7 @@ def read_rope(
         raise f.fail("rope_parameters", f"has the key {unknown[0]!r}, unknown to edgelin's {importer} importer; it may change the model")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ("default", "mrope"):
-        raise f.fail("rope_parameters", f"has rope_type {kind!r}; edgelin supports 'default' (RoPE scaling is not supported)")
+        raise f.unsupported("rope_parameters", f"has rope_type {kind!r}; edgelin supports 'default' (RoPE scaling is not supported)")
     theta = params.get("rope_theta", f.data.get("rope_theta"))
     factor = params.get("partial_rotary_factor", f.data.get("partial_rotary_factor"))
     theta = default_theta if theta is None else theta

@@ -51,7 +51,7 @@ def load(path: str | Path) -> CausalLM:
     f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/granitemoehybrid", where=path / CONFIG_FILE)
     experts = f.get("num_local_experts")
     if experts != 0:
-        raise f.fail("num_local_experts", f"is {experts!r} (mixture-of-experts layers); edgelin exports dense MLPs only (num_local_experts 0)")
+        raise f.unsupported("num_local_experts", f"is {experts!r} (mixture-of-experts layers); edgelin exports dense MLPs only (num_local_experts 0)")
     f.choice("hidden_act", ("silu",))
     if f.flag("attention_bias"):
         raise f.fail("attention_bias", "is true; edgelin's granitemoehybrid importer supports false only")

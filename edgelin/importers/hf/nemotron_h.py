@@ -72,7 +72,7 @@ def layer_kinds(f: Fields) -> list[str]:
         raise f.fail(field, f"must list one of {', '.join(sorted(PATTERN.values()))} per layer, got {str(kinds)[:80]}")
     moe = [i for i, k in enumerate(kinds) if k == "moe"]
     if moe:
-        raise f.fail(field, f"has mixture-of-experts layers ({', '.join(map(str, moe[:8]))}{', ...' if len(moe) > 8 else ''}; "
+        raise f.unsupported(field, f"has mixture-of-experts layers ({', '.join(map(str, moe[:8]))}{', ...' if len(moe) > 8 else ''}; "
                             f"n_routed_experts {f.get('n_routed_experts')}); edgelin exports dense Nemotron-H models only")
     n_layers = f.get("num_hidden_layers")
     if n_layers is not None and n_layers != len(kinds):

@@ -85,7 +85,7 @@ def load(path: str | Path) -> CausalLM:
     sparse = moe_layers(f, f.integer("num_hidden_layers"))
     if sparse:
         listed = ", ".join(map(str, sparse[:6])) + (f" (+{len(sparse) - 6} more)" if len(sparse) > 6 else "")
-        raise f.fail("num_experts", f"is {f.get('num_experts')}: layers {listed} are mixture-of-experts blocks, which edgelin "
+        raise f.unsupported("num_experts", f"is {f.get('num_experts')}: layers {listed} are mixture-of-experts blocks, which edgelin "
                      "does not export (dense MLPs only: num_experts 0, or every layer in mlp_only_layers)")
     make, rename = build(f, source=source, family=FAMILY)
     return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT, splits=fused_splits(f))
