@@ -30,6 +30,7 @@ from edgelin.runtime.files import (
     MAX_RECOGNISED_BYTES, WORK_MARKER, check_output_dir, file_sha256, read_regular, remove_created, remove_stale_temps, replace_dir,
     temp_dir, work_dir, work_files,
 )
+from edgelin.runtime.check import embedded_problems, graph_manifest_text
 from edgelin.runtime.golden import GOLDEN_FILE, Golden
 from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest, join_problems
 
@@ -221,6 +222,11 @@ def _check_export(export_dir: Path) -> Manifest:
     problems = m.file_problems(export_dir)
     if problems:
         raise ManifestError(f"{export_dir}: {join_problems(problems)}")
+    # the graphs carry the manifest they were exported with: an edgelin.json edited since (states paired otherwise,
+    # another eos id) or a graph of another export (its hash put in edgelin.json) would make a site that runs garbage
+    problems = [p for g in GRAPHS for p in embedded_problems(m.graphs[g], graph_manifest_text(m.graph_path(export_dir, g)), m, "source")]
+    if problems:
+        raise ManifestError(f"{export_dir}: the graphs do not match {MANIFEST_FILE}: {'; '.join(problems)}")
     Golden.load(export_dir, m)  # golden.json, where the manifest names it: present, unchanged, readable (ManifestError)
     for name, digest in _tokenizer_files(m).items():
         path = export_dir / name

@@ -337,9 +337,7 @@ def _write_golden(plan: golden.Plan, logits: tuple[np.ndarray, np.ndarray], floo
     """``golden.json`` (``edgelin.runtime.golden``): the fp32 PyTorch model's logits on the export's fixed inputs
     (``_golden_run``), and the budgets of the export's precision raised to the model's rounding floor on them
     (``floor``: fp32 vs float64; bounds set with --budget kept); returns the manifest's entry for it."""
-    held, kept = parity.held(manifest.precision, budget)
-    budgets = {kind: parity.floored(bounds, floor, keep=kept.get(kind, {})) if kind in golden.KINDS else bounds
-               for kind, bounds in held.items()}
+    budgets = golden.held_budgets(manifest.precision, budget, floor)
     try:
         content = golden.make_golden(plan, *logits, manifest.precision, budgets, floor=floor)
     except ValueError as exc:

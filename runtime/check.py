@@ -6,12 +6,13 @@ Reads the graph through an ONNX Runtime session (no onnx package needed on a dev
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import onnxruntime as ort
 
 from edgelin.errors import ManifestError
-from edgelin.runtime.manifest import METADATA_KEY, SEQUENCE_DIM, Manifest
+from edgelin.runtime.manifest import FORMAT_V1, METADATA_KEY, SEQUENCE_DIM, Manifest
 
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
 SEQUENCE = SEQUENCE_DIM  # the token dim of input_ids and logits, per graph role
@@ -75,6 +76,13 @@ def check_graph(role: str, file: str, sess: ort.InferenceSession, m: Manifest, *
 
 def _metadata_problems(file: str, sess: ort.InferenceSession, m: Manifest, how: str) -> list[str]:
     meta = sess.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    return embedded_problems(file, meta, m, how)
+
+
+def embedded_problems(file: str, meta: str | None, m: Manifest, how: str = "source") -> list[str]:
+    """Every problem between ``m`` (edgelin.json) and ``meta``, the manifest text the graph ``file`` carries (None:
+    none): ``how`` "source": the same model, and everything a runtime reads from edgelin.json as the graph says it
+    (``runtime_differences``); "content": the same manifest, every field."""
     if meta is None:
         return [f"{file} has no '{METADATA_KEY}' metadata"] if how == "content" else []
     try:
@@ -97,10 +105,36 @@ def _metadata_problems(file: str, sess: ort.InferenceSession, m: Manifest, how: 
 # edgelin.json whose states are paired differently (present.0.S fed back as state.1.S, of equal shape), with
 # another init, precision or logits name would run and give garbage; the graph's embedded copy tells.
 WIRING = ("input_ids", "logits", "lengths", "logits_at", "vocab_size", "precision", "logits_dtype", "min_sequence", "states")
+# Not compared: ``sha256`` (a file cannot hold its own hash), and the entries that name files by their sha256, which
+# each runtime checks against the files themselves: ``golden`` (golden.json must also agree with the manifest:
+# golden.Golden.load) and the tokenizer's ``files`` (tokenizer.json, a chat template in tokenizer_config.json).
+UNCOMPARED = ("sha256", "golden")
+TOKENIZER_UNCOMPARED = ("files",)
+
+
+def runtime_differences(own: Manifest, m: Manifest) -> list[str]:
+    """The fields in which edgelin.json (``m``) differs from the manifest a graph carries (``own``), of those a runtime
+    reads: every field but ``UNCOMPARED`` (the tokenizer less its file hashes) -- the wiring, the tokenizer's ids (an
+    eos id edited stops generation early), the declared context and call bounds, the budgets ``check`` and ``validate``
+    hold the export to. An edgelin/1 manifest is compared in the fields that format has."""
+    if FORMAT_V1 in (own.read_from, m.read_from):
+        fields = [k for k in WIRING if getattr(own, k) != getattr(m, k)]
+        return fields + (["tokenizer"] if _tokenizer(own.tokenizer) != _tokenizer(m.tokenizer) else [])
+    mine, theirs = own.to_dict(embedded=True), m.to_dict(embedded=True)
+    for d in (mine, theirs):
+        d["tokenizer"] = _tokenizer(d["tokenizer"])
+    keys = list(theirs) + [k for k in mine if k not in theirs]
+    differ = [k for k in keys if k not in UNCOMPARED and mine.get(k) != theirs.get(k)]
+    derived = [k for k in ("io", "symbols") if k in differ]  # what other fields imply: named after them
+    return sorted((k for k in differ if k not in derived), key=lambda k: k != "states") + derived
+
+
+def _tokenizer(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k not in TOKENIZER_UNCOMPARED}
 
 
 def _wiring_problems(file: str, own: Manifest, m: Manifest) -> list[str]:
-    differ = [k for k in WIRING if getattr(own, k) != getattr(m, k)]
+    differ = runtime_differences(own, m)
     if not differ:
         return []
     detail = ""
@@ -112,8 +146,80 @@ def _wiring_problems(file: str, own: Manifest, m: Manifest) -> list[str]:
                 detail = (f" (edgelin.json: {s.input} <- {s.output} {s.dtype}{list(s.shape)} init {s.init}; the graph: "
                           + (f"{g.input} <- {g.output} {g.dtype}{list(g.shape)} init {g.init})" if g is not None else "no such state)"))
                 break
+    elif "tokenizer" in differ:
+        mine, theirs = _tokenizer(m.tokenizer), _tokenizer(own.tokenizer)
+        key = next(k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k))
+        detail = f" (tokenizer {key}: edgelin.json {mine.get(key)!r}, the graph {theirs.get(key)!r})"
     return [f"{file}: edgelin.json differs from the manifest the graph carries in {', '.join(differ)}{detail}; "
             "edgelin.json was edited or comes from another export -- re-export the model"]
 
 
-__all__ = ["check_graph", "graph_io", "graph_role"]
+# ---- the manifest a graph file carries, read without ONNX Runtime or the onnx package -----------------------
+# ModelProto.metadata_props is field 14, each entry a StringStringEntryProto (key: field 1, value: field 2). The
+# file's top-level fields are walked, each skipped by its length (the graph itself, field 7, is not read).
+_METADATA_FIELD, _MAX_METADATA = 14, 64 << 20
+
+
+def graph_manifest_text(path: str | os.PathLike) -> str | None:
+    """The manifest text ``path`` (an ONNX file) carries in its metadata under ``METADATA_KEY``; None where it has
+    none. ManifestError for a file that is not a readable ONNX protobuf."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            while f.tell() < size:
+                tag = _varint(f)
+                number, wire = tag >> 3, tag & 7
+                if wire == 0:
+                    _varint(f)
+                elif wire in (1, 5):
+                    f.seek(8 if wire == 1 else 4, os.SEEK_CUR)
+                elif wire == 2:
+                    n = _varint(f)
+                    if f.tell() + n > size:
+                        raise ValueError("a field runs past the end of the file")
+                    if number != _METADATA_FIELD or n > _MAX_METADATA:
+                        f.seek(n, os.SEEK_CUR)
+                        continue
+                    entry = _fields(f.read(n))
+                    if entry.get(1) == METADATA_KEY.encode():
+                        return entry.get(2, b"").decode("utf-8")
+                else:
+                    raise ValueError(f"protobuf wire type {wire}")
+                if f.tell() > size:
+                    raise ValueError("a field runs past the end of the file")
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path} is not an ONNX file edgelin can read ({exc}); re-export the model") from None
+    return None
+
+
+def _varint(f) -> int:
+    value = 0
+    for shift in range(0, 70, 7):
+        b = f.read(1)
+        if not b:
+            raise ValueError("the file ends inside a field")
+        value |= (b[0] & 0x7F) << shift
+        if b[0] < 0x80:
+            return value
+    raise ValueError("a varint longer than 10 bytes")
+
+
+def _fields(data: bytes) -> dict[int, bytes]:
+    """The length-delimited fields of one small message (a metadata entry: key 1, value 2)."""
+    import io
+
+    f, out = io.BytesIO(data), {}
+    while f.tell() < len(data):
+        tag = _varint(f)
+        if tag & 7 != 2:
+            raise ValueError("a metadata entry with a field that is not a string")
+        n = _varint(f)
+        out[tag >> 3] = f.read(n)
+        if len(out[tag >> 3]) != n:
+            raise ValueError("a metadata entry runs past its end")
+    return out
+
+
+__all__ = ["check_graph", "embedded_problems", "graph_io", "graph_manifest_text", "graph_role", "runtime_differences"]

@@ -109,6 +109,15 @@ def make_golden(plan: Plan, prefill_logits: np.ndarray, decode_logits: np.ndarra
     }
 
 
+def held_budgets(precision: str, parity_budgets: dict | None, floor: parity.Errors | None = None) -> dict[str, dict[str, float]]:
+    """The budgets a golden file holds an export of ``precision`` to: edgelin's for the precision with the export's own
+    bounds (the manifest's ``parity_budgets``, --budget) applied, each raised to the model's rounding ``floor`` on the
+    golden inputs (fp32 PyTorch vs float64) except the bounds the export set. The exporter writes them; ``Golden.load``
+    refuses a file whose budgets are looser than these."""
+    held, kept = parity.held(precision, parity_budgets)
+    return {kind: parity.floored(held[kind], floor, keep=kept.get(kind, {})) for kind in KINDS}
+
+
 def golden_text(golden: dict[str, Any]) -> str:
     return json.dumps(golden, separators=(",", ":"), allow_nan=False) + "\n"
 
@@ -164,6 +173,8 @@ class Golden:
                 if not (np.isfinite(values).all() and all(isinstance(r[k], (int, float)) and math.isfinite(r[k]) and r[k] >= 0 for k in ("absmax", "l2"))):
                     raise ValueError(f"row {r['graph']} {r['batch']}/{r['at']}: non-finite or negative numbers")
             budgets = {k: {b: float(v) for b, v in d["budgets"][k].items()} for k in KINDS}
+            if not all(math.isfinite(v) and v >= 0 for bounds in budgets.values() for v in bounds.values()):
+                raise ValueError("budgets: non-finite or negative numbers")
             floor = None
             if "rounding_floor" in d:
                 f = {k: float(d["rounding_floor"][k]) for k in ("max_rel", "rel_l2")}
@@ -172,7 +183,32 @@ class Golden:
                 floor = parity.Errors(0.0, f["rel_l2"], 0, f["max_rel"])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{where} is not a golden outputs file edgelin can read ({exc}); re-export the model") from None
+        _agrees(where, d.get("precision"), budgets, floor, manifest)
         return cls(plan, rows, budgets, str(d.get("precision")), floor)
+
+
+def _agrees(where: str, precision: Any, budgets: dict[str, dict[str, float]], floor: parity.Errors | None, manifest: Manifest) -> None:
+    """A golden file is checked under its manifest: made for the export's precision, and holding it to no looser budgets
+    than the manifest's precision and parity_budgets give (raised to the file's rounding floor, which only an fp32
+    export measures). Another export's file (an int8 export's, in an fp32 export) or budgets edited to pass anything
+    would otherwise pass a wrong graph."""
+    if precision != manifest.precision:
+        raise ManifestError(f"{where} was made for a {precision!r} export but edgelin.json says {manifest.precision!r} (another export's "
+                            "golden outputs?); re-export the model")
+    if floor is not None and manifest.precision != "fp32":
+        raise ManifestError(f"{where} records a rounding floor, which only an fp32 export measures, in a {manifest.precision} export; "
+                            "re-export the model")
+    try:
+        want = held_budgets(manifest.precision, manifest.extra.get("parity_budgets"), floor)
+    except parity.ParityError as exc:
+        raise ManifestError(f"edgelin.json: {exc}; re-export the model") from None
+    for kind in KINDS:
+        for bound, limit in want[kind].items():
+            value = budgets[kind].get(bound, math.inf)  # a bound left out holds nothing
+            if not value <= limit:
+                raise ManifestError(f"{where} holds the export to {kind} {bound} <= {value:g}, looser than the {limit:g} that "
+                                    f"edgelin.json's precision ({manifest.precision}) and budgets give (edited, or another export's); "
+                                    "re-export the model")
 
 
 # ---- running the plan and comparing -------------------------------------------------------------------------
