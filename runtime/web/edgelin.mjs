@@ -92,6 +92,100 @@ export function checkManifest(m) {
   return m;
 }
 
+// ---- the manifest a graph carries -------------------------------------------------------------------
+// Each graph holds the manifest it was exported with in its metadata (ModelProto field 14, entries of key 1 and
+// value 2, under "edgelin"). What this runtime reads from edgelin.json must be what the graphs say: an edgelin.json
+// edited under a site (states paired otherwise, another eos id) would run and give garbage. Not compared: sha256 (a
+// file cannot hold its own hash) and the entries naming files by their sha256, checked against the files themselves
+// (golden, the tokenizer's files) -- as the Python runtime (runtime/check.py: runtime_differences).
+export const METADATA_KEY = "edgelin";
+const UNCOMPARED = ["sha256", "golden"];
+const V1_COMPARED = ["input_ids", "logits", "vocab_size", "precision", "source"];
+
+function varint(bytes, at) {
+  let value = 0;
+  for (let shift = 0; shift < 64; shift += 7) {
+    if (at.i >= bytes.length) throw new EdgelinError("the file ends inside a field");
+    const b = bytes[at.i++];
+    value += (b & 0x7f) * 2 ** shift;
+    if (b < 0x80) return value;
+  }
+  throw new EdgelinError("a varint longer than 10 bytes");
+}
+
+/** The manifest text an ONNX file's bytes carry under "edgelin", or null where it has none. */
+export function graphManifest(bytes) {
+  const at = { i: 0 };
+  while (at.i < bytes.length) {
+    const tag = varint(bytes, at);
+    const [field, wire] = [Math.floor(tag / 8), tag % 8];
+    if (wire === 0) varint(bytes, at);
+    else if (wire === 1 || wire === 5) at.i += wire === 1 ? 8 : 4;
+    else if (wire === 2) {
+      const n = varint(bytes, at);
+      const end = at.i + n;
+      if (end > bytes.length) throw new EdgelinError("a field runs past the end of the file");
+      if (field === 14) {
+        const entry = {};
+        const e = { i: at.i };
+        while (e.i < end) {
+          const t = varint(bytes, e);
+          const len = varint(bytes, e);
+          entry[Math.floor(t / 8)] = bytes.subarray(e.i, e.i + len);
+          e.i += len;
+        }
+        if (entry[1] && new TextDecoder().decode(entry[1]) === METADATA_KEY) return new TextDecoder().decode(entry[2] ?? new Uint8Array());
+      }
+      at.i = end;
+    } else throw new EdgelinError(`protobuf wire type ${wire}`);
+  }
+  return null;
+}
+
+function canonical(x) {
+  if (Array.isArray(x)) return `[${x.map(canonical).join(",")}]`;
+  if (x !== null && typeof x === "object") return `{${Object.keys(x).sort().map((k) => `${JSON.stringify(k)}:${canonical(x[k])}`).join(",")}}`;
+  return JSON.stringify(x);
+}
+
+/** The fields a runtime reads in which edgelin.json (`m`) differs from the manifest a graph carries (`own`). */
+export function manifestDifferences(own, m) {
+  const tokenizer = (t) => { const { files, ...rest } = t ?? {}; return rest; };
+  if (own.format !== FORMAT) { // an edgelin/1 export's graphs, in a site whose edgelin.json edgelin web upgraded
+    const state = (s) => ({ input: s.input, output: s.output, shape: s.shape, dtype: s.dtype, init: s.init });
+    const differ = V1_COMPARED.filter((k) => canonical(own[k]) !== canonical(m[k]));
+    if (canonical((own.states ?? []).map(state)) !== canonical(m.states.map(state))) differ.unshift("states");
+    if ((own.tokenizer?.eos_id ?? null) !== (m.tokenizer?.eos_id ?? null)) differ.push("tokenizer");
+    return differ;
+  }
+  const keys = [...new Set([...Object.keys(m), ...Object.keys(own)])].filter((k) => !UNCOMPARED.includes(k));
+  const value = (d, k) => canonical(k === "tokenizer" ? tokenizer(d[k]) : d[k]);
+  const differ = keys.filter((k) => value(own, k) !== value(m, k));
+  const derived = differ.filter((k) => k === "io" || k === "symbols");
+  return [...differ.filter((k) => k === "states"), ...differ.filter((k) => k !== "states" && !derived.includes(k)), ...derived];
+}
+
+/** Throws EdgelinError where graph `file` (its bytes) carries a manifest that differs from edgelin.json in what a
+ * runtime reads. */
+export function checkGraphManifest(file, bytes, m) {
+  let own;
+  try {
+    const text = graphManifest(bytes);
+    if (text === null) return;
+    own = JSON.parse(text);
+  } catch (err) {
+    throw new EdgelinError(`${file}: its '${METADATA_KEY}' metadata cannot be read (${err.message}); re-export the model`);
+  }
+  if (own.source !== m.source || canonical(own.model) !== canonical(m.model)) {
+    throw new EdgelinError(`${file} was exported from another model than edgelin.json describes (files from two exports?); re-export the model`);
+  }
+  const differ = manifestDifferences(own, m);
+  if (differ.length) {
+    throw new EdgelinError(`${file}: edgelin.json differs from the manifest the graph carries in ${differ.join(", ")}; `
+      + "edgelin.json was edited or comes from another export -- re-export the model");
+  }
+}
+
 // ---- float16 <-> float32 ----------------------------------------------------------------------
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
@@ -694,6 +788,7 @@ export async function loadExport(ort, source, { sessionOptions = {}, verify = tr
   for (const g of GRAPHS) {
     const bytes = await read(manifest.graphs[g]);
     await checkHash(manifest.graphs[g], bytes, manifest.sha256 && manifest.sha256[g]);
+    checkGraphManifest(manifest.graphs[g], bytes, manifest);
     const files = externalData.length ? { externalData } : {};
     sessions[g] = await ort.InferenceSession.create(bytes, { graphOptimizationLevel: "all", ...sessionOptions, ...files });
     const missing = [
@@ -934,6 +1029,10 @@ export class Model {
     }
     if (d === null || typeof d !== "object") fail("not a JSON object");
     if (d.format !== GOLDEN_FORMAT) fail(`format ${JSON.stringify(d.format)}, not ${JSON.stringify(GOLDEN_FORMAT)}`);
+    if (d.precision !== this.manifest.precision) { // another export's golden outputs would hold the graphs to its budget
+      throw new EdgelinError(`${GOLDEN_FILE} was made for a ${JSON.stringify(d.precision)} export but edgelin.json says `
+        + `${JSON.stringify(this.manifest.precision)} (another export's golden outputs?); re-export the model`);
+    }
     const isId = (i) => Number.isInteger(i) && i >= 0 && i < this.vocabSize;
     const idRows = (x) => Array.isArray(x) && x.every((r) => Array.isArray(r) && r.every(isId));
     if (!idRows(d.prompt) || !idRows(d.decode)) fail("prompt and decode must be rows of token ids inside the vocabulary");

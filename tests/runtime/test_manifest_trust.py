@@ -11,7 +11,6 @@ import pytest
 
 from edgelin.errors import ManifestError
 from edgelin.runtime import golden, load
-from edgelin.runtime.check import graph_manifest_text
 from edgelin.runtime.manifest import METADATA_KEY, file_sha256
 from testkit.exports import copy_of
 
@@ -41,6 +40,8 @@ def test_an_edited_field_a_runtime_reads_is_refused_at_load(export_copy, change,
 
 
 def test_the_graph_manifest_reader_gives_what_onnx_runtime_reads(tiny, tmp_path):
+    from edgelin.runtime.check import graph_manifest_text
+
     for graph in ("prefill.onnx", "decode.onnx"):
         path = tiny[1] / graph
         want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map[METADATA_KEY]
