@@ -117,15 +117,14 @@ def test_cli_errors_are_one_line(tiny_export, tmp_path):
     assert r.exit_code == 2 and r.output.count("\n") == 1 and "edgelin: error: onnxruntime-web is not installed" in r.output
 
 
-def test_an_ids_only_export_is_said_at_build(tiny_export, ort_web, tmp_path):
-    """An export without a text tokenizer (kind 'ids') makes a site, and the build says the page works in token ids
-    and how to get text; a byte-tokenizer export's summary says nothing of the kind."""
-    copy = tmp_path / "export"
-    shutil.copytree(tiny_export, copy)
-    path = copy / "edgelin.json"
-    ids = {"kind": "ids", "encoding": None, "offset": 0, "bos_id": None, "eos_id": None, "pad_id": None}
-    path.write_text(json.dumps(json.loads(path.read_text()) | {"tokenizer": ids}, indent=2, sort_keys=True) + "\n")
-    summary = write_site(copy, tmp_path / "site", ort_web=ort_web).summary()
+def test_an_ids_only_export_is_said_at_build(tiny_export, exported, ort_web, tmp_path):
+    """An export without a text tokenizer (kind 'ids': a model of 1,024 ids) makes a site, and the build says the page
+    works in token ids and how to get text; a byte-tokenizer export's summary says nothing of the kind."""
+    _, ids_only = exported("elu+1", options={"precision": "fp32"}, vocab_size=1024)  # test_node's tied-head export
+    from edgelin.runtime.manifest import Manifest
+
+    assert Manifest.load(ids_only).tokenizer["kind"] == "ids"
+    summary = write_site(ids_only, tmp_path / "site", ort_web=ort_web).summary()
     assert "no text tokenizer (tokenizer kind 'ids')" in summary and "--tokenizer" in summary
     assert "no text tokenizer" not in write_site(tiny_export, tmp_path / "site2", ort_web=ort_web).summary()
 
