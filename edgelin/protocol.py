@@ -90,7 +90,7 @@ def state_decays(model: Any) -> bool:
     return _declares(model, "state_decays")
 
 
-# Why a running sum cannot live in float16 (README, "Edge precision"): float16 has an 11-bit
+# Why a running sum cannot live in float16 (docs/guide.md, "Edge precision"): float16 has an 11-bit
 # significand, so once a sum holds ~2,048 tokens' worth of similar contributions, adding one more rounds
 # to (nearly) nothing, and the sum passes float16's largest value, 65,504, after ~28k tokens of text for
 # the previous bundled model, pydoc-linear, which had no decay (measured). A decayed state holds about
