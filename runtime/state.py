@@ -8,7 +8,8 @@ binding the graph writes into a second set of buffers (never the ones it reads) 
 CPU no array is copied per step; a growing state is re-allocated by ONNX Runtime on every call.
 
 Snapshots are ``.npz`` files holding every state array plus a JSON header with the export's
-``source`` hash and the names, shapes and dtypes, so a state is never restored into another model.
+``source`` hash and the names, shapes and dtypes, so a state is never restored into another model, and the
+positions it has seen (a windowed KV cache holds fewer), so a restored sequence keeps to a declared context.
 """
 
 from __future__ import annotations
@@ -122,7 +123,13 @@ class State:
     # ---- copies, rows --------------------------------------------------------------------------
     def fork(self) -> "State":
         """An independent copy: advancing one never changes the other (branch a conversation)."""
-        return State.from_arrays(self.manifest, self.numpy(), self.device, copy=False)
+        return self._carry(State.from_arrays(self.manifest, self.numpy(), self.device, copy=False))
+
+    def _carry(self, other: "State") -> "State":
+        """``other`` (made from this state's arrays) with this state's positions seen: a windowed KV cache holds only
+        its window, so its arrays alone undercount them and a declared context would be passed."""
+        other.seen = max(other.seen, self.seen)
+        return other
 
     def rows(self, index: Sequence[int]) -> "State":
         """A new state holding the sequences ``index`` of this one, in that order."""
@@ -130,7 +137,7 @@ class State:
         bad = [i for i in index if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -self.batch <= i < self.batch]
         if bad or not index:
             raise RuntimeInputError(f"rows takes a non-empty list of indices of this state's {self.batch} sequence(s) (0..{self.batch - 1}), got {index!r}")
-        return State.from_arrays(self.manifest, {k: a[index] for k, a in self.numpy().items()}, self.device, copy=False)
+        return self._carry(State.from_arrays(self.manifest, {k: a[index] for k, a in self.numpy().items()}, self.device, copy=False))
 
     def split(self) -> list["State"]:
         """One batch-1 state per sequence."""
@@ -209,6 +216,7 @@ class State:
         header = {
             "format": SNAPSHOT_FORMAT, "source": self.manifest.source, "model": self.manifest.model, "batch": self.batch,
             "states": [{"input": s.input, "shape": list(s.concrete_shape(self.batch, self.past)), "dtype": s.dtype} for s in self.manifest.states],
+            "seen": self.seen,  # positions fed since the fresh state: more than a windowed KV cache holds
         }
         arrays = {HEADER_KEY: np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8), **values}
         folder = path.parent if str(path.parent) else Path(".")
@@ -224,11 +232,16 @@ class State:
         if not isinstance(path, (str, os.PathLike)):
             raise RuntimeInputError(f"a state file is a path, got {type(path).__name__}")
         path = Path(path)
-        arrays = _read_snapshot(path, manifest, batch)
+        arrays, seen = _read_snapshot(path, manifest, batch)
         bad = _nonfinite(manifest, arrays)
         if bad:
             raise RuntimeInputError(f"{path}: {bad} -- start a fresh one")
-        return cls.from_arrays(manifest, arrays, device, copy=False)
+        state = cls.from_arrays(manifest, arrays, device, copy=False)
+        if seen is not None:
+            if seen < state.past:
+                raise RuntimeInputError(f"{path} has a malformed header ('seen' is {seen}, fewer than the {state.past} positions it holds); {NOT_A_STATE}")
+            state.seen = seen
+        return state
 
 
 def _nonfinite(manifest: Manifest, arrays: dict[str, np.ndarray]) -> str:
@@ -265,8 +278,8 @@ def is_state_file(path: str | os.PathLike) -> bool:
 is_state_file.kind = "an edgelin state file (written by --state-out / State.save)"  # type: ignore[attr-defined]
 
 
-def _read_snapshot(path: Path, manifest: Manifest, batch: int | None) -> dict[str, np.ndarray]:
-    """The arrays of a snapshot, after its header was checked against ``manifest`` and every member's
+def _read_snapshot(path: Path, manifest: Manifest, batch: int | None) -> tuple[dict[str, np.ndarray], int | None]:
+    """The arrays of a snapshot and the positions it had seen (None: a file written before it recorded them), after its header was checked against ``manifest`` and every member's
     size against the state it should hold (a corrupt file never makes numpy allocate more). Only a
     regular file is opened (a FIFO would block), and only one no larger than the memory available."""
     if not isinstance(path, Path):
@@ -302,7 +315,7 @@ def _read_snapshot(path: Path, manifest: Manifest, batch: int | None) -> dict[st
                 for name in members:
                     if infos[name + ".npy"].file_size > want[name] + NPY_HEADER_ROOM:
                         raise RuntimeInputError(f"{path}: array {name!r} is larger than this model's state; not an edgelin state file")
-                return {name: npz[name] for name in members}
+                return {name: npz[name] for name in members}, header.get("seen")
     except RuntimeInputError:
         raise
     except Exception as exc:  # noqa: BLE001 -- zip, zlib and numpy raise many kinds for a corrupt file
@@ -338,6 +351,9 @@ def _check_header(path: Path, raw: np.ndarray, manifest: Manifest, batch: int | 
         raise RuntimeInputError(f"{path} has a malformed header ('batch' is {str(held)[:40]!r}); {NOT_A_STATE}")
     if batch is not None and held != batch:
         raise RuntimeInputError(f"{path} holds {held} sequence(s) but {batch} are needed here")
+    seen = header.get("seen")
+    if seen is not None and (isinstance(seen, bool) or not isinstance(seen, int) or seen < 0):
+        raise RuntimeInputError(f"{path} has a malformed header ('seen' is {str(seen)[:40]!r}); {NOT_A_STATE}")
     check_bytes(manifest.state_bytes(held), f"the state in {path} ({held:,} sequences)", "it cannot be loaded on this machine")
     return header
 
