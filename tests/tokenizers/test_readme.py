@@ -45,8 +45,12 @@ def commands() -> list[list[str]]:
 def test_the_readme_is_a_front_page():
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) < 250, f"README.md has {len(lines)} lines; depth belongs in docs/"
-    for link in re.findall(r"\]\((docs/[^)#]+)", README.read_text(encoding="utf-8")):
+    for link, anchor in re.findall(r"\]\((docs/[^)#]+)(?:#([^)]+))?\)", README.read_text(encoding="utf-8")):
         assert (ROOT / link).is_file(), f"the README links to {link}, which does not exist"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", (ROOT / link).read_text(encoding="utf-8"), flags=re.M)
+            slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+            assert anchor in slugs, f"the README links to {link}#{anchor}, a heading it does not have"
 
 
 def test_the_python_blocks_run_as_written(chat_export, tmp_path):
