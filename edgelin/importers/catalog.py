@@ -103,8 +103,7 @@ _VL = "it is a vision-language model, and edgelin exports text models; none of i
 
 # model_type -> (framework, what blocks it). The transformers names are transformers 5.24's; the fla ones fla 0.6's.
 KNOWN: dict[tuple[str, str], Known] = {
-    (TRANSFORMERS, "lfm3"): Known("LFM3", TRANSFORMERS, "sliding-window attention with a sigmoid output gate and sandwich norms, "
-                                  "which the lfm2 importer does not read", "an LFM2 / LFM2.5 checkpoint (model_type lfm2)"),
+    (TRANSFORMERS, "lfm3"): Known("LFM3", TRANSFORMERS, "sliding-window attention with a sigmoid output gate and sandwich norms", "an LFM2 / LFM2.5 checkpoint (model_type lfm2)"),
     (TRANSFORMERS, "lfm2_moe"): Known("LFM2-MoE", TRANSFORMERS, _MOE, "a dense LFM2 / LFM2.5 checkpoint (model_type lfm2)"),
     (TRANSFORMERS, "lfm2_vl"): Known("LFM2-VL", TRANSFORMERS, "", "the text-only LFM2 / LFM2.5 checkpoint (model_type lfm2)",
                                      reason="it is a vision-language checkpoint; edgelin reads LFM2's text model from an lfm2 "
@@ -138,7 +137,7 @@ KNOWN: dict[tuple[str, str], Known] = {
                                        "Gated DeltaNet (model_type gated_deltanet)"),
     (FLA, "mamba2"): Known("Mamba2", FLA, "", reason="edgelin's mamba2 importer reads transformers' Mamba2Config, not fla's "
                            "(rmsnorm, norm_before_gate, D_has_hdim, ...)",
-                           instead="the same weights saved by transformers' Mamba2ForCausalLM (model_type mamba2)"),
+                           instead="transformers' Mamba2 (Mamba2ForCausalLM, model_type mamba2)"),
     (FLA, "mamba"): Known("Mamba", FLA, "Mamba-1's selective scan (a decay per channel and state element)"),
     (FLA, "hgrn"): Known("HGRN", FLA, "HGRN's gated elementwise recurrence"),
     (FLA, "hgrn2"): Known("HGRN2", FLA, "HGRN2's state expansion (GLA-like, with its own gates and conventions)", "GLA (model_type gla)"),
