@@ -6,6 +6,7 @@ in any order.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import signal
@@ -42,6 +43,18 @@ def _terminate(signum, _frame):
     raise Terminated(signum)
 
 
+_QUIET_EXIT: list[bool] = []
+
+
+def _quiet_exit() -> None:
+    """After an interruption the program exits: a further Ctrl-C while the interpreter runs its exit handlers (torch's,
+    onnx's: registered earlier, so run after this one) would print "Exception ignored in atexit callback" and a
+    traceback. Ignore SIGINT from the first exit handler on (registered once, here, so that it runs first)."""
+    if not _QUIET_EXIT:
+        _QUIET_EXIT.append(True)
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+
+
 def user_errors(fn):
     """Turn the library's typed errors (and Ctrl-C, SIGTERM) into one line and a non-zero exit, never a traceback.
 
@@ -62,6 +75,7 @@ def user_errors(fn):
             fail(str(exc))
         except KeyboardInterrupt as exc:
             signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+            _quiet_exit()
             click.echo(f"edgelin: interrupted ({signal.Signals(signum).name}); nothing half-written was left", err=True)
             sys.exit(128 + int(signum))
         finally:

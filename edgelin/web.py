@@ -28,7 +28,7 @@ from typing import Callable
 from edgelin.errors import ManifestError, OutputError, RuntimeInputError
 from edgelin.runtime.files import (
     MAX_RECOGNISED_BYTES, WORK_MARKER, check_output_dir, file_sha256, read_regular, remove_created, remove_stale_temps, replace_dir,
-    temp_dir, work_dir, work_files,
+    temp_dir, uninterrupted, work_dir, work_files, write_failure,
 )
 from edgelin.runtime.check import embedded_problems, graph_manifest_text
 from edgelin.runtime.golden import GOLDEN_FILE, Golden
@@ -299,9 +299,15 @@ def write_site(
         if replacing:
             say(f"replacing {out}: {replacing}")
         replace_dir(tmp, out, **check)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        remove_created(created)
+    except BaseException as exc:
+        full = write_failure(exc, tmp)  # before the files go: their sizes tell a file-size limit
+        with uninterrupted():  # a second Ctrl-C does not leave the work folder half removed
+            shutil.rmtree(tmp, ignore_errors=True)
+            clean = not tmp.exists() and remove_created(created)
+        if isinstance(exc, OSError) and not isinstance(exc, OutputError):  # the file system's: one line, not a traceback
+            left = "nothing was written" if clean else f"remove {tmp} by hand"
+            why = full or (exc.strerror or str(exc))
+            raise OutputError(f"cannot write the site {out}: {why}; make room (or choose another folder) and run again; {left}") from None
         raise
     slow = any(holds_op(out / "export" / manifest.graphs[g], WASM_SLOW_OP) for g in GRAPHS)
     return SiteResult(out, files, site_manifest, upgraded=manifest.read_from != site_manifest.format, wasm_slow=slow)

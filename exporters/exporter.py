@@ -41,7 +41,7 @@ from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once, tied_head_in_place
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE, sequence_bound
 from edgelin.runtime import golden
-from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, work_dir, work_files
+from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, uninterrupted, work_dir, work_files, write_failure
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest, file_sha256
 from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
@@ -617,11 +617,15 @@ def export(
             say(f"replacing {out_dir}: {replacing}")
         replace_dir(tmp, out_dir, force=force, protect=protect)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        clean = not tmp.exists() and remove_created(created)
+        full = write_failure(exc, tmp)  # before the files go: their sizes tell a file-size limit
+        with uninterrupted():  # a second Ctrl-C does not leave the work folder half removed
+            shutil.rmtree(tmp, ignore_errors=True)
+            clean = not tmp.exists() and remove_created(created)
         if isinstance(exc, (EdgelinError, KeyboardInterrupt, SystemExit)):
             raise
         left = "nothing was written" if clean else f"remove {tmp} by hand"
+        if full is not None:
+            raise ExportError(f"export failed: {full}, while writing {out_dir}; make room (or raise the limit) and export again; {left}") from None
         raise ExportError(f"export failed ({_cause(exc)}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types,
                         smoke_bounds=smoke_held)
