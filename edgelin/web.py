@@ -32,7 +32,7 @@ from edgelin.runtime.files import (
 )
 from edgelin.runtime.check import embedded_problems, graph_manifest_text
 from edgelin.runtime.golden import GOLDEN_FILE, Golden
-from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest, join_problems
+from edgelin.runtime.manifest import GRAPHS, MANIFEST_FILE, Manifest, absent, join_problems
 
 MODULE = "edgelin.mjs"
 PAGE = "index.html"
@@ -218,7 +218,7 @@ def _check_export(export_dir: Path) -> Manifest:
         m = Manifest.load(export_dir)
     for g in GRAPHS:
         if not m.graph_path(export_dir, g).is_file():
-            raise ManifestError(f"{export_dir} lacks {m.graphs[g]}, the {g} graph named in {MANIFEST_FILE}; re-export the model")
+            raise ManifestError(f"{absent(m.graph_path(export_dir, g), m.graphs[g], str(export_dir))}, the {g} graph named in {MANIFEST_FILE}; re-export the model")
     problems = m.file_problems(export_dir)
     if problems:
         raise ManifestError(f"{export_dir}: {join_problems(problems)}")
@@ -231,7 +231,7 @@ def _check_export(export_dir: Path) -> Manifest:
     for name, digest in _tokenizer_files(m).items():
         path = export_dir / name
         if not path.is_file():
-            raise ManifestError(f"{export_dir} lacks {name}, a tokenizer file named in {MANIFEST_FILE}; copy the whole export folder, or re-export the model")
+            raise ManifestError(f"{absent(path, name, str(export_dir))}, a tokenizer file named in {MANIFEST_FILE}; copy the whole export folder, or re-export the model")
         if file_sha256(path) != digest:
             raise ManifestError(f"{path} is not the file {MANIFEST_FILE} describes (its sha256 differs); re-export the model")
     return m

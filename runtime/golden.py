@@ -38,7 +38,7 @@ import numpy as np
 from edgelin import parity
 from edgelin.errors import ManifestError
 from edgelin.runtime.files import read_regular
-from edgelin.runtime.manifest import Manifest
+from edgelin.runtime.manifest import Manifest, absent
 
 GOLDEN_FILE = "golden.json"
 GOLDEN_FORMAT = "edgelin-golden/1"
@@ -142,7 +142,7 @@ class Golden:
             raise ManifestError(f"edgelin.json's 'golden' entry is not {{'file': {GOLDEN_FILE!r}, 'sha256': ...}}; re-export the model")
         path = Path(export_dir) / GOLDEN_FILE
         if not path.is_file():
-            raise ManifestError(f"{Path(export_dir)} lacks {GOLDEN_FILE}, named in edgelin.json; copy the whole export folder, or re-export the model")
+            raise ManifestError(f"{absent(path, GOLDEN_FILE, str(Path(export_dir)))}, named in edgelin.json; copy the whole export folder, or re-export the model")
         data = read_regular(path, MAX_GOLDEN_BYTES, "golden outputs file")
         if len(data) != entry.get("bytes"):
             raise ManifestError(f"{where} is {len(data):,} bytes but edgelin.json says {entry.get('bytes')}; copy the whole export folder again, or re-export the model")

@@ -304,7 +304,7 @@ class Manifest:
         path = self.weights_path(export_dir)
         name = self.weights["file"]
         if not path.is_file():
-            return [f"it lacks {name}, the weights file named in edgelin.json (copy the whole export folder, or re-export the model)"]
+            return [f"{absent(path, name, 'it')}, the weights file named in edgelin.json (copy the whole export folder, or re-export the model)"]
         size = path.stat().st_size
         if size != self.weights["bytes"]:
             return [f"{name} is {size:,} bytes but edgelin.json says {self.weights['bytes']:,} (truncated, or the weights of "
@@ -495,6 +495,18 @@ class Manifest:
     def weights_path(self, export_dir: str | Path) -> Path:
         """The weights file in ``export_dir`` (only when the manifest has one); ManifestError if it leads outside."""
         return _inside(export_dir, self.weights["file"], "the weights")
+
+
+def absent(path: Path, name: str, folder: str) -> str:
+    """Why ``path`` (the file ``name`` of an export ``folder``) is not a regular file: "{folder} lacks {name}", or what
+    stands in its place (a folder, a FIFO, a link to nothing)."""
+    if path.is_dir():
+        return f"{folder} has a folder in place of {name}"
+    if path.is_symlink() and not path.exists():
+        return f"{folder} has a symbolic link to nothing in place of {name}"
+    if path.exists():
+        return f"{folder} has a FIFO, device or socket in place of {name}"
+    return f"{folder} lacks {name}"
 
 
 def _inside(export_dir: str | Path, name: str, what: str) -> Path:
@@ -703,5 +715,5 @@ def canonical_manifest_equal(a_text: str, b_text: str) -> bool:
 __all__ = [
     "BATCH", "DTYPES", "FORMAT", "HUGGINGFACE", "TOKENIZER_FILES", "FORMAT_V1", "GRAPHS", "MANIFEST_FILE", "METADATA_KEY", "LOGITS_AT", "POSITIONS", "PREFILL_PIECE", "SEQUENCE",
     "SEQUENCE_DIM", "FormatWarning", "Manifest", "StateSpec", "state_io_names", "state_key", "canonical_json", "canonical_manifest_equal",
-    "file_sha256", "join_problems", "normalize_tokenizer", "parse_json", "plain_file_name", "positions_feed", "sync_io",
+    "absent", "file_sha256", "join_problems", "normalize_tokenizer", "parse_json", "plain_file_name", "positions_feed", "sync_io",
 ]

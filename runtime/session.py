@@ -28,7 +28,7 @@ import onnxruntime as ort
 from edgelin.errors import ManifestError, ProviderError, RuntimeInputError
 from edgelin.runtime.check import check_graph, graph_io
 from edgelin.runtime.files import check_output_folder, check_replace, make_parents
-from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest, join_problems, positions_feed
+from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest, absent, join_problems, positions_feed
 from edgelin.runtime.state import CPU, Device, State, check_state_for, require_state, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
 from edgelin.runtime.options import check_int, check_number
@@ -129,7 +129,7 @@ class Session:
         paths = {g: self.manifest.graph_path(self.export_dir, g) for g in GRAPHS}
         for graph, path in paths.items():
             if not path.is_file():
-                raise ManifestError(f"{self.export_dir} lacks {path.name}, the {graph} graph named in edgelin.json; re-export the model")
+                raise ManifestError(f"{absent(path, path.name, str(self.export_dir))}, the {graph} graph named in edgelin.json; re-export the model")
         # the graphs (and their weights) are the files the manifest names, not others of the same name; without
         # the hashes, at least the weights file's size (a truncated copy would load and compute garbage)
         problems = self.manifest.file_problems(self.export_dir) if check_hashes else self.manifest.weights_problems(self.export_dir, hashes=False)
