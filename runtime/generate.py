@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -36,7 +37,7 @@ from edgelin.runtime.sampling import Sampler
 from edgelin.runtime.session import Session, load
 from edgelin.runtime.state import State, check_state_for, is_state_file
 from edgelin.runtime.tokenizer import StreamDecoder
-from edgelin.runtime.options import check_int, check_number
+from edgelin.runtime.options import check_int, check_number, token_array
 
 MAX_NEW_TOKENS = 1_000_000  # a sane cap: the state is constant-size, but a typo like 1e12 should not run for days
 DEFAULT_PREFILL_CHUNK = PREFILL_PIECE  # the manifest's recommended prefill piece, written by the exporter
@@ -114,12 +115,75 @@ class NGrams:
         return list(self._next.get(tuple(self.ids[len(self.ids) - self.n + 1:]), ()))
 
 
+class StopStrings:
+    """Stop strings found in a text that arrives piece by piece, in time linear in the text and the strings.
+
+    Each string gets Knuth-Morris-Pratt's table once (``prefix``: for each length k of its start, the longest
+    proper start of it that also ends those k characters); a ``Matcher`` then advances one state per string and
+    character -- how many characters of the string's start the text ends with -- which is also how much text
+    must be held back while it may still become that string. A search over the held text with every start
+    of every string tried at every token costs the square of the strings' lengths per token instead."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = list(stops)
+        self.prefix = [_prefix_table(s) for s in self.stops]
+
+    def matcher(self) -> "Matcher":
+        return Matcher(self)
+
+
+def _prefix_table(s: str) -> array:
+    table = array("q", [0]) * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = table[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        table[i] = k
+    return table
+
+
+class Matcher:
+    """One sequence's progress through ``StopStrings``."""
+
+    def __init__(self, stops: StopStrings) -> None:
+        self.stops = stops
+        self.state = [0] * len(stops.stops)  # per string: how many of its first characters the text ends with
+
+    def feed(self, text: str) -> tuple[int, int] | None:
+        """Advance over ``text``. Returns (the string's index, where it ends in ``text``) for the first string in
+        the list that is complete somewhere in it (its first occurrence), or None."""
+        hit = None
+        for j, (s, table) in enumerate(zip(self.stops.stops, self.stops.prefix)):
+            k = self.state[j]
+            for i, c in enumerate(text):
+                while k and c != s[k]:
+                    k = table[k - 1]
+                if c == s[k]:
+                    k += 1
+                if k == len(s):
+                    if hit is None:
+                        hit = (j, i + 1)
+                    k = table[k - 1]
+                    break
+            self.state[j] = k
+            if hit is not None:
+                return hit
+        return None
+
+    def partial(self) -> int:
+        """How many characters at the end of the text so far may still start a stop string."""
+        return max(self.state, default=0)
+
+
 class _Sequence:
     """Per-prompt bookkeeping: decoded text, held-back text that may start a stop sequence, the reason to stop."""
 
-    def __init__(self, decoder: StreamDecoder | None, stop: Sequence[str], prompt: np.ndarray, track: bool, ngram: int = 0) -> None:
+    def __init__(self, decoder: StreamDecoder | None, stop: StopStrings, prompt: np.ndarray, track: bool, ngram: int = 0) -> None:
         self.result = Result()
         self.decoder, self.stop = decoder, stop
+        self.matcher = stop.matcher()
         self.held = ""  # decoded text not yet released
         # the distinct ids of the sequence so far (prompt + generated), for the repetition penalty
         self._seen: dict[int, None] | None = dict.fromkeys(prompt.tolist()) if track else None
@@ -146,24 +210,23 @@ class _Sequence:
                 self.held += self.decoder.flush()
             return self._release(len(self.held))
         r.ids.append(token_id)
-        if self.decoder is not None:
-            self.held += self.decoder.feed(token_id)
+        new = self.decoder.feed(token_id) if self.decoder is not None else ""
+        self.held += new
         if len(r.ids) >= max_new:
             r.stop_reason = "length"
-        for s in self.stop:
-            at = self.held.find(s)
-            if at >= 0:
-                r.stop_reason = "stop"
-                text = self.held[:at]
-                self.held = ""
-                r.text += text
-                return text
+        hit = self.matcher.feed(new) if self.stop.stops and new else None
+        if hit is not None:  # the text ends before the stop string (the held text held no whole one before this token)
+            j, end = hit
+            r.stop_reason = "stop"
+            text = self.held[: len(self.held) - len(new) + end - len(self.stop.stops[j])]
+            self.held = ""
+            r.text += text
+            return text
         if r.stop_reason is not None:  # eos / length: everything goes out, partial characters too
             if self.decoder is not None:
                 self.held += self.decoder.flush()
             return self._release(len(self.held))
-        keep = max((k for s in self.stop for k in range(1, len(s)) if self.held.endswith(s[:k])), default=0)
-        return self._release(len(self.held) - keep)
+        return self._release(len(self.held) - self.matcher.partial())
 
     def _release(self, n: int) -> str:
         text, self.held = self.held[:n], self.held[n:]
@@ -234,7 +297,8 @@ class Generator:
             check_state_for(state, len(self.prompt_ids))
         self._in_state = state
         track = self.repetition_penalty != 1.0
-        self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, list(stop), p, track, self.no_repeat_ngram_size)
+        stops = StopStrings(stop)  # built once, shared by the sequences
+        self._seqs = [_Sequence(tokenizer.decoder() if tokenizer else None, stops, p, track, self.no_repeat_ngram_size)
                       for p in self.prompt_ids]
         self.stats = Stats(prompt_tokens=sum(len(p) for p in self.prompt_ids))
         self._iter = self._run()
@@ -245,6 +309,9 @@ class Generator:
 
     def _encode(self, prompts: Any) -> tuple[bool, list[np.ndarray]]:
         """(prompts were text, one int64 [T] array per prompt), every id inside the vocabulary."""
+        if isinstance(prompts, (bytes, bytearray, memoryview)):
+            raise RuntimeInputError(f"the prompt is {type(prompts).__name__}, which is neither text nor token ids; decode it to text "
+                                    "(data.decode('utf-8')) and pass the text")
         if isinstance(prompts, str):
             prompts = [prompts]
         elif isinstance(prompts, np.ndarray) and prompts.ndim == 1 or (
@@ -261,10 +328,7 @@ class Generator:
             if texts[0]:
                 ids = self.session.tokenizer.encode(p)
             else:
-                try:
-                    ids = np.asarray(p)
-                except ValueError:  # numpy: a ragged nesting ([3, [4]]) is no array
-                    raise RuntimeInputError(f"prompt {i} must be a flat sequence of token ids, got {str(p)[:60]}") from None
+                ids = token_array(p, f"prompt {i}", self.session.vocab_size)
             if ids.ndim != 1 or ids.size == 0:
                 raise RuntimeInputError(f"prompt {i} is empty" if ids.size == 0 else f"prompt {i} must be a flat sequence of token ids")
             if not np.issubdtype(ids.dtype, np.integer):
@@ -416,6 +480,9 @@ def _id_prompts(prompt_ids: Any) -> tuple[bool, list[list[int]]]:
     """(a batch?, the prompts as lists of ints) from one id sequence or a list of them; a one-line error otherwise."""
     if isinstance(prompt_ids, np.ndarray):
         prompt_ids = prompt_ids.tolist()
+    if isinstance(prompt_ids, (bytes, bytearray, memoryview)):
+        raise RuntimeInputError(f"prompt_ids is {type(prompt_ids).__name__}, which are no token ids; pass a list of integer ids, "
+                                "or text as the prompt (bytes decoded: data.decode('utf-8'))")
     if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
         raise RuntimeInputError("prompt_ids must be a non-empty list of token ids (or a list of such lists)")
     batch = not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt_ids)
@@ -498,6 +565,10 @@ def generate_text(
     if prompt_ids is not None:
         batch, prompts = _id_prompts(prompt_ids)
     else:
+        if not isinstance(prompt, (str, list, tuple)):  # bytes would read as a batch of numbers, anything else fail in list()
+            hint = (": decode it to text (data.decode('utf-8')) and pass the text" if isinstance(prompt, (bytes, bytearray, memoryview))
+                    else "; pass a string or a list of strings (token ids go in prompt_ids)")
+            raise RuntimeInputError(f"the prompt is {type(prompt).__name__}, not text{hint}")
         batch = not isinstance(prompt, str)
         prompts = list(prompt) if batch else [prompt]
         if not prompts:
@@ -508,6 +579,8 @@ def generate_text(
                 raise RuntimeInputError(f"{where} is {type(p).__name__} {str(p)[:40]}, not text; pass strings (token ids go in prompt_ids)")
             if not p:
                 raise RuntimeInputError(f"{where} is empty; give some text with --prompt")
+    if on_text is not None and not callable(on_text):
+        raise RuntimeInputError(f"on_text must be a function that takes each piece of text, got {type(on_text).__name__}")
     if batch and on_text is not None:
         raise RuntimeInputError("on_text streams one prompt; with several, read each continuation from the results")
     Sampler(temperature, top_k, top_p, seed)  # check every option before the (slow) load

@@ -2,6 +2,7 @@
 
     check_int("top_k", k, low=0, hint="0 = off")              -> int, or error_type with one line
     check_number("temperature", t, low=0, high=100)            -> float (finite), or error_type
+    token_array(ids, "prompt 0", vocab_size)                   -> ids as a numpy array, or RuntimeInputError
 
 ``bool`` is refused even though it is an ``int`` subclass; numpy integers are accepted.
 """
@@ -61,4 +62,37 @@ def check_number(
     return float(value)
 
 
-__all__ = ["check_int", "check_number"]
+def _where(index: tuple[int, ...]) -> str:
+    return f"position {index[-1]}" + (f" (sequence {index[0]})" if len(index) == 2 else "") if index else "position 0"
+
+
+def token_array(value: Any, what: str, vocab_size: int | None = None, ragged: str | None = None) -> np.ndarray:
+    """Token ids (a sequence, nested sequences or an array) as a numpy array of any shape, refusing in one line
+    what numpy would read as something else: None and text or bytes (a 0-d or string array; bytes are no ids --
+    decode them to text), a ragged nesting, an element that is no integer or one past int64 (an object array;
+    such an id is outside any vocabulary). The caller checks the shape, the dtype of numbers and the range.
+    ``ragged``: the message for a nesting numpy cannot make an array of."""
+    if value is None or isinstance(value, (str, bytes, bytearray, memoryview)):
+        hint = ("; bytes are no token ids: decode them to text (data.decode('utf-8')) and pass the text as the prompt"
+                if isinstance(value, (bytes, bytearray, memoryview)) else
+                "; text goes in as a prompt (Generator, generate_text), which the tokenizer encodes" if isinstance(value, str) else "")
+        raise RuntimeInputError(f"{what} must be token ids (integers), got {type(value).__name__}{hint}")
+    try:
+        ids = np.asarray(value)
+    except (ValueError, TypeError, OverflowError):  # numpy: a ragged nesting ([3, [4]]) is no array
+        raise RuntimeInputError(ragged or f"{what} must be a flat sequence of token ids, got {str(value)[:60]}") from None
+    if ids.dtype.kind in "OSUa":
+        for index, x in np.ndenumerate(ids):
+            if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+                if 0 <= x < 2**63:
+                    continue
+                vocab = f" [0, {vocab_size})" if vocab_size is not None else ""
+                raise RuntimeInputError(f"token id {x} at {_where(index)} of {what} is outside the vocabulary{vocab}")
+            kind = "bytes" if isinstance(x, (bytes, np.bytes_)) else "text" if isinstance(x, str) else type(x).__name__
+            hint = " (bytes are no token ids: decode them to text and pass the text as the prompt)" if kind == "bytes" else ""
+            got = "None" if x is None else f"{kind} {repr(x)[:40]}"
+            raise RuntimeInputError(f"{what} must hold integer token ids, got {got} at {_where(index)}{hint}")
+    return ids
+
+
+__all__ = ["check_int", "check_number", "token_array"]

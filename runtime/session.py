@@ -31,7 +31,7 @@ from edgelin.runtime.files import check_output_folder, check_replace, make_paren
 from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest, absent, join_problems, positions_feed
 from edgelin.runtime.state import CPU, Device, State, check_state_for, require_state, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
-from edgelin.runtime.options import check_int, check_number
+from edgelin.runtime.options import check_int, check_number, token_array
 
 CUDA_EP, CPU_EP = "CUDAExecutionProvider", "CPUExecutionProvider"
 # short name -> (ONNX Runtime's execution provider, the package whose build has it). One onnxruntime package per
@@ -284,10 +284,7 @@ class Session:
             raise RuntimeInputError("prefill_batch takes a non-empty list of prompts (token-id sequences)")
         rows = []
         for i, p in enumerate(prompts):
-            try:
-                r = np.asarray(p)
-            except ValueError:  # a prompt of nested lists
-                raise RuntimeInputError(f"prompt {i} must be a flat sequence of token ids, got {p!r:.80}") from None
+            r = token_array(p, f"prompt {i}", self.vocab_size)
             if r.ndim != 1 or r.size == 0:
                 raise RuntimeInputError(f"prompt {i} must be a non-empty flat sequence of token ids, got shape {list(r.shape)}")
             if not np.issubdtype(r.dtype, np.integer):
@@ -314,10 +311,7 @@ class Session:
 
     def decode(self, input_ids: Any, state: State) -> np.ndarray:
         """One token per sequence through the decode graph: ids [B, 1] (or [B]) -> logits [B, 1, V]."""
-        try:
-            ids = np.asarray(input_ids)
-        except ValueError:  # nested lists of different lengths
-            raise RuntimeInputError("decode takes one token id per sequence: [batch, 1] or [batch]") from None
+        ids = token_array(input_ids, "input_ids", self.vocab_size, ragged="decode takes one token id per sequence: [batch, 1] or [batch]")
         if ids.ndim == 1:
             ids = ids[:, None]  # [B, 1]
         ids = self._check_ids(ids, state)
@@ -332,11 +326,8 @@ class Session:
             raise RuntimeInputError("this state belongs to another model; create it with this session's new_state()")
         if state.device != self.device:
             raise RuntimeInputError(f"this state lives on {state.device[0]}, the session runs on {self.device[0]}")
-        try:
-            ids = np.asarray(input_ids)
-        except ValueError:  # nested lists of different lengths
-            raise RuntimeInputError("input_ids must be a rectangular [batch, tokens] array; for prompts of different lengths use "
-                                    "prefill_batch") from None
+        ids = token_array(input_ids, "input_ids", self.vocab_size, ragged="input_ids must be a rectangular [batch, tokens] array; "
+                          "for prompts of different lengths use prefill_batch")
         if ids.ndim == 1:
             ids = ids[None]  # [1, T]
         if ids.ndim != 2 or ids.shape[0] != state.batch:

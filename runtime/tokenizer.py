@@ -25,7 +25,7 @@ import numpy as np
 from edgelin.errors import ManifestError, RuntimeInputError
 from edgelin.runtime.files import regular_file
 from edgelin.runtime.manifest import HUGGINGFACE, TOKENIZER_FILES, file_sha256
-from edgelin.runtime.options import check_int
+from edgelin.runtime.options import check_int, token_array
 
 REPLACEMENT = "\ufffd"
 
@@ -79,7 +79,7 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         dec = self.decoder()
-        return "".join(dec.feed(i) for i in ids) + dec.flush()
+        return "".join(dec.feed(i) for i in _ids_to_decode(ids)) + dec.flush()
 
     def decoder(self) -> "ByteStreamDecoder":
         return ByteStreamDecoder(self.offset)
@@ -93,13 +93,32 @@ class ByteStreamDecoder:
         self.offset = offset
 
     def feed(self, token_id: int) -> str:
-        token_id = int(token_id) - self.offset
+        token_id = _one_id(token_id) - self.offset
         if not 0 <= token_id < 256:
             return self._utf8.decode(b"", final=True) + REPLACEMENT  # end any partial char, then mark the bad id
         return self._utf8.decode(bytes((token_id,)))
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
+
+
+def _ids_to_decode(ids: Any) -> list[int]:
+    """The ids given to ``decode`` as a list of ints; a one-line error for what is no flat sequence of ids."""
+    if not isinstance(ids, (list, tuple, np.ndarray, str, bytes, bytearray, memoryview)) and ids is not None:
+        try:
+            ids = list(ids)  # any other iterable of ids (a generator, a range)
+        except TypeError:
+            raise RuntimeInputError(f"decode takes a sequence of token ids, got {type(ids).__name__}") from None
+    array = token_array(ids, "the ids to decode")
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise RuntimeInputError(f"decode takes a flat sequence of integer token ids, got {str(ids)[:60]}")
+    return [int(i) for i in array.tolist()]
+
+
+def _one_id(token_id: Any) -> int:
+    if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)):
+        raise RuntimeInputError(f"a token id is an integer, got {type(token_id).__name__} {str(token_id)[:40]}")
+    return int(token_id)
 
 
 def _eos_ids(eos_id: int | None, eos_ids: Iterable[int] | None) -> tuple[int, ...]:
@@ -216,7 +235,14 @@ class HuggingFaceTokenizer:
         return np.asarray(ids, dtype=np.int64).reshape(-1)  # [T]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=self.skip_special_tokens)
+        ids = _ids_to_decode(ids)
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise RuntimeInputError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        return self._decode(ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def held_back(self, token_id: int) -> bool:
         """Whether the text of ``token_id`` at the end of a sequence may still change with the next ids."""
@@ -244,10 +270,13 @@ class HuggingFaceStreamDecoder:
         self.read = 0  # ids[:read] have been released
 
     def _window(self, end: int) -> str:
-        return self.tok.decode(self.ids[self.start:end])
+        return self.tok._decode(self.ids[self.start:end])
 
     def feed(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
+        token_id = _one_id(token_id)
+        if not 0 <= token_id < self.tok.vocab_size:
+            raise RuntimeInputError(f"token id {token_id} is outside the vocabulary [0, {self.tok.vocab_size})")
+        self.ids.append(token_id)
         k = len(self.ids)
         while k > self.read and self.tok.held_back(self.ids[k - 1]):
             k -= 1
@@ -260,7 +289,7 @@ class HuggingFaceStreamDecoder:
         if not text.startswith(before) or (not final and text.endswith(REPLACEMENT)):
             return ""
         out = text[len(before):]
-        if out and self.tok.decode(self.ids[self.read:k]):  # the next window starts at a point with text before it
+        if out and self.tok._decode(self.ids[self.read:k]):  # the next window starts at a point with text before it
             self.start = self.read
         self.read = k
         return out
