@@ -51,6 +51,7 @@ DEFAULT_OPSET = 18  # the most portable: older edge runtimes read it
 MAX_CHUNK = 4096
 MAX_SEQUENCE_LIMIT = 1 << 31  # the manifest's bound on max_sequence
 GRAPH_FILES = {"prefill": "prefill.onnx", "decode": "decode.onnx"}
+SMOKE_STEPS = 4  # greedy decode steps of the smoke check
 
 Progress = Callable[[str], None]
 
@@ -348,16 +349,19 @@ def _write_golden(plan: golden.Plan, logits: tuple[np.ndarray, np.ndarray], floo
 
 
 def _smoke_reference(model, manifest: Manifest, like: dict[str, Any] | None = None) -> dict[str, Any]:
-    """PyTorch's side of the smoke check: a short prompt (batch 2, T = chunk + 3; a ragged graph: the second row
-    5 tokens shorter) and 4 greedy decode steps. Computed right after the golden outputs, so that the model is
-    no longer held when the graphs are converted, stored and loaded (an export's peak memory is then not the
+    """PyTorch's side of the smoke check: a short prompt (batch 2, T = chunk + 3, less where a declared context is
+    shorter; a ragged graph: the second row 5 tokens shorter) and SMOKE_STEPS greedy decode steps. Computed right
+    after the golden outputs, so that the model is no longer held when the graphs are converted, stored and loaded (an export's peak memory is then not the
     model beside ONNX Runtime's sessions). ``like``: an earlier reference whose ids and decoded tokens are fed
     again (the float64 model's run for the rounding floor: a near-tie must not pick another token)."""
     specs = manifest.states
     dtype = next(model.parameters(), torch.empty(0)).dtype
     if like is None:
         gen = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, manifest.vocab_size, (2, protocol.chunk_size(model) + 3), generator=gen)
+        T = protocol.chunk_size(model) + 3
+        if manifest.max_positions is not None:  # the prompt and its SMOKE_STEPS decode steps inside a declared context
+            T = max(1, manifest.min_sequence, min(T, manifest.max_positions - SMOKE_STEPS))
+        ids = torch.randint(0, manifest.vocab_size, (2, T), generator=gen)
     else:
         ids = like["ids"]
     T = ids.shape[1]
@@ -365,7 +369,7 @@ def _smoke_reference(model, manifest: Manifest, like: dict[str, Any] | None = No
     with torch.no_grad():
         ref, state = model(ids, fresh_state(specs, 2, dtype=dtype), **({} if lengths is None else {"lengths": lengths}))
         out = {"ids": ids, "lengths": lengths, "prefill": ref.numpy(), "steps": []}
-        for i in range(4):
+        for i in range(SMOKE_STEPS):
             nxt = ref[:, -1:].argmax(-1) if like is None else like["steps"][i][0]  # [2, 1]
             ref, state = model.step(nxt, state)
             out["steps"].append((nxt, ref.numpy()))
@@ -558,7 +562,7 @@ def export(
         if ops != fused.DEFAULT_LOWERING:  # absent: the portable graphs every earlier export has
             manifest.extra["ops"] = ops
         say("golden outputs: the PyTorch model on fixed inputs ...")
-        plan = golden.plan_for(manifest.vocab_size, protocol.chunk_size(model), manifest.min_sequence)
+        plan = golden.plan_for(manifest.vocab_size, protocol.chunk_size(model), manifest.min_sequence, max_positions=manifest.max_positions)
         gold = _golden_run(model, manifest, plan)
         reference = _smoke_reference(model, manifest) if check else None
         caller = None if checkpoint is not None else model  # the caller holds it anyway; a checkpoint's is loaded again if needed

@@ -66,16 +66,28 @@ class Plan:
         return out + [("decode", b, t) for b in range(n) for t in range(self.decode.shape[1])]
 
 
-def plan_for(vocab: int, chunk: int, min_sequence: int = 1, *, seed: int = SEED, steps: int = DECODE_STEPS) -> Plan:
-    """The prompts, pieces, compared positions and ``steps`` decode ids of an export: random ids from ``seed``."""
+def plan_for(vocab: int, chunk: int, min_sequence: int = 1, *, seed: int = SEED, steps: int = DECODE_STEPS,
+             max_positions: int | None = None) -> Plan:
+    """The prompts, pieces, compared positions and ``steps`` decode ids of an export: random ids from ``seed``. A model
+    that declares a context (``max_positions``) shorter than that gets a plan inside it: fewer decode steps, then a
+    shorter prompt (one piece where two do not fit), so that its own export and check never pass its context."""
     second = max(4, min_sequence)
     first = max(chunk + 1, min_sequence)
+    if max_positions is not None and first + second + steps > max_positions:
+        steps = max(1, min(steps, max_positions // 4))
+        room = max_positions - steps  # prompt tokens that fit
+        if room < max(1, min_sequence):
+            raise ValueError(f"a context of {max_positions} positions holds no prompt of min_sequence {min_sequence} and a decode step")
+        second = max(1, min_sequence, min(second, room // 2))
+        first = room - second
+        if first < max(1, min_sequence):  # two pieces do not fit: one
+            first, second = room, 0
     length = first + second
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab, (BATCH, length), dtype=np.int64)
     decode = rng.integers(0, vocab, (BATCH, steps), dtype=np.int64)
-    positions = tuple(sorted({0, max(chunk - 1, 0), min(chunk, length - 1), length - 1}))
-    return Plan(prompt, (first, second), positions, decode)
+    positions = tuple(sorted({0, min(max(chunk - 1, 0), length - 1), min(chunk, length - 1), length - 1}))
+    return Plan(prompt, (first, second) if second else (first,), positions, decode)
 
 
 # ---- the file --------------------------------------------------------------------------------------------
@@ -286,7 +298,11 @@ def against_provider(got: np.ndarray, ref: np.ndarray, plan: Plan, budget: dict[
 def decode_ms(session, plan: Plan, steps: int = 24) -> float:
     """Median ms of one decode step at batch 1 (after two warm-up steps), the state fed back."""
     state = session.new_state(1)
-    session.prefill(plan.prompt[:1, :plan.pieces[-1]], state)  # a piece the plan prefills: at least min_sequence
+    prompt = plan.prompt[:1, :plan.pieces[-1]]  # a piece the plan prefills: at least min_sequence
+    limit = session.manifest.max_positions
+    if limit is not None:  # a declared context holds the prompt, the warm-up and the timed steps
+        steps = max(1, min(steps, limit - prompt.shape[1] - 2))
+    session.prefill(prompt, state)
     tok = plan.prompt[:1, :1]
     times = []
     for i in range(steps + 2):
@@ -385,7 +401,7 @@ def check(export_dir: str | Path, providers: list[str], *, threads: int | None =
         plan, provider_budget = golden.plan, golden.budgets["provider"]
     else:
         chunk = int(manifest.extra.get("chunk_size", 64))
-        plan = plan_for(manifest.vocab_size, chunk, manifest.min_sequence)
+        plan = plan_for(manifest.vocab_size, chunk, manifest.min_sequence, max_positions=manifest.max_positions)
         provider_budget = parity.held(manifest.precision, manifest.extra.get("parity_budgets"))[0]["provider"]
     make = open_session or (lambda d, p: Session(d, provider=p, threads=threads))
     report = CheckReport(str(export_dir), manifest.precision, golden is not None)
