@@ -27,7 +27,7 @@ from typing import Callable
 
 from edgelin.errors import ManifestError, OutputError, RuntimeInputError
 from edgelin.runtime.files import (
-    MAX_RECOGNISED_BYTES, WORK_MARKER, check_output_dir, file_sha256, read_regular, remove_created, remove_stale_temps, replace_dir,
+    MAX_RECOGNISED_BYTES, WORK_MARKER, check_output_dir, check_path, file_sha256, read_regular, remove_created, remove_stale_temps, replace_dir,
     temp_dir, uninterrupted, work_dir, work_files, write_failure,
 )
 from edgelin.runtime.check import embedded_problems, graph_manifest_text
@@ -258,7 +258,7 @@ def write_site(
     """Write the static site of ``export_dir`` to ``out_dir`` (built beside it, moved into place when complete). An
     export with a Hugging Face tokenizer gets its tokenizer files and @huggingface/tokenizers (``tokenizers_js``)."""
     say = progress or (lambda _m: None)
-    export_dir, out = Path(export_dir), Path(out_dir)
+    export_dir, out = check_path(export_dir, "export folder", ManifestError), check_path(out_dir, "site folder", OutputError)
     manifest = _check_export(export_dir)
     dist = find_ort_web(ort_web)
     tokenizer_files = _tokenizer_files(manifest)

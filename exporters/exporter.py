@@ -41,7 +41,7 @@ from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.weights import load_graph, save_graph, store_once, tied_head_in_place
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE, sequence_bound
 from edgelin.runtime import golden
-from edgelin.runtime.files import check_output_dir, remove_created, remove_stale_temps, replace_dir, uninterrupted, work_dir, work_files, write_failure
+from edgelin.runtime.files import check_output_dir, check_path, remove_created, remove_stale_temps, replace_dir, uninterrupted, work_dir, work_files, write_failure
 from edgelin.runtime.manifest import MANIFEST_FILE, METADATA_KEY, PREFILL_PIECE, Manifest, file_sha256
 from edgelin.safety import check_finite_weights
 from edgelin.state import fresh_state, from_numpy, to_numpy
@@ -486,6 +486,8 @@ def export(
     int8_scheme_choice(precision, int8_scheme)  # one that is not known or does not apply is refused before any work
     budget = {k: dict(v) for k, v in (budget or {}).items()}
     smoke_bounds = parity.held(precision, budget)[0]["logits"]  # a bad bound is refused before any work
+    if isinstance(source, (str, os.PathLike, bytes)):  # a path that cannot be one (a NUL in it): one line, before any work
+        source = check_path(source, "checkpoint folder", ExportError)
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
     replacing = check_output_dir(out_dir, force=force, protect=protect)  # before any work; never a user's folder
     _check_trace_cache(trace_cache, out_dir, protect)
@@ -639,7 +641,7 @@ def _check_trace_cache(trace_cache, out_dir, protect: tuple) -> None:
     """A trace cache is a folder of its own: not a file, not inside the export or the checkpoint, nor around them."""
     if trace_cache is None:
         return
-    cache = Path(trace_cache).resolve()
+    cache = check_path(trace_cache, "trace cache folder", ExportError).resolve()
     if cache.exists() and not cache.is_dir():
         raise ExportError(f"trace cache {trace_cache} is a file; give a folder (it is made if missing)")
     for other, what in [(Path(out_dir).resolve(), "the export's folder"), *[(Path(p).resolve(), "the checkpoint") for p in protect]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edgelin.errors import ExportError, RuntimeInputError
-from edgelin.runtime.files import read_regular
+from edgelin.runtime.files import check_path, read_regular
 from edgelin.runtime.manifest import HUGGINGFACE, file_sha256
 from edgelin.runtime.tokenizer import HF_FILES, TOKENIZER_BYTES, TOKENIZER_FILE, read_hf_tokenizer, tokenizer_id_range
 
@@ -58,7 +58,7 @@ def find_tokenizer(checkpoint: str | os.PathLike | None, given: str | os.PathLik
     checkpoint folder's own, else None. A tokenizer.json that is there but cannot be read as a file (a FIFO, a
     dangling link) is refused, never passed over for the byte tokenizer."""
     if given is not None:
-        path = Path(given)
+        path = check_path(given, "tokenizer", ExportError)
         if path.is_dir():
             path = path / TOKENIZER_FILE
             if not os.path.lexists(path):

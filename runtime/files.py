@@ -330,6 +330,23 @@ def _size_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
+# ---- a path given through the API -------------------------------------------------------------------
+def check_path(path: Any, what: str, error: type = RuntimeInputError) -> Path:
+    """``path`` as a Path if it can name a file: text or an os.PathLike, not empty, without a NUL character (which no
+    file name holds). Otherwise ``error`` (an EdgelinError class) with one line: ``None`` or a number passed for a path,
+    or a name with a NUL, would escape as TypeError / ValueError from deep inside."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise error(f"the {what} must be a path (text or a pathlib.Path), got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise error(f"the {what} must be a path (text or a pathlib.Path), got a {type(path).__name__} of {type(text).__name__}")
+    if "\x00" in text:
+        raise error(f"the {what} {text!r} holds a NUL character, which no file name can; name another")
+    if not text:
+        raise error(f"the {what} path is empty; name one")
+    return Path(text)
+
+
 # ---- checking output paths before any work -------------------------------------------------------
 def nearest_existing(path: Path) -> Path:
     """``path`` or its closest ancestor that exists (the folder new folders would be created in)."""
@@ -388,9 +405,9 @@ def check_output_file(
     """Check, before any work, that ``path`` can be written as a file: not empty, not a folder, its
     folder exists (or, with ``create_parents``, can be created) and is writable, and an existing file
     may be replaced (``check_replace``). Raises OutputError."""
-    if str(path) == "":
+    if isinstance(path, (str, os.PathLike)) and str(path) == "":
         raise OutputError(f"the {what} path is empty; name a file")
-    path = Path(path)
+    path = check_path(path, what, OutputError)
     check_name_lengths(path, what)
     check_replace(path, what, overwrite=overwrite, ours=ours)
     folder = path.parent if str(path.parent) else Path(".")
@@ -403,9 +420,9 @@ def check_output_file(
 def check_output_folder(path: str | os.PathLike, what: str = "output folder") -> Path:
     """Check, before any work, that files can later be written into the folder ``path`` (existing, or
     creatable in its closest existing ancestor). Nothing is created here. Raises OutputError."""
-    if str(path) == "":
+    if isinstance(path, (str, os.PathLike)) and str(path) == "":
         raise OutputError(f"the {what} path is empty; name a folder")
-    path = Path(path)
+    path = check_path(path, what, OutputError)
     check_name_lengths(path, what)
     if path.exists() and not path.is_dir():
         raise OutputError(f"the {what} {path} exists and is not a folder; choose another path")
@@ -498,9 +515,9 @@ def check_output_dir(
     an edgelin export. Returns what will be replaced ("an empty folder", "an edgelin export (3 files)")
     or None when nothing exists at ``path``. Raises OutputError naming the folder and what it holds.
     """
-    if str(path) in ("", "."):
+    if isinstance(path, (str, os.PathLike)) and str(path) in ("", "."):
         raise OutputError(f"the {what} {str(path)!r} would be the current folder; name a new folder, e.g. -o out/")
-    path = Path(path)
+    path = check_path(path, what, OutputError)
     check_name_lengths(path, what)
     resolved = Path(os.path.realpath(path))
     if _inside(Path(os.path.realpath(Path.cwd())), resolved):

@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from edgelin.errors import ManifestError, RuntimeInputError
-from edgelin.runtime.files import read_regular
+from edgelin.runtime.files import check_path, read_regular
 from edgelin.runtime.schema import json_equal
 from edgelin.runtime.schema import validate as validate_schema
 
@@ -460,7 +460,7 @@ class Manifest:
     @classmethod
     def load(cls, export_dir: str | Path) -> "Manifest":
         """Read ``export_dir/edgelin.json``. An edgelin/1 manifest is upgraded in memory, with a FormatWarning."""
-        export_dir = Path(export_dir)
+        export_dir = check_path(export_dir, "export folder", ManifestError)
         if not export_dir.is_dir():
             raise ManifestError(f"{export_dir} is not a folder; pass the folder that `edgelin export` wrote")
         path = export_dir / MANIFEST_FILE

@@ -121,8 +121,8 @@ class Session:
     ) -> None:
         if provider not in PROVIDERS:
             raise RuntimeInputError(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+        self.manifest = Manifest.load(export_dir)  # a path that cannot be one (None, a NUL in it): one ManifestError
         self.export_dir = Path(export_dir)
-        self.manifest = Manifest.load(self.export_dir)
         self.io_binding = io_binding
         self._tokenizer: Tokenizer | None = None
         self._serial = next(_SERIALS)  # tells apart the IO bindings that states cache for each session

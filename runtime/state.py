@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgelin.errors import NonFiniteError, OutputError, RuntimeInputError
-from edgelin.runtime.files import atomic_write, regular_file
+from edgelin.runtime.files import atomic_write, check_path, regular_file
 from edgelin.runtime.manifest import Manifest
 from edgelin.runtime.memory import check_bytes
 from edgelin.runtime.options import check_int
@@ -208,7 +208,7 @@ class State:
             raise RuntimeInputError(f"State.save takes a file path, got {type(path).__name__}")
         if not os.fspath(path):
             raise RuntimeInputError("State.save takes a file path, got an empty one")
-        path = Path(path)
+        path = check_path(path, "state file")
         values = self.numpy()
         bad = _nonfinite(self.manifest, values)  # load refuses such a state: do not write one
         if bad:
@@ -231,7 +231,7 @@ class State:
         ``batch`` is given, and one that holds NaN or infinite values."""
         if not isinstance(path, (str, os.PathLike)):
             raise RuntimeInputError(f"a state file is a path, got {type(path).__name__}")
-        path = Path(path)
+        path = check_path(path, "state file")
         arrays, seen = _read_snapshot(path, manifest, batch)
         bad = _nonfinite(manifest, arrays)
         if bad:
