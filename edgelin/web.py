@@ -55,39 +55,71 @@ def web_dir() -> Path:
     return Path(runtime.__file__).resolve().parent / "web"
 
 
-def _find_npm(package: str, files: tuple[str, ...], given, env: str, option: str, version: str) -> Path:
-    """The ``dist`` folder of an installed npm ``package`` that holds ``files``: ``given`` (the package or its dist
+@dataclass(frozen=True)
+class NpmPackage:
+    """An npm package a site copies files from: where to look (an option, an environment variable) and which version to
+    install."""
+    name: str
+    files: tuple[str, ...]
+    env: str
+    option: str
+    version: str
+
+
+ORT_NPM = NpmPackage(ORT_PACKAGE, ORT_FILES, ORT_ENV, "--ort-web", "1.31.1")
+TOK_NPM = NpmPackage(TOK_PACKAGE, (TOK_FILE,), TOK_ENV, "--tokenizers-js", "0.2.0")
+
+
+def find_npm_packages(wanted: list[tuple[NpmPackage, str | os.PathLike | None]]) -> list[Path]:
+    """The ``dist`` folder of each (package, the path given for it) (``_find_npm``); every package that is missing named
+    in one RuntimeInputError, with one `npm install` command for them all."""
+    found = [(package, given, _find_npm(package, given)) for package, given in wanted]
+    missing = [(p, g) for p, g, dist in found if dist is None]
+    if missing:
+        one = len(missing) == 1
+        names = " and ".join(p.name for p, _ in missing)
+        install = " ".join(f"{p.name}@{p.version}" for p, _ in missing)
+        where = "; ".join(("" if one else f"{p.name}: ") + _npm_where(p, g) for p, g in missing)
+        options = " and ".join(f"{p.option} node_modules/{p.name} (or set {p.env})" for p, _ in missing)
+        raise RuntimeInputError(f"{names} {'is' if one else 'are'} not installed ({where}); install {'it' if one else 'them'} once with "
+                                f"`npm install {install}` and pass {options}")
+    return [dist for _, _, dist in found]
+
+
+def _npm_where(package: NpmPackage, given) -> str:
+    """Where ``_find_npm`` looked for the package."""
+    return str(given) if given is not None else os.environ.get(package.env) or "node_modules/ in this folder or above"
+
+
+def _find_npm(package: NpmPackage, given) -> Path | None:
+    """The ``dist`` folder of an installed npm ``package`` that holds its files: ``given`` (the package or its dist
     folder), else $``env``, else ``node_modules/PACKAGE`` in the current folder or one above it, else in the edgelin
-    checkout. RuntimeInputError saying how to install it when none is found."""
+    checkout; None where none holds them."""
     candidates = []
     if given is not None:
         candidates.append(Path(given))
-    elif os.environ.get(env):
-        candidates.append(Path(os.environ[env]))
+    elif os.environ.get(package.env):
+        candidates.append(Path(os.environ[package.env]))
     else:
         here = Path.cwd().resolve()
-        candidates += [p / "node_modules" / package for p in (here, *here.parents)]
-        candidates.append(Path(__file__).resolve().parent.parent / "node_modules" / package)
+        candidates += [p / "node_modules" / package.name for p in (here, *here.parents)]
+        candidates.append(Path(__file__).resolve().parent.parent / "node_modules" / package.name)
     for c in candidates:
         for dist in (c / "dist", c):
-            if all((dist / f).is_file() for f in files):
+            if all((dist / f).is_file() for f in package.files):
                 return dist
-    where = str(candidates[0]) if given is not None or os.environ.get(env) else "node_modules/ in this folder or above"
-    raise RuntimeInputError(
-        f"{package} is not installed ({where}); install it once with `npm install {package}@{version}` "
-        f"and pass {option} node_modules/{package} (or set {env})"
-    )
+    return None
 
 
 def find_ort_web(given: str | os.PathLike | None = None) -> Path:
     """The ``dist`` folder of an installed onnxruntime-web (``given``, $EDGELIN_ORT_WEB or node_modules)."""
-    return _find_npm(ORT_PACKAGE, ORT_FILES, given, ORT_ENV, "--ort-web", "1.31.1")
+    return find_npm_packages([(ORT_NPM, given)])[0]
 
 
 def find_tokenizers_js(given: str | os.PathLike | None = None) -> Path:
     """The ``dist`` folder of an installed @huggingface/tokenizers (``given``, $EDGELIN_TOKENIZERS_JS or node_modules):
     what the page runs a Hugging Face tokenizer.json with."""
-    return _find_npm(TOK_PACKAGE, (TOK_FILE,), given, TOK_ENV, "--tokenizers-js", "0.2.0")
+    return find_npm_packages([(TOK_NPM, given)])[0]
 
 
 def site_files(folder: Path) -> list[str] | str:
@@ -197,7 +229,7 @@ class SiteResult:
         lines = [f"wrote {self.out_dir} ({len(self.files)} files, {total / 1e6:.1f} MB)"]
         if self.upgraded:
             lines.append("  the export's edgelin/1 manifest was upgraded to edgelin/2 in the site")
-        lines.append(f"  state per sequence: {self.manifest.state_bytes(1):,} bytes")
+        lines.append(f"  state per sequence: {self.manifest.state_summary()}")
         if self.manifest.tokenizer.get("kind") == "ids":  # said at build, not only when the page is asked for text
             lines.append("  note: this export has no text tokenizer (tokenizer kind 'ids'): the page takes and prints token ids only; "
                          "re-export with --tokenizer TOK/ (a Hugging Face tokenizer.json) for text")
@@ -260,9 +292,8 @@ def write_site(
     say = progress or (lambda _m: None)
     export_dir, out = check_path(export_dir, "export folder", ManifestError), check_path(out_dir, "site folder", OutputError)
     manifest = _check_export(export_dir)
-    dist = find_ort_web(ort_web)
     tokenizer_files = _tokenizer_files(manifest)
-    tok_dist = find_tokenizers_js(tokenizers_js) if tokenizer_files else None
+    dist, tok_dist = (find_npm_packages([(ORT_NPM, ort_web)] + ([(TOK_NPM, tokenizers_js)] if tokenizer_files else [])) + [None])[:2]
     check = dict(force=force, protect=(export_dir,), ours=site_files, kind="a site written by edgelin web", protected="the export")
     replacing = check_output_dir(out, what="site folder", **check)
     for stale in remove_stale_temps(out.parent if str(out.parent) else Path("."), out.name, site_work):

@@ -76,13 +76,7 @@ class ExportResult:
             detail = f"  {self.nodes[graph]:4d} nodes  exported in {self.seconds[graph]:.1f} s" if graph else ""
             lines.append(f"  {name:14s} {size / 1e6:8.2f} MB{detail}")
         m = self.manifest
-        if m.grows:  # a KV cache: the fixed part, and what each position of context adds
-            fixed, per = m.state_bytes(1), m.state_bytes(1, 1) - m.state_bytes(1)
-            at = min(4096, m.max_positions or 4096)
-            lines.append(f"  state per sequence: {fixed:,} bytes + {per:,} bytes per position of context "
-                         f"({m.state_bytes(1, at):,} bytes at {at:,}; KV caches grow with the context)")
-        else:
-            lines.append(f"  state per sequence: {m.state_bytes(1):,} bytes (constant in sequence length)")
+        lines.append(f"  state per sequence: {m.state_summary()}")
         if self.manifest.lengths is not None:
             lines.append(f"  ragged prefill: input {self.manifest.lengths!r} takes each row's length (prompts of different lengths in one call)")
         if m.logits_at is not None:

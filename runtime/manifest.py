@@ -278,6 +278,16 @@ class Manifest:
         """True when some state grows with the sequence (a KV cache): the state's size depends on the context."""
         return any(s.grows for s in self.states)
 
+    def state_summary(self) -> str:
+        """The state of one sequence in words, as ``edgelin export`` and ``edgelin web`` print it: its bytes, and with a
+        KV cache what each position of context adds (and the total at 4,096 positions or the declared context)."""
+        if not self.grows:
+            return f"{self.state_bytes(1):,} bytes (constant in sequence length)"
+        fixed, per = self.state_bytes(1), self.state_bytes(1, 1) - self.state_bytes(1)
+        at = min(4096, self.max_positions or 4096)
+        return (f"{fixed:,} bytes + {per:,} bytes per position of context ({self.state_bytes(1, at):,} bytes at {at:,}; "
+                "KV caches grow with the context)")
+
     # ---- the graphs' inputs and outputs --------------------------------------------------------
     def io(self, graph: str) -> dict[str, list[dict[str, Any]]]:
         """Every input and output of ``graph`` ("prefill" or "decode"): name, dtype, shape, in graph order."""
