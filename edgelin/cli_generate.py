@@ -29,6 +29,15 @@ def _parse_ids(text: str, i: int, n: int) -> list[int]:
     return out
 
 
+def _check_text(option: str, text: str | None) -> None:
+    """A chat message from the command line must be text: bytes that are not UTF-8 reach Python as lone surrogates."""
+    try:
+        (text or "").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RuntimeInputError(f"{option} holds bytes that are not UTF-8 (at character {exc.start}); a chat message must be "
+                                "text: pass it in UTF-8") from None
+
+
 def _summary(r: dict) -> str:
     def rate(x: float) -> str:
         return "n/a" if x is None or math.isnan(x) else f"{x:,.0f} tok/s"
@@ -124,6 +133,8 @@ def generate(export_dir, prompt, prompt_ids, max_new_tokens, min_new_tokens, rep
                 raise RuntimeInputError("--chat takes one --prompt: the user's message (several turns: edgelin.runtime.Chat in Python)")
             from edgelin.runtime.chat import chat_ids
 
+            for option, text in (("--prompt", prompt[0]), ("--system", system)):
+                _check_text(option, text)
             messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": prompt[0]}]
             prompt_ids, prompt = (chat_ids(export_dir, messages),), ()
         ids = [ids_ if isinstance(ids_, list) else _parse_ids(ids_, i, len(prompt_ids)) for i, ids_ in enumerate(prompt_ids)]

@@ -274,8 +274,13 @@ def _guard_filter(name: str, func):
     result must fit (jinja2's markers of what the filter is passed -- context, environment -- are kept)."""
     import inspect
 
+    from jinja2.utils import _PassArg
+
+    inner = inspect.unwrap(func)
+    # jinja2's sync/async filters take an eval context that their wrapper drops before the function it wraps
+    extra = 1 if _PassArg.from_obj(func) is not None and _PassArg.from_obj(inner) is None else 0
     try:
-        signature = inspect.signature(func)
+        signature = inspect.signature(inner)
     except (TypeError, ValueError):
         signature = None
 
@@ -285,13 +290,13 @@ def _guard_filter(name: str, func):
         budget.tick()
         if signature is not None:
             try:
-                bound = signature.bind(*args, **kwargs)
+                bound = signature.bind(*args[extra:], **kwargs)
             except TypeError:
                 bound = None  # the filter itself says what is wrong with its arguments
             if bound is not None:
                 bound.apply_defaults()
                 _filter_checks(budget, name, bound.arguments)
-                args, kwargs = bound.args, bound.kwargs
+                args, kwargs = args[:extra] + bound.args, bound.kwargs
         return budget.make(func(*args, **kwargs), f"the result of the {name} filter")
 
     return guarded
