@@ -32,7 +32,7 @@ def web(export_dir, out_dir, force, ort_web, tokenizers_js, serve, port):
 
     In ONNX Runtime Web's WASM backend, an export with block-quantised weights (MatMulNBits nodes: int4,
     int8 blocks, an int8 or int4 table shared with the head) decodes several times slower than at fp32
-    (measured: README, 'In the browser'). The summary says when the graphs hold them.
+    (measured: docs/performance.md). The summary says when the graphs hold them.
 
     \b
     Examples:

@@ -16,7 +16,7 @@ from edgelin.runtime.options import check_int, check_number
 
 FEATURE_MAPS = ("identity", "elu+1", "relu", "softplus", "performer", "cosformer")
 NORMALISATIONS = ("denominator", "none")
-# How each layer's state forgets (S_t = exp(g_t) * S_{t-1} + phi(k_t) v_t^T; see edgelin.model.DECAYS):
+# How each layer's state forgets (S_t = exp(g_t) * S_{t-1} + phi(k_t) v_t^T; see edgelin.layers.linear_attention.DECAYS):
 # "none": never (a plain sum); "fixed": RetNet's per-head gamma_h = 1 - 2^(-5-h), no parameters;
 # "scalar": data-dependent per head and token (Mamba2); "gla": data-dependent per feature (GLA).
 DECAYS = ("none", "fixed", "scalar", "gla")
@@ -57,7 +57,7 @@ class ModelConfig:
     # The state update (one of UPDATES). "delta" needs normalisation "none", a per-head decay (or none) and a
     # feature map without positions; its state is S alone, the same contract as "additive" without z.
     update: str = "additive"
-    # Hybrid stacks (edgelin.attention): the layers (0-based) that are softmax attention with a KV cache instead of
+    # Hybrid stacks (edgelin.layers.attention): the layers (0-based) that are softmax attention with a KV cache instead of
     # linear attention; n_heads x head_dim query heads, attn_kv_heads key/value heads (0 = n_heads; must divide
     # n_heads), RoPE with base rope_theta over the whole head, a sliding window of attn_window positions (0 = the
     # whole context) and a context limit of max_positions tokens (0 = none declared). With no attention layer these

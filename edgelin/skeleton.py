@@ -2,10 +2,10 @@
 
     tokens -> embedding -> n x [RMSNorm -> mixer -> + -> RMSNorm -> SwiGLU -> +] -> RMSNorm -> LM head (or tied)
 
-A *mixer* is the token-mixing layer of a block: linear attention with its maps, decays, gates and update rules
-(``edgelin.model.LinearAttention``), softmax attention with a KV cache (``edgelin.attention.Attention``), or an
-imported family's layer (``edgelin.importers``). A mixer kind is a ``torch.nn.Module`` registered by name in
-``MIXERS`` that owns its math in every form and its part of the state:
+A *mixer* is the token-mixing layer of a block, one of the layer kinds of edgelin.layers (linear attention, softmax
+attention with a KV cache, gated and delta-rule linear attention, Mamba2, short convs, an MLP). A kind is a
+``torch.nn.Module`` registered by name in ``edgelin.layers.MIXERS`` that owns its math in every form and its part of
+the state:
 
     state_layout() -> {name: (shape with "batch" [and "past"], dtype name, init[, window])}    # its state, in order
     forward(x [B, T, d], state {name: tensor}, *, form, chunk_size, lengths) -> (y [B, T, d], new state)
@@ -27,130 +27,15 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from edgelin.layers import runs
+from edgelin.layers.mlp import SwiGLU
+from edgelin.layers.norms import RMSNorm
 from edgelin.ops.lengths import check_lengths
 from edgelin.protocol import select_positions
 from edgelin.runtime.manifest import StateSpec, state_key
 from edgelin.state import State, fresh_state
-
-MIXERS: dict[str, type[nn.Module]] = {}
-
-
-def register_mixer(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator: register a mixer kind under ``name`` (its ``kind`` attribute is set to it)."""
-
-    def register(cls: type[nn.Module]) -> type[nn.Module]:
-        if name in MIXERS and MIXERS[name] is not cls:
-            raise ValueError(f"mixer kind {name!r} is registered twice")
-        cls.kind = name
-        MIXERS[name] = cls
-        return cls
-
-    return register
-
-
-def _runs(mixer: nn.Module, form: str) -> bool:
-    forms = getattr(mixer, "forms", ("chunk", "step"))
-    return forms is None or form in forms
-
-
-def check_form(mixer: nn.Module, form: str, lengths: torch.Tensor | None) -> None:
-    """ValueError unless ``mixer`` runs ``form`` (and takes ``lengths`` if given): for a mixer called on its own."""
-    if not _runs(mixer, form):
-        raise ValueError(f"{mixer.kind} layers run the forms {', '.join(mixer.forms)}, not {form!r}")
-    if lengths is not None and not getattr(mixer, "accepts_lengths", False):
-        raise ValueError(f"{mixer.kind} layers take no lengths (a ragged batch); prefill the rows one by one")
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x / sqrt, not x * rsqrt: ONNX Runtime fuses exactly this pattern (Pow, ReduceMean, Add, Sqrt, Div, Mul)
-        # into one SimplifiedLayerNormalization node when it loads a graph; the rsqrt form stays 8 nodes
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class UnitOffsetRMSNorm(RMSNorm):
-    """RMSNorm whose weight is stored as an offset from 1: x / rms(x) * (1 + w) (Qwen3.5's, Gemma's "zero-centred"
-    norm; the checkpoint holds w, which starts at 0)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__(dim, eps)
-        nn.init.zeros_(self.weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
-
-
-def fixed_norm(norm: RMSNorm) -> RMSNorm:
-    """``norm`` without a learned weight (a fixed 1, not in any checkpoint): an fla norm without elementwise_affine."""
-    dim = norm.weight.shape[0]
-    del norm.weight
-    norm.register_buffer("weight", torch.ones(dim), persistent=False)
-    return norm
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, cfg: Any) -> None:  # any object with d_model and mlp_hidden
-        super().__init__()
-        self.gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
-
-
-class PackedSwiGLU(nn.Module):
-    """SwiGLU with the gate and up projections in one matrix, gate rows first (Granite's ``shared_mlp``)."""
-
-    def __init__(self, cfg: Any) -> None:
-        super().__init__()
-        self.input_linear = nn.Linear(cfg.d_model, 2 * cfg.mlp_hidden, bias=False)
-        self.output_linear = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.input_linear(x).chunk(2, dim=-1)
-        return self.output_linear(F.silu(gate) * up)
-
-
-class ReluSquaredMLP(nn.Module):
-    """down(relu(up(x))^2): Nemotron-H's MLP (``mlp_hidden_act: relu2``, no gate)."""
-
-    def __init__(self, cfg: Any) -> None:
-        super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
-        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)).square())
-
-
-@register_mixer("mlp")
-class MLPMixer(nn.Module):
-    """A block whose "mixer" is an MLP (Nemotron-H's "-" layers: RMSNorm -> MLP -> residual): no state, every token
-    on its own, so it runs any form, takes any lengths and leaves no state. ``mlp``: the MLP module."""
-
-    forms = None
-    accepts_lengths = True
-    bounded_state = True  # no state at all
-
-    def __init__(self, mlp: nn.Module) -> None:
-        super().__init__()
-        self.mlp = mlp
-
-    def state_layout(self) -> dict[str, tuple]:
-        return {}
-
-    def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
-        return self.mlp(x), {}
-
 
 class Block(nn.Module):
     """RMSNorm -> mixer -> residual, RMSNorm -> MLP -> residual (``mlp_hidden=None``: no MLP, as Mamba2's).
@@ -274,7 +159,7 @@ class CausalLM(nn.Module):
         ``logits_at`` [B, P] int64: the logits of those positions only, [B, P, vocab] (``select_positions``); the
         head runs on P rows instead of T (a prompt needs the last one)."""
         if form not in self.forms:
-            layer = next(i for i, b in enumerate(self.blocks) if not _runs(b.attn, form))
+            layer = next(i for i, b in enumerate(self.blocks) if not runs(b.attn, form))
             mixer = self.blocks[layer].attn
             raise ValueError(
                 f"layer {layer} ({mixer.kind}{getattr(mixer, 'variant', '')}) runs the forms {', '.join(mixer.forms)}, not {form!r}"
@@ -328,4 +213,4 @@ def init_weights(model: nn.Module) -> None:
             nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
 
 
-__all__ = ["Block", "CausalLM", "MIXERS", "MLPMixer", "PackedSwiGLU", "RMSNorm", "ReluSquaredMLP", "SwiGLU", "UnitOffsetRMSNorm", "check_form", "fixed_norm", "init_weights", "register_mixer"]
+__all__ = ["Block", "CausalLM", "init_weights"]

@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgelin.config import ModelConfig
-from edgelin.model import RMSNorm, SwiGLU, init_weights
+from edgelin.layers.mlp import SwiGLU
+from edgelin.layers.norms import RMSNorm
+from edgelin.skeleton import init_weights
 from edgelin.protocol import select_positions
 
 Cache = dict[str, torch.Tensor]

@@ -876,7 +876,8 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         v.golden_outputs(cpu, gold)
     elif "golden" not in manifest.extra:
         v.add(Check("golden", "golden outputs (golden.json)", NA, where="this export has none (made by an earlier edgelin)"))
-    plan = golden.plan_for(manifest.vocab_size, v.chunk, manifest.min_sequence, seed=seed, steps=steps)
+    plan = golden.plan_for(manifest.vocab_size, v.chunk, manifest.min_sequence, seed=seed, steps=steps,
+                           max_positions=manifest.max_positions)  # the fixed inputs fit the declared context
     cpu_rows = golden.run_plan(cpu, plan) if len(requested) > 1 else None
     for name in requested:
         if name == "cpu":

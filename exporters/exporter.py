@@ -29,11 +29,12 @@ import numpy as np
 import onnx
 import torch
 
-from edgelin import __version__, fused, parity, protocol, upstream
+from edgelin import __version__, parity, protocol, upstream
 from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256, open_checkpoint
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.graphs import INPUT_IDS, LENGTHS, LOGITS, LOGITS_AT, graph_spec
 from edgelin.exporters import traces
+from edgelin.ops import fused
 from edgelin.exporters.precision import check_precision, state_dtypes
 from edgelin.exporters.precision import convert as convert_precision
 from edgelin.exporters.precision import embedding_choice, int8_file, int8_scheme_choice
@@ -185,7 +186,7 @@ def export_graph(
 
     names: (input names, output names); dynamic: torch.export dynamic_shapes for ``example``. ``external``: the
     weights go to ``<file>.data`` beside it (always so for a graph over protobuf's 2 GB). ``ops``: the lowering
-    (``edgelin.fused``): "portable" (ONNX standard operators) or "fused" (ONNX Runtime's LinearAttention node).
+    (``edgelin.ops.fused``): "portable" (ONNX standard operators) or "fused" (ONNX Runtime's LinearAttention node).
     """
     inputs, outputs = names
     table = fused.translation_table() if ops == "fused" else None
@@ -455,7 +456,7 @@ def export(
     fp32); recorded as the manifest's ``int8_scheme``. None: "block" for a transformers checkpoint, "channel" for
     any other (``precision.DEFAULT_INT8_SCHEMES``). None for other precisions.
 
-    ``ops``: the graphs' lowering (``edgelin.fused``): "portable" (the default: ONNX standard operators, every
+    ``ops``: the graphs' lowering (``edgelin.ops.fused``): "portable" (the default: ONNX standard operators, every
     runtime) or "fused" (linear attention's recurrence as ONNX Runtime's com.microsoft.LinearAttention node;
     recorded as the manifest's ``ops``). The state contract is the same either way.
 

@@ -32,7 +32,7 @@ LOGITS = "logits"
 ROLES = {"prefill": "forward", "decode": "step"}  # graph role -> the model method (form) it traces
 EXAMPLE_BATCH = 2  # >= 2: a batch of 1 lets the exporter specialise the batch dim (docs/DESIGN.md, traps)
 MAX_BATCH, MAX_SEQUENCE = 1 << 16, 1 << 24
-EXAMPLE_PAST = 5  # positions in an example KV cache (the positions of its row differ: see edgelin.attention)
+EXAMPLE_PAST = 5  # positions in an example KV cache (the positions of its row differ: see edgelin.layers.attention)
 
 
 def io_names(model: Any, lengths: bool = False, logits_at: bool = False) -> tuple[list[str], list[str]]:

@@ -50,7 +50,7 @@ PLUGIN_PROVIDERS = {
 }
 EXECUTION_PROVIDERS["webgpu"] = ("WebGpuExecutionProvider", PLUGIN_PROVIDERS["webgpu"][1])
 PROVIDERS = ("auto", *EXECUTION_PROVIDERS)
-FUSED_NODES = ("LinearAttention", "CausalConvWithState")  # the com.microsoft nodes of a fused export (edgelin.fused)
+FUSED_NODES = ("LinearAttention", "CausalConvWithState")  # the com.microsoft nodes of a fused export (edgelin.ops.fused)
 HOST_MEMORY = ("cpu", "openvino")  # providers whose kernels read and write the host buffers bound to them
 _REGISTERED: set[str] = set()
 OPTIMIZATION = {

@@ -146,7 +146,7 @@ class State:
     @staticmethod
     def stack(states: Sequence["State"]) -> "State":
         """Concatenate states of the same export along the batch dim; growing states (KV caches) of different
-        lengths are left-padded to the longest (padding is masked by each row's position, edgelin.attention)."""
+        lengths are left-padded to the longest (padding is masked by each row's position, edgelin.layers.attention)."""
         if not isinstance(states, (list, tuple)) and not hasattr(states, "__iter__"):
             raise RuntimeInputError(f"State.stack takes a list of states, got {type(states).__name__}")
         states = list(states)

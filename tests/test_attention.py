@@ -1,4 +1,4 @@
-"""Softmax attention with a KV cache (edgelin.attention) and hybrid stacks of it with linear attention.
+"""Softmax attention with a KV cache (edgelin.layers.attention) and hybrid stacks of it with linear attention.
 
 The layer against an independent float64 reference (torch's SDPA over the whole sequence, RoPE written here as a
 complex rotation) at awkward lengths, with grouped heads, windows, partial rotary, biases, q/k norms and the output
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgelin.attention import Attention, AttentionOptions, sdpa_reference
+from edgelin.layers.attention import Attention, AttentionOptions, sdpa_reference
 from edgelin.config import ModelConfig
 from edgelin.errors import RuntimeInputError
 from edgelin.model import LinearLM
@@ -42,7 +42,7 @@ def fresh(a: Attention, B: int) -> dict:
 
 
 def rope_complex(x: torch.Tensor, rotary: int, theta: float) -> torch.Tensor:
-    """RoPE by halves as a complex rotation (independent of edgelin.attention.rotate): feature i pairs with
+    """RoPE by halves as a complex rotation (independent of edgelin.layers.attention.rotate): feature i pairs with
     i + rotary/2 and turns by angle t * theta^(-2i/rotary) at position t; features past ``rotary`` stay. The
     angles and their cos and sin are float32, as fla and transformers compute them (a checkpoint was trained so)."""
     T = x.shape[2]

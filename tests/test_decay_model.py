@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from edgelin.config import FEATURE_MAPS, ModelConfig
-from edgelin.model import DECAYS, LinearLM
+from edgelin.layers.linear_attention import DECAYS
+from edgelin.model import LinearLM
 from edgelin.state import state_mismatch
 from testkit import rel_err
 
@@ -260,7 +261,7 @@ def test_decay_none_changes_nothing_in_an_old_model():
             return fn(*args, **kwargs)
         return wrapped
 
-    from edgelin import model as model_module
+    from edgelin.layers import linear_attention as model_module
 
     original = model_module.FORMS["chunk"]
     model_module.FORMS["chunk"] = spy(original)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from edgelin.config import FEATURE_MAPS, NORMALISATIONS, ModelConfig
-from edgelin.feature_maps import make_feature_map
+from edgelin.layers.feature_maps import make_feature_map
 from edgelin.model import LinearLM
 from edgelin.state import state_mismatch
 from testkit import rel_err

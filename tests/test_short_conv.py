@@ -2,7 +2,7 @@
 and LinearLM's ShortConv: their one-token path (the decode graph: a weighted sum over the window, no Conv node) and
 their sequence path from a carried window against a loop written from the formula y_t = b + sum_i w_i x_{t-W+1+i}
 in float64, token by token -- in both lowerings (under ``lowering("fused")`` both paths are one CausalConvWithState
-node, ``edgelin.fused.causal_conv``)."""
+node, ``edgelin.ops.fused.causal_conv``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from edgelin import fused
-from edgelin.model import ShortConv
-from edgelin.short_conv import WindowConv
+from edgelin.ops import fused
+from edgelin.layers.linear_attention import ShortConv
+from edgelin.layers.short_conv import WindowConv
 
 B, D, W = 2, 5, 4
 

@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "runtime"
 
 # importing any of these must not need torch
-TORCH_FREE = ["edgelin", "edgelin.runtime", "edgelin.runtime.manifest", "edgelin.config", "edgelin.errors"]
+TORCH_FREE = ["edgelin", "edgelin.runtime", "edgelin.runtime.manifest", "edgelin.config", "edgelin.errors", "edgelin.importers.catalog"]
 # the runtime may import none of these (torch itself, the exporters, edgelin's torch modules)
 FORBIDDEN_IN_RUNTIME = (
-    "torch", "edgelin.exporters", "edgelin.model", "edgelin.ops", "edgelin.feature_maps",
+    "torch", "edgelin.exporters", "edgelin.model", "edgelin.ops", "edgelin.layers",
     "edgelin.checkpoint", "edgelin.validate",
 )
 

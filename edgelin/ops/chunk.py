@@ -42,13 +42,18 @@ float32, no normaliser): per-head g 16 MiB at C = 64; per-feature g 258 MiB (C =
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
-from edgelin import fused
-from edgelin.feature_maps import FeatureMap
-from edgelin.ops.common import State, advance, check_decay, featurize, fused_additive, relative_log_decay, stable_divide
+from edgelin.ops import fused
+from edgelin.ops.fused import fused_additive
+from edgelin.ops.common import State, advance, check_decay, featurize, relative_log_decay, stable_divide
 from edgelin.ops.lengths import mask_padding, steps
+
+if TYPE_CHECKING:  # the ops take any feature map object; the maps (edgelin.layers) build on the ops
+    from edgelin.layers.feature_maps import FeatureMap
 
 
 def _exclusive_cumsum(x: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,7 +78,7 @@ def chunk_linear_attention(
 ) -> tuple[torch.Tensor, State]:
     g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # phi(q), phi(k): [B, H, T, F]
-    if fused.active() and lengths is None:  # the fused lowering (edgelin.fused); a ragged batch stays portable
+    if fused.active() and lengths is None:  # the fused lowering (edgelin.ops.fused); a ragged batch stays portable
         return fused_additive(state, fq, fk, v, g, eps, normalize, feature_map.signed)
     fk, v, g = mask_padding(fk, v, g, lengths)  # padded positions add nothing and do not decay
     if g is not None:

@@ -15,10 +15,12 @@ the feature map's output width (GLA). It is applied before the new token is adde
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from edgelin import fused
-from edgelin.feature_maps import FeatureMap
+if TYPE_CHECKING:  # the ops take any feature map object; the maps (edgelin.layers) build on the ops
+    from edgelin.layers.feature_maps import FeatureMap
 
 State = dict[str, torch.Tensor]
 
@@ -133,12 +135,6 @@ def stable_divide(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Ten
     """num / (den + eps) with den of num's shape less its last axis, eps taking the sign of den
     (``padded_denominator``: the same result for any map, signed or not)."""
     return num / padded_denominator(den, eps)[..., None]
-
-
-def fused_additive(state: State, fq, fk, v, g, eps: float, normalize: bool, signed: bool) -> tuple[torch.Tensor, State]:
-    """The additive forms' state update as one fused node (edgelin.fused): (o [B, H, T, Dv], the next state)."""
-    o, S, z = fused.additive(fq, fk, v, state["S"], state["z"] if normalize else None, g, eps, signed)
-    return o, advance(state, fq.shape[2], S=S, **({"z": z} if normalize else {}))
 
 
 def advance(state: State, length: int, **updates: torch.Tensor) -> State:

@@ -41,7 +41,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from edgelin import fused
+from edgelin.ops import fused
 from edgelin.ops.common import State, relative_log_decay
 from edgelin.ops.lengths import padding_mask
 
@@ -169,7 +169,7 @@ def delta_step(
     if lengths is not None:
         raise ValueError("delta_step takes one token per row: no lengths")
     q, k, beta, g, S = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, None)
-    if fused.active():  # the fused lowering (edgelin.fused)
+    if fused.active():  # the fused lowering (edgelin.ops.fused)
         o, S = fused.delta(q, k, v, beta, g, S)
         return o, {"S": S}
     if g is not None:
@@ -328,7 +328,7 @@ def chunk_delta_rule(
     (a reflection, nothing decays), float32 7e-6 (the recurrent form 3e-6).
     """
     q, k, beta, g, S0 = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths)
-    if fused.active() and lengths is None:  # the fused lowering (edgelin.fused); a ragged batch stays portable
+    if fused.active() and lengths is None:  # the fused lowering (edgelin.ops.fused); a ragged batch stays portable
         o, S = fused.delta(q, k, v, beta, g, S0)
         return o, {"S": S}
     B, H, T, K = q.shape

@@ -13,11 +13,15 @@ window sum is summed from step t backwards, afresh for every t). Run it in float
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from edgelin.feature_maps import FeatureMap
 from edgelin.ops.common import State, advance, check_decay, featurize, stable_divide
 from edgelin.ops.lengths import mask_padding, steps
+
+if TYPE_CHECKING:  # the ops take any feature map object; the maps (edgelin.layers) build on the ops
+    from edgelin.layers.feature_maps import FeatureMap
 
 
 def naive_linear_attention(

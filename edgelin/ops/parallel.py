@@ -7,11 +7,15 @@ before the exp); a per-feature g makes it [T, T, F], O(T^2 F) memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from edgelin.feature_maps import FeatureMap
 from edgelin.ops.common import State, advance, check_decay, featurize, relative_log_decay, stable_divide
 from edgelin.ops.lengths import mask_padding, steps
+
+if TYPE_CHECKING:  # the ops take any feature map object; the maps (edgelin.layers) build on the ops
+    from edgelin.layers.feature_maps import FeatureMap
 
 
 def parallel_linear_attention(

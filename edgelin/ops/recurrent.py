@@ -8,11 +8,16 @@ g scales the rows of S), and z likewise. Two more ops per step (Exp, Mul) and no
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from edgelin.feature_maps import FeatureMap
-from edgelin import fused
-from edgelin.ops.common import State, advance, check_decay, featurize, fused_additive, padded_denominator
+from edgelin.ops import fused
+from edgelin.ops.fused import fused_additive
+from edgelin.ops.common import State, advance, check_decay, featurize, padded_denominator
+
+if TYPE_CHECKING:  # the ops take any feature map object; the maps (edgelin.layers) build on the ops
+    from edgelin.layers.feature_maps import FeatureMap
 
 
 def recurrent_step(
@@ -35,7 +40,7 @@ def recurrent_step(
         raise ValueError(f"recurrent_step takes one token, got a sequence of {q.shape[2]}")
     g = check_decay(g, q, feature_map)
     state, fq, fk = featurize(q, k, v, feature_map, initial_state, normalize)  # [B, H, 1, F]
-    if fused.active():  # the fused lowering (edgelin.fused)
+    if fused.active():  # the fused lowering (edgelin.ops.fused)
         return fused_additive(state, fq, fk, v, g, eps, normalize, feature_map.signed)
     S, z = state["S"], state.get("z")
     if g is not None:

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import tiny_model
 from edgelin import parity
-from edgelin.model import ShortConv
+from edgelin.layers.linear_attention import ShortConv
 from edgelin.runtime import load
 
 BUDGET = parity.held("fp32", {})[0]

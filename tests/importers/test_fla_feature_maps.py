@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgelin.feature_maps import Adjusted, make_feature_map
+from edgelin.layers.feature_maps import Adjusted, make_feature_map
 
 D = 8
 

@@ -4,7 +4,7 @@ against transformers' own model.
 Same oracle as test_hf_qwen3_5.py (testkit/hf_oracle.py: transformers 5.x's Mamba2ForCausalLM on its PyTorch path,
 in a subprocess): a tiny random model, a 150-token prefill then 20 cached decode steps, batch 2. Budget, fp32:
 max abs logits error <= 1e-4; the cache (SSM states, conv windows) is compared too. The SSD recurrence runs on the
-linear-attention chunk form with a per-head decay (edgelin.mamba2); Bamba puts it among attention layers (partial
+linear-attention chunk form with a per-head decay (edgelin.layers.mamba2); Bamba puts it among attention layers (partial
 RoPE) with an MLP in every block; Granite-4.0-H adds its multipliers and attention without position encoding;
 Nemotron-H makes each layer one of Mamba2, attention (no position encoding) or a stateless relu^2 MLP.
 """

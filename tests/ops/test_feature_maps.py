@@ -10,7 +10,7 @@ import torch
 
 from edgelin.config import FEATURE_MAPS, ModelConfig
 from edgelin.errors import ConfigError
-from edgelin.feature_maps import available, make_feature_map
+from edgelin.layers.feature_maps import available, make_feature_map
 from edgelin.ops import FORMS, stable_divide
 from testkit import rel_err
 

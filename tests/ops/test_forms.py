@@ -18,7 +18,7 @@ import functools
 import pytest
 import torch
 
-from edgelin.feature_maps import available
+from edgelin.layers.feature_maps import available
 from edgelin.ops import FORMS, SEQUENCE_FORMS, recurrent_step
 from testkit import rel_err
 from testkit.covering import covering, ident

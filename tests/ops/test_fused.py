@@ -1,7 +1,7 @@
-"""The fused lowering (edgelin.fused): ONNX Runtime's com.microsoft.LinearAttention node against edgelin's own
+"""The fused lowering (edgelin.ops.fused): ONNX Runtime's com.microsoft.LinearAttention node against edgelin's own
 reading of it, and the forms under ``lowering("fused")`` against the naive float64 references.
 
-1. The node as ONNX Runtime runs it (a one-node graph, float32) equals ``edgelin.fused._reference`` (the
+1. The node as ONNX Runtime runs it (a one-node graph, float32) equals ``edgelin.ops.fused._reference`` (the
    operator's recurrence written out), for every update rule edgelin emits, decay per head and per feature,
    T = 1 and T > 1, batch 2, from a non-zero state: so the graphs compute what eager PyTorch computes. The same
    for the short convs' CausalConvWithState node (``_conv_reference``) and the Softplus node.
@@ -18,7 +18,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from edgelin import fused
+from edgelin.ops import fused
 from edgelin.ops import DELTA_FORMS, FORMS, naive_delta_rule, naive_linear_attention
 from testkit.delta import BETAS, C, LENGTHS, RULES, reference, rel_err
 from testkit.linear import D, PREFIX, TOLERANCE, feature_map, random_qkv

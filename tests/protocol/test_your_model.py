@@ -13,7 +13,7 @@ from torch import nn
 
 from edgelin.errors import ExportError
 from edgelin.exporters import export
-from edgelin.feature_maps import FeatureMap
+from edgelin.layers.feature_maps import FeatureMap
 from edgelin.ops import FORMS
 from edgelin.protocol import ExportableModel
 from edgelin.runtime import Generator, load

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from edgelin.feature_maps import make_feature_map
+from edgelin.layers.feature_maps import make_feature_map
 from edgelin.ops import REFERENCE_TOLERANCE
 from edgelin.parity import rel_max
 from edgelin.state import state_mismatch

@@ -57,9 +57,9 @@ def fused_export_vs_reference(folder: Path, out: Path, prompt, steps, ref_prefil
     import onnx
 
     from edgelin.checkpoint import load_checkpoint
-    from edgelin.model import ShortConv
+    from edgelin.layers.linear_attention import ShortConv
     from edgelin.exporters import export
-    from edgelin.short_conv import WindowConv
+    from edgelin.layers.short_conv import WindowConv
 
     export(folder, out, check=False, ops="fused")
     model = load_checkpoint(folder)

@@ -8,7 +8,7 @@ LM has edgelin's skeleton,
 and differs in its token mixer. A family (one module per ``model_type``: ``linear_attn``, ``retnet``, ``gla``)
 is a ``Family``: the config fields it knows, its mixer builder and its weight renames; ``load_fla`` reads the
 shared fields (edgelin.importers.fields), builds ``edgelin.skeleton.CausalLM`` with the family's mixers and fla's
-softmax ``Attention`` at the layers of the ``attn`` field (a hybrid, edgelin.attention), and loads the weights.
+softmax ``Attention`` at the layers of the ``attn`` field (a hybrid, edgelin.layers.attention), and loads the weights.
 
 Conventions of fla carried over exactly are listed in each family's module and in docs/importers.md.
 fla's ``attn`` field (GLA's and RetNet's configs): ``layers``, ``num_heads``, ``num_kv_heads`` (default num_heads),
@@ -23,17 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
-from edgelin.attention import Attention, AttentionOptions
+from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
-from edgelin.state import State
 
 # Fields shared by fla's causal LMs, with fla's defaults. The fuse_* options and use_l2warp select kernels or a
 # training loss: the same math at inference (fuse_norm fuses the residual add into the RMSNorm, fuse_swiglu the
@@ -178,35 +176,4 @@ def load_fla(path: str | Path, family: Family) -> CausalLM:
     rename = Renamer(pairs + family.renames(options))
     return load_checkpoint_weights(ckpt, lambda: build(family, source, options, common, attn), rename)
 
-# ---- pieces shared by the attention layers ---------------------------------------------------------------------
-
-
-def split_heads(x: torch.Tensor, heads: int, dim: int, groups: int = 1) -> torch.Tensor:
-    """[B, T, heads * dim] -> [B, heads * groups, T, dim]: each head repeated ``groups`` times in a row (query
-    head h reads key/value head h // groups)."""
-    B, T, _ = x.shape
-    x = x.view(B, T, heads, dim).transpose(1, 2)  # [B, heads, T, dim]
-    if groups == 1:
-        return x
-    return x[:, :, None].expand(B, heads, groups, T, dim).reshape(B, heads * groups, T, dim)  # [B, H, T, dim]
-
-
-def share_state(state: State, groups: int) -> State:
-    """Per key/value head -> per query head (query head h reads key/value head h // groups)."""
-    if groups == 1:
-        return state
-    out = {}
-    for name, t in state.items():
-        B, Hkv, *rest = t.shape
-        out[name] = t[:, :, None].expand(B, Hkv, groups, *rest).reshape(B, Hkv * groups, *rest)  # [B, H, ...]
-    return out
-
-
-def unshare_state(state: State, groups: int) -> State:
-    """Per query head -> per key/value head: the heads of a group built identical states; keep the first."""
-    if groups == 1:
-        return state
-    return {name: t[:, ::groups] for name, t in state.items()}  # [B, Hkv, ...]
-
-
-__all__ = ["COMMON_FIELDS", "Common", "Family", "load_fla", "read_attn", "share_state", "split_heads", "unshare_state"]
+__all__ = ["COMMON_FIELDS", "Common", "Family", "load_fla", "read_attn"]

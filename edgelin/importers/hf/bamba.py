@@ -3,7 +3,7 @@ on the skeleton, as transformers 5.x computes it:
 
 - blocks: x + mixer(input_layernorm(x)), then + SwiGLU(pre_ff_layernorm(.)) (gate_proj / up_proj / down_proj);
   final norm ``final_layernorm``; plain RMSNorms
-- Mamba layers (every layer not in ``attn_layer_indices``): edgelin.mamba2's mixer with the ``mamba_*`` sizes, its
+- Mamba layers (every layer not in ``attn_layer_indices``): edgelin.layers.mamba2's mixer with the ``mamba_*`` sizes, its
   gated norm's epsilon ``rms_norm_eps`` (the same code as transformers' Mamba2Mixer)
 - attention layers: grouped heads, scale head_dim^-0.5, no q/k norm, RoPE by halves on the first half of each head
   (transformers' Bamba fixes partial_rotary_factor at 0.5, whatever the config says)
@@ -14,14 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgelin.attention import Attention, AttentionOptions
+from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.hf.mamba2 import mixer_renames, read_time_step_limit
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
-from edgelin.mamba2 import Mamba2Mixer, Mamba2Options
+from edgelin.layers.mamba2 import Mamba2Mixer, Mamba2Options
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
 

@@ -4,7 +4,7 @@ as transformers 5.x computes it:
 - embeddings times ``embedding_multiplier``; blocks: x + r * mixer(input_layernorm(x)), then
   + r * shared_mlp(post_attention_layernorm(.)) with r = ``residual_multiplier``; the MLP is ``shared_mlp``
   (input_linear: gate rows then up rows; output_linear); final norm ``norm``; logits / ``logits_scaling``
-- ``mamba`` layers (``layer_types`` "mamba" / "linear_attention"): edgelin.mamba2's mixer, as Bamba's
+- ``mamba`` layers (``layer_types`` "mamba" / "linear_attention"): edgelin.layers.mamba2's mixer, as Bamba's
 - ``attention`` layers: grouped heads, softmax scale ``attention_multiplier`` (not head_dim^-0.5), RoPE by halves
   over the whole head only with ``position_embedding_type: "rope"`` (none otherwise: Granite-4.0-H's attention
   layers carry no position encoding), no q/k norm
@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgelin.attention import Attention, AttentionOptions
+from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import check_fields
@@ -24,9 +24,10 @@ from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.hf.bamba import mamba_options
 from edgelin.importers.hf.mamba2 import mixer_renames
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
-from edgelin.mamba2 import Mamba2Mixer
+from edgelin.layers.mamba2 import Mamba2Mixer
 from edgelin.protocol import DEFAULT_CHUNK
-from edgelin.skeleton import CausalLM, PackedSwiGLU
+from edgelin.skeleton import CausalLM
+from edgelin.layers.mlp import PackedSwiGLU
 
 FIELDS: dict[str, Any] = {  # GraniteMoeHybridConfig's fields and defaults (transformers 5.x)
     "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,

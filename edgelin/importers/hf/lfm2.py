@@ -2,7 +2,7 @@
 
 - blocks: x + mixer(operator_norm(x)), then + SwiGLU(ffn_norm(.)) with w1 = gate, w3 = up, w2 = down; the final
   norm is ``embedding_norm`` (after the last block); plain RMSNorms x / rms(x) * w
-- ``conv`` layers: the gated short conv (mixer ``short_conv``, edgelin.short_conv): B, C, x = in_proj(h),
+- ``conv`` layers: the gated short conv (mixer ``short_conv``, edgelin.layers.short_conv): B, C, x = in_proj(h),
   out_proj(C * conv(B * x)), a depthwise causal conv of ``conv_L_cache`` taps, no activation; its window
   ``{layer}.conv`` [B, hidden, L_cache] (transformers' cache: the last L_cache values of B * x)
 - ``full_attention`` layers: softmax attention (mixer ``attention``) with per-head RMSNorms on q and k before RoPE
@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgelin.attention import Attention, AttentionOptions
+from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
-from edgelin.short_conv import GatedShortConv
+from edgelin.layers.short_conv import GatedShortConv
 from edgelin.skeleton import CausalLM
 
 FIELDS: dict[str, Any] = {  # Lfm2Config's fields and defaults (transformers 5.x)

@@ -1,5 +1,5 @@
 """transformers' ``mamba2`` (Mamba2ForCausalLM) on the skeleton, as transformers 5.x computes it: embeddings ->
-blocks of (RMSNorm -> Mamba2 mixer -> residual; no MLP) -> norm_f -> lm_head. The mixer is edgelin.mamba2's
+blocks of (RMSNorm -> Mamba2 mixer -> residual; no MLP) -> norm_f -> lm_head. The mixer is edgelin.layers.mamba2's
 (kind "mamba2": the SSD recurrence on the linear-attention forms with a per-head decay); norms are plain
 RMSNorm x / rms(x) * w.
 """
@@ -14,7 +14,7 @@ from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
-from edgelin.mamba2 import Mamba2Mixer, Mamba2Options
+from edgelin.layers.mamba2 import Mamba2Mixer, Mamba2Options
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
 

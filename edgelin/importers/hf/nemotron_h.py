@@ -2,7 +2,7 @@
 as transformers 5.x computes it:
 
 - every layer is one block x + mixer(norm(x)), its mixer one of (``layers_block_type``, or the older
-  ``hybrid_override_pattern`` string "M", "*", "-"): "linear_attention" (M) edgelin.mamba2's mixer, "full_attention"
+  ``hybrid_override_pattern`` string "M", "*", "-"): "linear_attention" (M) edgelin.layers.mamba2's mixer, "full_attention"
   (*) softmax attention, "mlp" (-) an MLP down(relu(up(x))^2) with no state; embeddings ``embeddings``, final norm
   ``norm_f``, a head of its own (transformers never ties it); plain RMSNorms, epsilon ``layer_norm_epsilon``
 - Mamba layers: ``mamba_num_heads`` heads of ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``; the
@@ -19,16 +19,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from edgelin.attention import Attention, AttentionOptions
+from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import declare_context
 from edgelin.importers.hf.mamba2 import mixer_renames
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
-from edgelin.mamba2 import Mamba2Mixer, Mamba2Options
+from edgelin.layers.mamba2 import Mamba2Mixer, Mamba2Options
 from edgelin.protocol import DEFAULT_CHUNK
-from edgelin.skeleton import CausalLM, MLPMixer, ReluSquaredMLP
+from edgelin.skeleton import CausalLM
+from edgelin.layers.mlp import MLPMixer, ReluSquaredMLP
 
 FIELDS: dict[str, Any] = {  # NemotronHConfig's fields and defaults (transformers 5.x)
     "vocab_size": 131072, "hidden_size": 4096, "layers_block_type": None, "hybrid_override_pattern": None,

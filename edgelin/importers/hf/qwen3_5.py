@@ -19,16 +19,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgelin.attention import Attention, AttentionOptions
+from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.fla import Common
-from edgelin.importers.fla.delta import DeltaOptions, FlaDeltaAttention
+from edgelin.layers import LayerSizes
+from edgelin.layers.delta import DeltaOptions, FlaDeltaAttention
 from edgelin.importers.hf import declare_context, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
-from edgelin.skeleton import CausalLM, UnitOffsetRMSNorm
+from edgelin.skeleton import CausalLM
+from edgelin.layers.norms import UnitOffsetRMSNorm
 
 TEXT_FIELDS: dict[str, Any] = {  # Qwen3_5TextConfig's fields and defaults (transformers 5.x)
     "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
@@ -86,8 +87,7 @@ def build(f: Fields, *, tie: bool | None = None, source: dict[str, Any], family:
                               extra_keys=("mrope_section", "mrope_interleaved"))
     kinds = read_layer_types(f, n_layers)
     tie = f.flag("tie_word_embeddings") if tie is None else tie
-    common = Common(vocab_size=f.integer("vocab_size"), hidden_size=hidden, num_layers=n_layers, norm_eps=eps,
-                    mlp_hidden=f.integer("intermediate_size"), tie_embeddings=tie)
+    sizes = LayerSizes(hidden_size=hidden, norm_eps=eps)
     delta = DeltaOptions(
         gated=True, num_heads=k_heads, num_v_heads=v_heads, head_k_dim=f.integer("linear_key_head_dim"),
         head_v_dim=f.integer("linear_value_head_dim"), short_conv=True, conv_size=f.integer("linear_conv_kernel_dim"),
@@ -101,8 +101,8 @@ def build(f: Fields, *, tie: bool | None = None, source: dict[str, Any], family:
 
     def make() -> CausalLM:
         model = CausalLM(
-            lambda i: Attention(attention) if kinds[i] == "full_attention" else FlaDeltaAttention(delta, common),
-            n_layers=n_layers, vocab_size=common.vocab_size, d_model=hidden, mlp_hidden=common.mlp_hidden, norm_eps=eps,
+            lambda i: Attention(attention) if kinds[i] == "full_attention" else FlaDeltaAttention(delta, sizes),
+            n_layers=n_layers, vocab_size=f.integer("vocab_size"), d_model=hidden, mlp_hidden=f.integer("intermediate_size"), norm_eps=eps,
             tie_embeddings=tie, chunk_size=DEFAULT_CHUNK, norm=UnitOffsetRMSNorm,
             config={"family": family, "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )

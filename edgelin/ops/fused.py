@@ -39,6 +39,8 @@ from typing import Iterator, Optional
 import torch
 import torch.nn.functional as F
 
+from edgelin.ops.common import State, advance, padded_denominator
+
 LOWERINGS = ("portable", "fused")  # the graphs' lowering: ONNX standard operators only, or the fused node
 DEFAULT_LOWERING = "portable"
 MS_DOMAIN = "com.microsoft"
@@ -221,8 +223,6 @@ def _decay(g: torch.Tensor | None) -> torch.Tensor | None:
 def additive(fq, fk, v, S, z, g, eps: float, signed: bool):
     """Linear attention (decayed or not) through the node: phi(q), phi(k) [B, H, T, F], v [B, H, T, Dv], S [B, H, F,
     Dv], z [B, H, F] or None (no denominator), g as the forms take it. -> (o [B, H, T, Dv], S, z)."""
-    from edgelin.ops.common import padded_denominator  # edgelin.ops imports this module
-
     H, Dv = fq.shape[1], v.shape[-1]
     if z is not None:  # the denominator as one more value column of ones: S' = [S | z]
         v, S = F.pad(v, (0, 1), value=1.0), torch.cat([S, z[..., None]], dim=-1)
@@ -233,6 +233,12 @@ def additive(fq, fk, v, S, z, g, eps: float, signed: bool):
         return o, S, None
     o = o[..., :Dv] / padded_denominator(o[..., Dv:], eps, signed)
     return o, S[..., :Dv], S[..., Dv]
+
+
+def fused_additive(state: State, fq, fk, v, g, eps: float, normalize: bool, signed: bool) -> tuple[torch.Tensor, State]:
+    """The additive forms' state update as one fused node: (o [B, H, T, Dv], the next state)."""
+    o, S, z = additive(fq, fk, v, state["S"], state["z"] if normalize else None, g, eps, signed)
+    return o, advance(state, fq.shape[2], S=S, **({"z": z} if normalize else {}))
 
 
 def delta(q, k, v, beta, g, S):
@@ -257,5 +263,5 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return causal_conv_op(x, weight, bias, past, channels_last, silu)
 
 
-__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "linear_attention_op", "lowering", "softplus",
+__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "fused_additive", "linear_attention_op", "lowering", "softplus",
            "softplus_op", "translation_table"]

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgelin import fused
-from edgelin.skeleton import check_form, register_mixer
+from edgelin.ops import fused
+from edgelin.layers import check_form, register_mixer
 from edgelin.state import State
 
 

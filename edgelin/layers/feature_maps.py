@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgelin import fused
+from edgelin.ops import fused
 from edgelin.errors import ConfigError
 
 _REGISTRY: dict[str, type["FeatureMap"]] = {}

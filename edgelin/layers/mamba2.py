@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgelin import fused
-from edgelin.feature_maps import make_feature_map
+from edgelin.ops import fused
+from edgelin.layers.feature_maps import make_feature_map
 from edgelin.ops import FORMS, recurrent_step, state_layout
-from edgelin.short_conv import WindowConv
-from edgelin.skeleton import check_form, register_mixer
+from edgelin.layers.short_conv import WindowConv
+from edgelin.layers import check_form, register_mixer
 from edgelin.state import State
 
 

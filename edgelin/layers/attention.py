@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgelin.skeleton import RMSNorm, UnitOffsetRMSNorm, check_form, register_mixer
+from edgelin.layers import check_form, register_mixer
+from edgelin.layers.norms import RMSNorm, UnitOffsetRMSNorm
 from edgelin.state import State
 
 PAST = "past"  # the manifest's symbol for the positions a growing state holds
