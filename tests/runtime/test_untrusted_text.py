@@ -45,7 +45,7 @@ RUNAWAY = {
     "wordwrap": ("{{ ('a ' * 10000) | wordwrap(1, wrapstring='x' * 100000) }}", "wrapped text"),
     "slice-filter": ("{{ [1] | slice(10**12) | list | length }}", "slice of that many lists"),
     "batch-filter": ("{{ [1] | batch(10**12, 0) | list | length }}", "batch of that many lists"),
-    "sum-of-lists": ("{{ ([[0] * 300] * 300) | sum(start=[]) | length }}", "summing 300 sequences"),
+    "sum-of-lists": ("{{ ([[0]] * 100000) | sum(start=[]) | length }}", "summing 100,000 sequences"),
     "to-bytes": ("{{ (1).to_bytes(10**12, 'big') }}", "bytes"),
     "lipsum-paragraphs": ("{{ lipsum(10**9) }}", "lipsum(n=1000000000)"),
     "lipsum-words": ("{{ lipsum(1, False, 10**9, 10**9 + 1) }}", "lipsum(min=1000000000)"),
