@@ -1,140 +1,24 @@
-"""Checkpoints: a folder with ``config.json`` + ``model.safetensors``. Nothing is ever unpickled."""
+"""Checkpoints: a folder with ``config.json`` + ``model.safetensors``. Nothing is ever unpickled. Reading the folder
+(``open_checkpoint -> Checkpoint``) is ``edgelin.importers.folder``'s; here, loading a model from it and saving
+edgelin's own."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from edgelin.config import ModelConfig
-from edgelin.errors import CheckpointError, ConfigError, RuntimeInputError
+from edgelin.errors import CheckpointError, ConfigError
+from edgelin.importers import import_checkpoint
+from edgelin.importers.folder import (CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX, Checkpoint, checkpoint_dir, open_checkpoint,
+                                      weight_files, weights_sha256)
 from edgelin.model import LinearLM
-from edgelin.runtime.files import atomic_write, check_replace, read_regular
+from edgelin.runtime.files import atomic_write, check_replace
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint (transformers' save_pretrained above its shard size)
 SAFETENSORS_METADATA = {"format": "pt"}
-INDEX_BYTES = 64 << 20  # the largest model.safetensors.index.json read (a 1 B model's is ~50 kB)
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-
-
-def _checkpoint_dir(path: str | Path) -> Path:
-    path = Path(path)
-    if path.suffix in PICKLE_SUFFIXES:
-        raise CheckpointError(f"{path}: pickle checkpoints are refused (unpickling can run code); save the weights as {WEIGHTS_FILE}")
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist; pass a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is not a folder; pass a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    if not (path / WEIGHTS_FILE).is_file() and not (path / WEIGHTS_INDEX).is_file():
-        pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        if pickles:
-            raise CheckpointError(
-                f"{path} holds {', '.join(pickles)} but no {WEIGHTS_FILE}; pickle checkpoints are refused (unpickling can run code): "
-                f"save it as safetensors where it is trusted (transformers: model.save_pretrained(folder, safe_serialization=True))"
-            )
-        raise CheckpointError(f"{path} has no {WEIGHTS_FILE}")
-    if not (path / CONFIG_FILE).is_file():
-        if (path / CONFIG_FILE).exists():
-            raise CheckpointError(f"config file {path / CONFIG_FILE} is not a regular file (a FIFO, device or socket is never read); "
-                                  "name a checkpoint folder whose config.json is a file")
-        raise CheckpointError(f"{path} has no {CONFIG_FILE}")
-    return path
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The checkpoint's safetensors files: ``model.safetensors``, or the shards its ``model.safetensors.index.json``
-    names (each a file of the folder itself, named once)."""
-    path = _checkpoint_dir(path)
-    if (path / WEIGHTS_FILE).is_file():
-        return [path / WEIGHTS_FILE]
-    index = path / WEIGHTS_INDEX
-    try:
-        weight_map = json.loads(read_regular(index, INDEX_BYTES, "index of shards").decode("utf-8")).get("weight_map")
-    except RuntimeInputError as exc:
-        raise CheckpointError(str(exc)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-        raise CheckpointError(f"{index} is not a readable index of shards ({exc})") from None
-    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CheckpointError(f"{index} has no weight_map of tensor name -> shard file")
-    shards = []
-    for name in sorted(set(weight_map.values())):
-        if Path(name).name != name or not name.endswith(".safetensors") or name.startswith("."):
-            raise CheckpointError(f"{index} names the shard {name!r}; shards must be .safetensors files in the checkpoint folder itself")
-        if not (path / name).is_file():
-            raise CheckpointError(f"{index} names the shard {name}, which is not in {path}")
-        shards.append(path / name)
-    return shards
-
-
-@dataclass(frozen=True, eq=False)
-class Checkpoint:
-    """A checkpoint folder read once: its path, ``config.json`` as a dict, its ``model_type`` (None for edgelin's own
-    LinearLM), its weight files (``model.safetensors``, or the shards of an index) and, computed on first use, the
-    sha256 of its weights (the manifest's ``source``). ``open_checkpoint`` makes one; loading, importing, the
-    tokenizer's special ids and the export all read this value, not the folder again. It is a path-like of the folder."""
-
-    path: Path
-    config: dict[str, Any]
-    model_type: str | None
-    files: tuple[Path, ...]
-    # a config without weights (``edgelin.importers.model_from_config``): the importer builds its model and the
-    # weights are left at their initial values; nothing is read
-    config_only: bool = False
-
-    def __fspath__(self) -> str:
-        return os.fspath(self.path)
-
-    def __str__(self) -> str:
-        return str(self.path)
-
-    @cached_property
-    def sha256(self) -> str:
-        return _files_sha256(self.path, self.files)
-
-
-def open_checkpoint(path: "str | os.PathLike | Checkpoint") -> Checkpoint:
-    """The checkpoint folder ``path`` read once into a ``Checkpoint`` (a Checkpoint is returned as it is).
-    CheckpointError where it is not a checkpoint: no folder, no config.json, a pickle, no weights, a bad config."""
-    if isinstance(path, Checkpoint):
-        return path
-    from edgelin.importers import check_supported, read_config
-
-    folder = _checkpoint_dir(path)
-    config = read_config(folder)
-    model_type = config.get("model_type")
-    if model_type is not None and not isinstance(model_type, str):
-        raise CheckpointError(f"{folder / CONFIG_FILE}: 'model_type' must be a string, got {model_type!r}")
-    if model_type is not None:
-        check_supported(folder, model_type, config)
-    return Checkpoint(folder, config, model_type, tuple(weight_files(folder)))
-
-
-def weights_sha256(path: "str | Path | Checkpoint") -> str:
-    """sha256 of the checkpoint's weights (the manifest's ``source``): of ``model.safetensors``, or of a sharded
-    checkpoint's index followed by its shards in name order."""
-    if isinstance(path, Checkpoint):
-        return path.sha256
-    return _files_sha256(Path(path), weight_files(path))
-
-
-def _files_sha256(path: Path, files) -> str:
-    files = list(files)
-    if files[0].name != WEIGHTS_FILE:
-        files = [Path(path) / WEIGHTS_INDEX, *files]
-    digest = hashlib.sha256()
-    for file in files:
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def _tensors(model: LinearLM) -> dict[str, torch.Tensor]:
@@ -150,7 +34,7 @@ def model_sha256(model: LinearLM) -> str:
 
 
 def load_config(path: str | Path) -> ModelConfig:
-    path = _checkpoint_dir(path)
+    path = checkpoint_dir(path)
     try:
         return ModelConfig.load(path / CONFIG_FILE)
     except ConfigError as exc:
@@ -163,7 +47,6 @@ def load_checkpoint(path: "str | Path | Checkpoint") -> LinearLM:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from edgelin.importers import import_checkpoint
     from edgelin.safety import expected_shapes, header_shapes, shape_problems
 
     ckpt = open_checkpoint(path)
