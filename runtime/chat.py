@@ -10,6 +10,11 @@ A chat template is Jinja2 code from the checkpoint: it is rendered in Jinja2's i
 renders it: trim_blocks, lstrip_blocks, the loop controls, ``raise_exception``, ``strftime_now``, a ``tojson`` that
 keeps non-ASCII text, the ``{% generation %}`` tag), with the tokenizer's special tokens (``bos_token``,
 ``eos_token``, ...) as variables. Torch-free: needs ``jinja2`` (>= 3.1.6) beside ``tokenizers``.
+
+Like any untrusted code it runs within bounds (``RenderLimits``): time (a clock checked at every loop step, call,
+filter and operator), size (what a step would build is measured -- before it is built where it can outgrow its
+input: repetition, padding, joins, replacements -- and so is the text rendered) and call depth; whatever fails
+(a refusal, a bound, the template's own error) is one ``ChatTemplateError`` line naming the template.
 """
 
 from __future__ import annotations
@@ -650,6 +655,10 @@ class Chat:
     def __init__(self, session, *, system: str | None = None, template: ChatTemplate | None = None) -> None:
         from edgelin.runtime.tokenizer import make_tokenizer
 
+        if not hasattr(session, "manifest") or not hasattr(session, "export_dir"):
+            raise RuntimeInputError(f"Chat takes a Session (edgelin.runtime.load(export_dir)), got {type(session).__name__}")
+        if template is not None and not isinstance(template, ChatTemplate):
+            raise RuntimeInputError(f"template must be a ChatTemplate, got {type(template).__name__}")
         self.session = session
         self.template = template or ChatTemplate.of_export(session.export_dir, session.manifest)
         if self.template is None:

@@ -285,6 +285,8 @@ class Generator:
         if prefill_chunk is None:  # the export's recommended prefill piece (manifest), else the runtime's default
             prefill_chunk = getattr(getattr(session, "manifest", None), "prefill_piece", DEFAULT_PREFILL_CHUNK)
         stop = _check_options(max_new_tokens, prefill_chunk, stop, repetition_penalty, min_new_tokens, no_repeat_ngram_size)
+        if not hasattr(session, "vocab_size"):
+            raise RuntimeInputError(f"Generator takes a Session (edgelin.runtime.load(export_dir)), got {type(session).__name__}")
         self.session = session
         self.sampler = Sampler(temperature, top_k, top_p, seed)
         self.max_new_tokens, self.prefill_chunk = int(max_new_tokens), int(prefill_chunk)

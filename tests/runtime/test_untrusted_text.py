@@ -278,3 +278,13 @@ def test_a_hugging_face_decode_of_an_id_outside_the_vocabulary_is_one_line():
             tok.decode(ids)
         with pytest.raises(EdgelinError, match="outside the vocabulary"):
             tok.decoder().feed(ids[-1])
+
+
+def test_a_generator_or_chat_without_a_session_is_one_line():
+    """AttributeError before."""
+    from edgelin.runtime import Chat, Generator
+
+    with pytest.raises(EdgelinError, match="Generator takes a Session"):
+        Generator(None, "Hello")
+    with pytest.raises(EdgelinError, match="Chat takes a Session"):
+        Chat(None)
