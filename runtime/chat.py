@@ -121,7 +121,7 @@ def _measure(value: Any, limit: int) -> tuple[int, int, int]:
         nodes += 1
         depth = max(depth, d)
         if isinstance(v, (str, bytes, bytearray)):
-            size += len(v) + 2
+            size += len(v) + (2 if d else 0)  # quoted inside a container's repr
         elif isinstance(v, bool) or v is None:
             size += 5
         elif isinstance(v, int):
