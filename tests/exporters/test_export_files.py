@@ -133,7 +133,7 @@ def test_failed_forced_export_keeps_the_old_one(exported, tmp_path, monkeypatch)
 def test_a_failed_rename_leaves_the_old_export_and_no_litter(tmp_path, monkeypatch, failing):
     """replace_dir's renames: where the first (old export aside) or the second (new one in) fails, the old export
     is where it was, and neither the new folder nor the trash folder is left behind (the trash was, empty)."""
-    from edgelin.runtime import files
+    from edgelin.runtime.files import folders as files
 
     out, new = tmp_path / "out", tmp_path / ".out.tmp.new"
     for folder, text in ((out, "old"), (new, "new")):
