@@ -278,7 +278,7 @@ def check_cmd(export_dir, providers, threads, json_path, force):
     from edgelin.runtime.files import check_output_file, json_format, write_json
     from edgelin.runtime.golden import check
     from edgelin.runtime.options import check_int
-    from edgelin.runtime.session import EXECUTION_PROVIDERS
+    from edgelin.runtime.providers import EXECUTION_PROVIDERS
 
     names = [n.strip().lower() for n in providers.split(",") if n.strip()]
     bad = [n for n in names if n not in EXECUTION_PROVIDERS]

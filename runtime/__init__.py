@@ -13,7 +13,8 @@ from edgelin.runtime.chat import Chat, ChatTemplate
 from edgelin.runtime.generate import DEFAULT_PREFILL_CHUNK, MAX_NEW_TOKENS, Generator, Result, Stats, Token, generate_text
 from edgelin.runtime.manifest import FORMAT, MANIFEST_FILE, Manifest, StateSpec
 from edgelin.runtime.sampling import Sampler, top_k_mask, top_p_mask
-from edgelin.runtime.session import PROVIDERS, ProviderWarning, Session, load
+from edgelin.runtime.providers import PROVIDERS, ProviderWarning
+from edgelin.runtime.session import Session, load
 from edgelin.runtime.state import State
 from edgelin.runtime.tokenizer import ByteTokenizer, make_tokenizer
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from edgelin.errors import ManifestError, NonFiniteError, RuntimeInputError
+from edgelin.runtime.controls import NGrams, StopStrings, process_logits
 from edgelin.runtime.files import check_output_file
 from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.runtime.sampling import Sampler
@@ -39,14 +39,23 @@ from edgelin.runtime.state import State, check_state_for, is_state_file
 from edgelin.runtime.tokenizer import StreamDecoder
 from edgelin.runtime.options import check_int, check_number, token_array
 
+
 MAX_NEW_TOKENS = 1_000_000  # a sane cap: the state is constant-size, but a typo like 1e12 should not run for days
+
+
 DEFAULT_PREFILL_CHUNK = PREFILL_PIECE  # the manifest's recommended prefill piece, written by the exporter
+
+
 # A batch of prompts is prefilled in ragged calls of at most this much padded work per real token
 # (Session.prefill_batch's max_padding). Measured on the bundled model, 8 prompts, CPU, best of 3: lengths
 # 12-512 in one call took 2.0-2.6x the time of one prompt at a time (1 and 2 threads), grouped at 1.25 1.1x;
 # lengths 17-31 took 0.7-0.8x in one call or grouped at 1.25 (fewer calls); lengths 200-256 0.9-1.0x.
 RAGGED_MAX_PADDING = 1.25
+
+
 MAX_PENALTY = 100.0
+
+
 MAX_NGRAM = 4096  # no_repeat_ngram_size: a longer n-gram is a typo (each step hashes n - 1 ids)
 
 
@@ -91,90 +100,6 @@ class Result:
     ids: list[int] = field(default_factory=list)  # every token produced (an eos is not included)
     stop_reason: str | None = None  # "eos", "stop" (a stop sequence) or "length"
     eos_id: int | None = None  # the eos id that ended it (the state has seen it; ids do not hold it)
-
-
-class NGrams:
-    """The n-grams of a growing sequence, for Hugging Face's ``no_repeat_ngram_size``: ``banned()`` is the ids that
-    would complete an n-gram the sequence already holds (the ids that followed each earlier occurrence of its last
-    n - 1 ids; for n = 1 every id seen). One step costs O(n), not a scan of the sequence."""
-
-    def __init__(self, n: int, ids: Sequence[int] = ()) -> None:
-        self.n, self.ids = int(n), []
-        self._next: dict[tuple[int, ...], dict[int, None]] = {}  # (n - 1)-gram -> the ids seen after it, in order
-        for i in ids:
-            self.add(int(i))
-
-    def add(self, token_id: int) -> None:
-        self.ids.append(token_id)
-        if len(self.ids) >= self.n:
-            self._next.setdefault(tuple(self.ids[len(self.ids) - self.n:-1]), {})[token_id] = None
-
-    def banned(self) -> list[int]:
-        if len(self.ids) + 1 < self.n:
-            return []
-        return list(self._next.get(tuple(self.ids[len(self.ids) - self.n + 1:]), ()))
-
-
-class StopStrings:
-    """Stop strings found in a text that arrives piece by piece, in time linear in the text and the strings.
-
-    Each string gets Knuth-Morris-Pratt's table once (``prefix``: for each length k of its start, the longest
-    proper start of it that also ends those k characters); a ``Matcher`` then advances one state per string and
-    character -- how many characters of the string's start the text ends with -- which is also how much text
-    must be held back while it may still become that string. A search over the held text with every start
-    of every string tried at every token costs the square of the strings' lengths per token instead."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = list(stops)
-        self.prefix = [_prefix_table(s) for s in self.stops]
-
-    def matcher(self) -> "Matcher":
-        return Matcher(self)
-
-
-def _prefix_table(s: str) -> array:
-    table = array("q", [0]) * len(s)
-    k = 0
-    for i in range(1, len(s)):
-        while k and s[i] != s[k]:
-            k = table[k - 1]
-        if s[i] == s[k]:
-            k += 1
-        table[i] = k
-    return table
-
-
-class Matcher:
-    """One sequence's progress through ``StopStrings``."""
-
-    def __init__(self, stops: StopStrings) -> None:
-        self.stops = stops
-        self.state = [0] * len(stops.stops)  # per string: how many of its first characters the text ends with
-
-    def feed(self, text: str) -> tuple[int, int] | None:
-        """Advance over ``text``. Returns (the string's index, where it ends in ``text``) for the first string in
-        the list that is complete somewhere in it (its first occurrence), or None."""
-        hit = None
-        for j, (s, table) in enumerate(zip(self.stops.stops, self.stops.prefix)):
-            k = self.state[j]
-            for i, c in enumerate(text):
-                while k and c != s[k]:
-                    k = table[k - 1]
-                if c == s[k]:
-                    k += 1
-                if k == len(s):
-                    if hit is None:
-                        hit = (j, i + 1)
-                    k = table[k - 1]
-                    break
-            self.state[j] = k
-            if hit is not None:
-                return hit
-        return None
-
-    def partial(self) -> int:
-        """How many characters at the end of the text so far may still start a stop string."""
-        return max(self.state, default=0)
 
 
 class _Sequence:
@@ -450,34 +375,6 @@ def _eos_set(eos_id: Any) -> frozenset[int]:
     return frozenset(check_int("eos_id", i, low=0) for i in items)
 
 
-def process_logits(logits: np.ndarray, seen: Sequence[np.ndarray], new_tokens: Sequence[int], *,
-                   repetition_penalty: float = 1.0, min_new_tokens: int = 0, eos_ids: frozenset[int] | Sequence[int] = (),
-                   banned: Sequence[Sequence[int]] = ()) -> np.ndarray:
-    """Hugging Face ``generate``'s logits processors, before sampling: logits [R, V] -> a processed copy.
-
-    seen[r]: the distinct ids of row r's sequence so far (``RepetitionPenaltyLogitsProcessor``: each one's logit
-    divided by the penalty where it is positive, multiplied where it is negative -- in the logits' dtype);
-    new_tokens[r]: tokens row r has generated so far (``MinNewTokensLengthLogitsProcessor``: below
-    ``min_new_tokens`` every eos id's logit is -inf); banned[r]: ids that would repeat an n-gram of row r
-    (``NoRepeatNGramLogitsProcessor``, ``NGrams.banned``: their logits are -inf)."""
-    out = np.array(logits, copy=True)
-    if repetition_penalty != 1.0:
-        penalty = out.dtype.type(repetition_penalty)
-        for row, ids in enumerate(seen):
-            x = out[row, ids]
-            out[row, ids] = np.where(x < 0, x * penalty, x / penalty)
-    if min_new_tokens > 0 and eos_ids:
-        eos = np.fromiter(sorted(eos_ids), dtype=np.int64)
-        eos = eos[eos < out.shape[-1]]
-        for row, n in enumerate(new_tokens):
-            if n < min_new_tokens:
-                out[row, eos] = -np.inf
-    for row, ids in enumerate(banned):
-        if len(ids):
-            out[row, np.asarray(ids, dtype=np.int64)] = -np.inf
-    return out
-
-
 def _id_prompts(prompt_ids: Any) -> tuple[bool, list[list[int]]]:
     """(a batch?, the prompts as lists of ints) from one id sequence or a list of them; a one-line error otherwise."""
     if isinstance(prompt_ids, np.ndarray):
@@ -619,4 +516,4 @@ def generate_text(
             "state_positions": positions}
 
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "NGrams", "Result", "Stats", "Token", "generate_text", "process_logits"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "MAX_NEW_TOKENS", "Generator", "Result", "Stats", "Token", "generate_text"]

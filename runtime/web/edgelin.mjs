@@ -479,7 +479,7 @@ function rustByteFallback(decoder) {
 }
 
 // ---- Hugging Face generate's logits processors ------------------------------------------------
-/** Before sampling, as the Python runtime (runtime/generate.py: process_logits) and Hugging Face's generate do:
+/** Before sampling, as the Python runtime (runtime/controls.py: process_logits) and Hugging Face's generate do:
  * the repetition penalty (CTRL: the logit of every id in `seen` divided by the penalty where positive, multiplied
  * where negative, in float32), the n-gram ban (every id of `banned`, from NGrams.banned(), is -Infinity) and
  * min_new_tokens (every eos id masked while fewer tokens were generated). Returns `logits` itself where none

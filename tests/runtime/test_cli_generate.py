@@ -168,7 +168,7 @@ def test_cuda_without_cuda_is_one_line(tiny):
 
 def test_auto_without_cuda_warns_in_one_line_and_runs(tiny):
     """A CPU run under --provider auto warns (one line) only where the machine shows a GPU CUDA could not use."""
-    from edgelin.runtime.session import gpu_visible
+    from edgelin.runtime.providers import gpu_visible
 
     result = invoke(tiny[1], "-p", "Hi", "-n", "3")
     assert result.exit_code == 0, result.stderr

@@ -226,14 +226,13 @@ def test_generate_text_streams_and_reports_timings(tiny, tmp_path):
     assert (tmp_path / "s.npz").is_file() and out["state_out"] == str(tmp_path / "s.npz")
 
 
-def test_a_model_without_a_text_tokenizer_takes_ids(export_copy):
-    import json
-
+def test_a_model_without_a_text_tokenizer_takes_ids(exported):
     from edgelin.errors import ManifestError
 
-    path = export_copy / "edgelin.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | {"tokenizer": {"kind": "ids", "encoding": None, "offset": 0, "bos_id": None, "eos_id": None, "pad_id": None}}))
-    session = load(export_copy, provider="cpu")
+    # a model of 1,024 ids has no text tokenizer (kind 'ids'): the export test_node and test_site read too
+    _, ids_only = exported("elu+1", options={"precision": "fp32"}, vocab_size=1024)
+    session = load(ids_only, provider="cpu")
+    assert session.manifest.tokenizer["kind"] == "ids"
     with pytest.raises(ManifestError, match="tokenizer kind 'ids'.*pass token ids"):
         Generator(session, "text", max_new_tokens=3)
     with pytest.raises(ManifestError, match="tokenizer kind 'ids'"):

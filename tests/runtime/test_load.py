@@ -148,12 +148,12 @@ def test_auto_falls_back_to_cpu_warning_only_where_a_gpu_is_seen(tiny, monkeypat
     machine without one: CPU, quietly (it warned on every run of a CPU-only machine with onnxruntime-gpu)."""
     import warnings
 
-    from edgelin.runtime import session as session_module
+    from edgelin.runtime import providers as providers_module
 
     if cuda_really_active(tiny[1]):
         assert load(tiny[1], provider="auto").provider == "cuda"
         return
-    monkeypatch.setattr(session_module, "gpu_visible", lambda: gpu)
+    monkeypatch.setattr(providers_module, "gpu_visible", lambda: gpu)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         session = load(tiny[1], provider="auto")

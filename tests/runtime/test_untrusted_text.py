@@ -184,7 +184,7 @@ def test_stop_strings_end_the_text_where_a_search_of_the_held_text_does():
     quadratic time, and the JavaScript runtime makes; what is released is never part of a stop string."""
     import random
 
-    from edgelin.runtime.generate import StopStrings
+    from edgelin.runtime.controls import StopStrings
 
     def search(stops, pieces):
         held, out = "", ""

@@ -16,7 +16,7 @@ import pytest
 
 from edgelin.errors import RuntimeInputError
 from edgelin.runtime import Generator
-from edgelin.runtime.generate import NGrams, process_logits
+from edgelin.runtime.controls import NGrams, process_logits
 
 CHILD = textwrap.dedent(r'''
     import json, sys
@@ -26,7 +26,8 @@ CHILD = textwrap.dedent(r'''
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
-    from edgelin.runtime.generate import Generator, NGrams, process_logits
+    from edgelin.runtime.controls import NGrams, process_logits
+    from edgelin.runtime.generate import Generator
 
     torch.manual_seed(0)
     out = {"processor": []}
