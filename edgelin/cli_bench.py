@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from edgelin.cli_common import fail, progress, user_errors
+from edgelin.cli.common import fail, progress, user_errors
 
 SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering, hybrid, transformers"
 

@@ -284,7 +284,7 @@ def test_a_window_larger_than_the_context_limit_is_refused():
 def test_generate_reports_the_growing_state(hybrid_export):
     """generate_text (and the CLI's summary line) says how much a hybrid's KV cache holds at the end."""
     import edgelin.runtime as rt
-    from edgelin.cli_generate import _summary
+    from edgelin.cli.generate import _summary
 
     _, out = hybrid_export
     s = rt.load(out, provider="cpu")

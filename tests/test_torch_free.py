@@ -178,7 +178,7 @@ def test_import_and_generate_without_torch(exported, tmp_path):
         f"""
         import json, sys
         import edgelin.runtime as rt
-        import edgelin.cli_generate
+        import edgelin.cli.generate
         result = rt.generate_text({str(export_dir)!r}, "Hello", max_new_tokens=16, provider="cpu",
                                   state_out={str(tmp_path / "s.npz")!r})
         gen = rt.Generator(rt.load({str(export_dir)!r}, provider="cpu"), ["a", "bcd"], max_new_tokens=4, temperature=0.5, seed=0)
@@ -197,7 +197,7 @@ def test_cli_generate_runs_without_torch(exported):
     tiny = exported("elu+1")
     proc = run_without_torch(
         f"""
-        from edgelin.cli_generate import generate
+        from edgelin.cli.generate import generate
         generate.main([{str(tiny[1])!r}, "--prompt", "Hi", "-n", "5", "--provider", "cpu", "--json"], standalone_mode=True)
         """
     )

@@ -7,7 +7,7 @@ from edgelin.runtime.manifest import sync_io
 import pytest
 from click.testing import CliRunner
 
-from edgelin.cli_generate import generate
+from edgelin.cli.generate import generate
 from edgelin.runtime import Generator, generate_text
 
 

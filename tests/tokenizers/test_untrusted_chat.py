@@ -108,7 +108,7 @@ def test_a_system_message_that_is_no_text_is_refused_at_once(chat_export):
 def test_cli_chat_with_a_failing_template_is_one_line(chat_export, tmp_path, source, prompt, match):
     """Before: "prompt_ids must be a non-empty list" for a user who passed --prompt, RecursionError, MemoryError and
     OverflowError tracebacks, the tokenizers package's TypeError."""
-    from edgelin.cli_generate import generate
+    from edgelin.cli.generate import generate
 
     export = _with_template(chat_export, tmp_path, source)
     result = CliRunner().invoke(generate, [str(export), "--chat", "-p", prompt, "-n", "2", "--provider", "cpu"])

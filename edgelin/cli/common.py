@@ -1,7 +1,6 @@
 """What every edgelin command shares: one-line errors with exit status 2, progress on stderr.
 
-A module of its own so that command modules (cli_generate, cli_bench) and edgelin.cli can import it
-in any order.
+Every command module imports it; it imports none of them.
 """
 
 from __future__ import annotations
@@ -157,3 +156,8 @@ class OneLineGroup(click.Group):
 def progress(message: str) -> None:
     """Progress lines go to stderr, so stdout stays clean for results."""
     click.echo(message, err=True)
+
+
+BUDGET_HELP = ("A parity bound of your own, KIND.BOUND=VALUE (repeatable), e.g. logits.max_rel=3e-5: kinds logits, state, "
+               "provider, long, top1, greedy, heldout; bounds max_abs, max_rel (max abs / max(1, max |reference|)), rel_l2, "
+               "min_agreement, max_bpb_delta. See docs/parity.md.")

@@ -10,7 +10,7 @@ from collections import Counter
 
 import click
 
-from edgelin.cli_common import user_errors
+from edgelin.cli.common import user_errors
 from edgelin.errors import RuntimeInputError
 
 

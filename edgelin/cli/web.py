@@ -6,7 +6,7 @@ import shutil
 
 import click
 
-from edgelin.cli_common import progress, user_errors
+from edgelin.cli.common import progress, user_errors
 
 
 @click.command("web", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
