@@ -79,7 +79,7 @@ def expected_files() -> list[str]:
 
 def test_the_expectation_covers_the_known_modules():
     files = expected_files()
-    for known in ("edgelin/runtime/schema/edgelin-2.schema.json", "edgelin/runtime/web/edgelin.mjs", "edgelin/runtime/web/index.html", "edgelin/model.py", "edgelin/ops/chunk.py", "edgelin/runtime/manifest.py", "edgelin/exporters/__init__.py", "edgelin/models/__init__.py"):
+    for known in ("edgelin/runtime/schema/edgelin-2.schema.json", "edgelin/runtime/web/edgelin.mjs", "edgelin/runtime/web/index.html", "edgelin/model.py", "edgelin/ops/chunk.py", "edgelin/runtime/manifest/__init__.py", "edgelin/exporters/__init__.py", "edgelin/models/__init__.py"):
         assert known in files
 
 

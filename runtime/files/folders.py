@@ -27,7 +27,7 @@ def _inside(a: Path, b: Path) -> bool:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 (lowercase hex) of a file, read in 1 MiB blocks (also ``runtime.manifest.file_sha256``)."""
+    """sha256 (lowercase hex) of a file, read in 1 MiB blocks (``edgelin.runtime.manifest`` has it too)."""
     import hashlib
 
     h = hashlib.sha256()

@@ -12,7 +12,7 @@ from typing import Callable
 from edgelin.errors import OutputError
 from edgelin.runtime.files.reading import read_regular
 
-MANIFEST_FILE = "edgelin.json"  # also runtime.manifest.MANIFEST_FILE (that module imports numpy; this one must not)
+MANIFEST_FILE = "edgelin.json"  # also runtime.manifest.MANIFEST_FILE (that package imports numpy; this one must not)
 OVERWRITE_HINT = "pass --force (overwrite=True in Python) to replace it, or name another file"
 MAX_RECOGNISED_BYTES = 64 << 20  # a file edgelin recognises as its own is read only up to this size
 
