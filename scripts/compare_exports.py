@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgelin.bench.harness import round_order
 from edgelin.errors import EdgelinError
 from edgelin.runtime.session import Session
 
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         decode = {n: [] for n in names}
         prefill = {n: [] for n in names}
         for r in range(args.rounds):
-            for n in (names if r % 2 == 0 else names[::-1]):
+            for n in round_order(names, r):
                 s = sessions[n]
                 state = s.new_state(1)
                 s.prefill(ids[:, :16], state)

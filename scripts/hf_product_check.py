@@ -2,7 +2,7 @@
 
     python scripts/hf_product_check.py [--families qwen3_5,lfm2,...] [--out docs/bench/hf_product.json] [--keep DIR]
 
-For each model of ``edgelin.bench.transformers_eager.MODELS`` (one per importer family, the bundled model's weight
+For each model of ``edgelin.bench.checkpoints.FAMILIES`` (one per importer family, the bundled model's weight
 size, random weights, a 512-token byte-level BPE tokenizer, all built and saved by transformers' own classes; a small
 chat template is added to its tokenizer_config.json):
 
@@ -50,8 +50,8 @@ def check_family(name: str, work: Path) -> dict:
     import transformers
 
     from edgelin.bench import run_bench
-    from edgelin.bench.llamacpp import build_checkpoint, export_checked
-    from edgelin.bench.transformers_eager import MODELS, TEXT
+    from edgelin.bench.checkpoints import FAMILIES as MODELS, build_checkpoint, export_checked
+    from edgelin.bench.transformers_eager import TEXT
     from edgelin.runtime import generate_text
     from edgelin.runtime.chat import Chat
     from edgelin.runtime.session import Session
@@ -118,7 +118,7 @@ def web_check(export: Path, work: Path, want: str) -> dict:
 
 
 def main() -> int:
-    from edgelin.bench.transformers_eager import MODELS
+    from edgelin.bench.checkpoints import FAMILIES as MODELS
     from edgelin.runtime.files import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -29,7 +29,8 @@ from pathlib import Path
 from edgelin.bench import run_bench
 from edgelin.bench.llamacpp import PRECISIONS, RUNTIMES, VARIANTS, llamacpp_section
 from edgelin.bench.plan import FULL
-from edgelin.bench.report import BenchReport
+from edgelin.bench.harness import machine_facts
+from edgelin.bench.report import BenchReport, record
 from edgelin.errors import EdgelinError
 from edgelin.runtime.files import write_json
 
@@ -71,9 +72,6 @@ def _published(args: argparse.Namespace, say, runtimes: tuple[str, ...]) -> Benc
     """The section on one published configuration of scripts/real_size.py (transformers-built models only)."""
     import dataclasses
 
-    from edgelin.bench.goals import goals
-    from edgelin.bench.measure import load_average, machine_facts
-    from edgelin.bench.run import busy
     from real_size import FLA_MODEL_TYPES, MODELS  # this folder's real-size script: the published configurations
 
     if args.model not in MODELS or MODELS[args.model][0] in FLA_MODEL_TYPES:
@@ -94,12 +92,10 @@ def _published(args: argparse.Namespace, say, runtimes: tuple[str, ...]) -> Benc
     machine, t0 = machine_facts(), time.perf_counter()
     part = llamacpp_section(plan, max(threads or (1,)), say, models={args.model: MODELS[args.model]}, precisions=precisions,
                             thread_counts=threads, runtimes=runtimes)
-    machine["load_average_end"] = load_average()
-    data = {"format": "edgelin-bench/1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": False, "machine": machine,
-            "busy": busy(machine), "model": None, "llamacpp": part, "seconds": time.perf_counter() - t0, "published_model": args.model,
-            "settings": {"threads": max(threads or (1,)), "provider_requested": "cpu", "provider_active": "CPUExecutionProvider"}}
-    data["goals"] = goals(data)  # against llama.cpp at the largest thread count run, the worst row
-    return BenchReport(data)
+    settings = {"threads": max(threads or (1,)), "provider_requested": "cpu", "provider_active": "CPUExecutionProvider"}
+    # the goals: against llama.cpp at the largest thread count run, the worst row
+    return BenchReport(record({"llamacpp": part}, machine=machine, settings=settings, quick=False, model=None, started=t0,
+                              published_model=args.model))
 
 
 if __name__ == "__main__":

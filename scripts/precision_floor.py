@@ -3,7 +3,7 @@ each against transformers' float64 run on the same ids, per Hugging Face family.
 
     python scripts/precision_floor.py [--families qwen3_5,lfm2,...] [--out docs/bench/precision_floor.json]
 
-For each model of ``edgelin.bench.transformers_eager.MODELS`` (one per importer family, hidden 256, random weights,
+For each model of ``edgelin.bench.checkpoints.FAMILIES`` (one per importer family, hidden 256, random weights,
 built and saved by transformers' own classes): an fp16 export (its own smoke check on), then on the smoke check's
 ids (batch 2, 67 tokens, seed 0) and 4 greedy decode steps: ``edgelin.upstream.precision_floor`` (transformers in
 float16 against transformers in float64, in subprocesses) and edgelin's fp16 graphs against the same float64 run.
@@ -24,14 +24,13 @@ import numpy as np
 
 def main() -> None:
     from edgelin import parity, upstream
-    from edgelin.bench.llamacpp import build_checkpoint
-    from edgelin.bench.transformers_eager import MODELS
+    from edgelin.bench.checkpoints import FAMILIES as MODELS, build_checkpoint
     from edgelin.exporters import export
     from edgelin.runtime.files import write_json
     from edgelin.runtime.session import Session
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--families", default=",".join(MODELS), help="comma list of transformers_eager.MODELS")
+    parser.add_argument("--families", default=",".join(MODELS), help="comma list of checkpoints.FAMILIES")
     parser.add_argument("--out", type=Path, help="write the record here (JSON)")
     args = parser.parse_args()
     names = [n for n in args.families.split(",") if n]

@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provider_nodes import placement  # noqa: E402
 
+from edgelin.bench.harness import round_order  # noqa: E402
 from edgelin.runtime import golden  # noqa: E402
 from edgelin.runtime.manifest import GRAPHS, Manifest  # noqa: E402
 from edgelin.runtime.session import CPU_EP, EXECUTION_PROVIDERS, PLUGIN_PROVIDERS, Session  # noqa: E402
@@ -43,7 +44,7 @@ def main() -> None:
             raise SystemExit(f"{export_dir} has no golden outputs (made by an earlier edgelin); re-export it")
         ms = {p: [] for p in sessions}
         for r in range(args.rounds):
-            for p in (list(sessions) if r % 2 == 0 else list(sessions)[::-1]):
+            for p in round_order(list(sessions), r):
                 ms[p].append(golden.decode_ms(sessions[p], g.plan, steps=48))
         fallback = {}
         for graph in GRAPHS:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgelin.bench.harness import round_order
 from edgelin.runtime.sampling import Sampler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,12 +88,12 @@ def python_costs(logits, reps: int) -> dict:
         fast = Sampler(t, k, p)
         times = {"full sort": [], "selection": []}
         for r in range(reps):
-            runs = [("full sort", lambda: full_sort_step(logits, t, k, p, np.random.default_rng(r))),
-                    ("selection", lambda: fast(logits, np.random.default_rng(r)))]
+            runs = {"full sort": lambda: full_sort_step(logits, t, k, p, np.random.default_rng(r)),
+                    "selection": lambda: fast(logits, np.random.default_rng(r))}
             ids = {}
-            for which, f in runs if r % 2 == 0 else runs[::-1]:
+            for which in round_order(list(runs), r):
                 start = time.perf_counter()
-                ids[which] = f()
+                ids[which] = runs[which]()
                 times[which].append(time.perf_counter() - start)
             if ids["full sort"].tolist() != ids["selection"].tolist():
                 raise SystemExit(f"{name}: the selection chose {ids['selection']}, the full sort {ids['full sort']}")

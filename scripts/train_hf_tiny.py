@@ -3,8 +3,8 @@ with trained weights, whose logits have a trained model's margins, for judging t
 
     python scripts/train_hf_tiny.py FAMILY OUT [--seconds 240] [--seed 0]
 
-FAMILY is one of ``edgelin.bench.transformers_eager.MODELS``. The model is built and saved by transformers' own
-classes (``edgelin.bench.llamacpp.build_checkpoint``), then trained with transformers' PyTorch paths (triton and fla
+FAMILY is one of ``edgelin.bench.checkpoints.FAMILIES``. The model is built and saved by transformers' own
+classes (``edgelin.bench.checkpoints.build_checkpoint``), then trained with transformers' PyTorch paths (triton and fla
 hidden, as on a CPU-only device) on the training split of models/corpus.py's code documents (the first 3 MB),
 tokenised by the checkpoint's own byte-level BPE: AdamW, lr 2e-3, batch 8 x 256 tokens, until ``--seconds`` have
 passed; saved to OUT with its tokenizer files. Prints the loss every 25 steps. OUT must not exist.
@@ -26,8 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    from edgelin.bench.llamacpp import build_checkpoint
-    from edgelin.bench.transformers_eager import MODELS
+    from edgelin.bench.checkpoints import FAMILIES as MODELS, build_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("family", choices=list(MODELS))

@@ -502,11 +502,12 @@ def test_transformers_section_quick(tmp_path):
 
 def test_transformers_section_is_skipped_with_the_reason_without_transformers(monkeypatch):
     from edgelin.bench import QUICK, transformers_eager
+    from edgelin.bench.report import transformers_lines
 
     monkeypatch.setattr("edgelin.upstream.unavailable", lambda framework: f"{framework} is not installed here")
     x = transformers_eager.transformers_section(QUICK, 1, lambda msg: None)
     assert x == {"status": "skipped", "reason": "transformers is not installed here"}
-    assert "skipped" in "\n".join(transformers_eager.transformers_lines(x))
+    assert "skipped" in "\n".join(transformers_lines(x))
 
 
 def test_precision_section_quick(tmp_path):

@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from edgelin.bench import llamacpp
+from edgelin.bench import checkpoints, llamacpp
 from edgelin.bench.plan import OPT_IN_SECTIONS, QUICK, SECTIONS
 from edgelin.bench.report import llamacpp_lines
 from edgelin.cli_bench import bench
@@ -139,7 +139,7 @@ def test_the_checkpoints_tokenizer_has_the_models_vocabulary(size):
     """llama.cpp's converter reads the tokenizer beside the weights: it must have exactly the model's vocabulary (the
     section's 512, and a published model's 65,536 at real size), distinct ids, bytes round-tripping, merges applied.
     (Merges of symbols the byte-level pre-tokenizer puts in different words are never reached: speed does not care.)"""
-    tok = llamacpp.byte_level_tokenizer(size)
+    tok = checkpoints.byte_level_tokenizer(size)
     assert tok.get_vocab_size() == size == len(set(tok.get_vocab().values()))
     text = "ab cd \u00e9\u00e8 \U0001f600 pm"
     assert tok.decode(tok.encode(text).ids) == text
@@ -148,8 +148,8 @@ def test_the_checkpoints_tokenizer_has_the_models_vocabulary(size):
 
 
 def test_a_tokenizer_too_large_for_byte_pairs_is_refused():
-    with pytest.raises(llamacpp.BenchError, match="cannot be made"):
-        llamacpp.byte_level_tokenizer(70000)
+    with pytest.raises(checkpoints.BenchError, match="cannot be made"):
+        checkpoints.byte_level_tokenizer(70000)
 
 
 def test_a_test_no_round_measured_is_said_in_its_row_the_table_and_left_out_of_the_goals():

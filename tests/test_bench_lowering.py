@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgelin.bench import lowering
+from edgelin.bench import harness, lowering
 from edgelin.bench.plan import ALL_SECTIONS, OPT_IN_SECTIONS
+from edgelin.bench.report import lowering_lines
 
 
 def test_it_is_an_opt_in_section():
@@ -21,7 +22,7 @@ def test_speedups_invert_times_and_keep_rates():
 
 
 def test_a_missing_javascript_runtime_is_said_not_failed(monkeypatch, tmp_path):
-    monkeypatch.setattr(lowering, "ROOT", tmp_path)  # a checkout without node_modules
+    monkeypatch.setattr(harness, "ROOT", tmp_path)  # a checkout without node_modules
     got = lowering.js_runtime("onnxruntime-web", {"portable": Path("a"), "fused": Path("b")}, 1, 1, (64,))
     assert got["status"] == "skipped" and "node_modules/onnxruntime-web" in got["reason"]
 
@@ -31,6 +32,6 @@ def test_the_table_names_each_runtime_and_says_what_was_skipped():
         "nodes_per_layer": {"portable": 53.75, "fused": 47.75},
         "runtimes": {"python": {"portable/decode_b1_ms": 0.4, "fused/decode_b1_ms": 0.2}, "wasm": {"status": "skipped", "reason": "npm ci"}},
         "fused_speedup": {"python": {"decode_b1_ms": 2.0}}}}}
-    text = "\n".join(lowering.lowering_lines(part))
+    text = "\n".join(lowering_lines(part))
     assert "portable 53.75, fused 47.75" in text and "python  decode_b1_ms x2.00" in text and "wasm    skipped: npm ci" in text
-    assert "skipped: why" in "\n".join(lowering.lowering_lines({"status": "skipped", "reason": "why"}))
+    assert "skipped: why" in "\n".join(lowering_lines({"status": "skipped", "reason": "why"}))

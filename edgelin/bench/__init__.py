@@ -5,10 +5,13 @@
 Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
 
     plan        the sections, sizes and caps (FULL, QUICK), the checked options, the model under test
-    measure     statistics, interleaved timing, machine facts, the torch-free prefill worker
+    harness     statistics, interleaved calls and alternating rounds, the machine and its load, other programs'
+                output (commands, node scripts): what every section times with (torch-free)
+    measure     the torch-free prefill worker (peak memory), copy bandwidth, predicted costs, graph facts
     baselines   the graphs exported here (softmax twin with a KV cache, O(T^2) form, chunk sweep) and
-                their check against PyTorch (edgelin.parity budgets)
+                their check against PyTorch (edgelin.parity budgets); the export workers
     gqa         the softmax twin's decode step around ORT's GroupQueryAttention, KV buffers updated in place
+    checkpoints the Hugging Face checkpoints built with transformers' classes (llamacpp, transformers, scripts/)
     sections    decode, throughput, position, prefill, sweep, floor
     foreign     fla (opt-in): a flash-linear-attention checkpoint imported + exported, vs fla's own step
     decay       decay (opt-in): same-size LinearLMs with each decay vs the plain one
@@ -17,8 +20,13 @@ Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
     lowering    lowering (opt-in): portable vs fused graphs (export --ops) in the Python runtime, node and WASM
     hybrid      hybrid (opt-in): linear, hybrid and softmax stacks of one size, decode and state against context
     transformers_eager  transformers (opt-in): each Hugging Face family's export vs transformers' eager model
-    report      BenchReport, the JSON file, the table, the plots
+    goals       the speed goals judged on a record's figures
+    report      BenchReport, the record (its envelope, the JSON file, the output folder), the table of every section
+    plots       the PNG plots (matplotlib, optional)
     run         run_bench
+
+Imports go one way: plan and harness at the bottom, then measure, baselines and the sections, then goals, plots
+and report (which read records and import no section), then run. The report never imports a section.
 
 Method (also written into the JSON):
 - Threads are set explicitly: ``torch.set_num_threads(threads)`` and ORT ``intra_op_num_threads=threads``
@@ -47,12 +55,11 @@ from typing import Any
 _PUBLIC = {
     # name: submodule that defines it
     "run_bench": "run",
-    "BenchReport": "report", "format_table": "report", "write_plots": "report", "write_json_atomic": "report", "_finite": "report",
+    "BenchReport": "report", "format_table": "report", "write_json_atomic": "report", "_finite": "report",
+    "FORMAT": "report", "JSON_FILE": "report", "DEFAULT_OUT": "report", "write_plots": "plots",
     "BenchError": "plan", "Plan": "plan", "FULL": "plan", "QUICK": "plan", "SECTIONS": "plan", "OPT_IN_SECTIONS": "plan",
-    "ALL_SECTIONS": "plan", "PROVIDERS": "plan",
-    "FORMAT": "plan", "JSON_FILE": "plan", "DEFAULT_OUT": "plan", "DEFAULT_MODEL": "plan", "Subject": "plan",
-    "resolve_subject": "plan",
-    "stats": "measure", "interleaved": "measure", "machine_facts": "measure",
+    "ALL_SECTIONS": "plan", "PROVIDERS": "plan", "DEFAULT_MODEL": "plan", "Subject": "plan", "resolve_subject": "plan",
+    "stats": "harness", "interleaved": "harness", "machine_facts": "harness",
 }
 _RENAMED = {"_cuda_is_active": ("plan", "cuda_is_active")}  # older private names still in use
 

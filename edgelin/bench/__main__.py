@@ -3,7 +3,7 @@
     python -m edgelin.bench --worker SPEC_JSON   one prefill case; prints its result as JSON (torch-free)
     python -m edgelin.bench --export JOBS_JSON   export a list of graphs (torch)
     python -m edgelin.bench --foreign SPEC_JSON  the fla section (torch, fla under Triton's interpreter)
-    python -m edgelin.bench --hf-build SPEC_JSON the llamacpp section's checkpoints (transformers, triton and fla hidden)
+    python -m edgelin.bench --hf-build SPEC_JSON a Hugging Face checkpoint (checkpoints.py) (transformers, triton and fla hidden)
     python -m edgelin.bench --llama-greedy SPEC_JSON  the llamacpp section's greedy ids of a GGUF (llama.cpp's ctypes bindings)
     python -m edgelin.bench --hf-eager SPEC_JSON  the transformers section's measurements of one model (transformers + runtime)
 """
@@ -31,10 +31,14 @@ def main(argv: list[str]) -> None:
         from edgelin.bench.foreign import foreign_worker_main
 
         foreign_worker_main(json.loads(argv[1]))
-    elif len(argv) == 2 and argv[0] in ("--hf-build", "--llama-greedy"):
-        from edgelin.bench import llamacpp
+    elif len(argv) == 2 and argv[0] == "--hf-build":
+        from edgelin.bench.checkpoints import hf_build_main
 
-        (llamacpp.hf_build_main if argv[0] == "--hf-build" else llamacpp.llama_greedy_main)(json.loads(argv[1]))
+        hf_build_main(json.loads(argv[1]))
+    elif len(argv) == 2 and argv[0] == "--llama-greedy":
+        from edgelin.bench.llamacpp import llama_greedy_main
+
+        llama_greedy_main(json.loads(argv[1]))
     elif len(argv) == 2 and argv[0] == "--hf-eager":
         from edgelin.bench.transformers_eager import hf_eager_main
 

@@ -33,7 +33,8 @@ from edgelin.config import ModelConfig
 from edgelin.runtime.session import Session
 
 from . import baselines
-from .measure import interleaved, prefill_case, ratio, stats
+from .harness import interleaved, ratio, stats
+from .measure import prefill_case
 from .plan import DATA_SEED, Plan, Progress
 
 # The bundled model's shape (models/stdlib-linear, less its decay); the widths come from the plan.

@@ -43,7 +43,8 @@ from typing import Any
 
 from edgelin.runtime.files import write_json
 
-from .measure import interleaved, ratio, stats
+from .checkpoints import perturb
+from .harness import dist_version, interleaved, ratio, stats
 from .plan import DATA_SEED, MODEL_SEED, BenchError, Plan, Progress
 
 # The fla model measured: tiny, fla's defaults otherwise. Vocabulary of bytes, like the bundled model.
@@ -118,13 +119,7 @@ def _build(models, folder: Path):
     cfg = models.LinearAttentionConfig(**FLA_MODEL)
     torch.manual_seed(MODEL_SEED)
     model = models.LinearAttentionForCausalLM(cfg).eval()
-    gen = torch.Generator().manual_seed(MODEL_SEED + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-            else:
-                p.add_((0.3 if "embeddings" in name or "lm_head" in name else 0.05) * torch.randn(p.shape, generator=gen))
+    perturb(model, MODEL_SEED + 1, lambda name: "embeddings" in name or "lm_head" in name)
     model.save_pretrained(folder)
     return cfg
 
@@ -237,7 +232,7 @@ def foreign_worker_main(spec: dict[str, Any]) -> None:
                        "hidden_ratio": cfg.hidden_ratio, "norm_feature_map": cfg.norm_feature_map},
         "parameters": sum(p.numel() for p in imported.parameters()),
         "provider": "cpu", "threads": threads,
-        "versions": {"fla": _version("flash-linear-attention", "fla-core"), "triton": triton.__version__},
+        "versions": {"fla": dist_version("flash-linear-attention", "fla-core"), "triton": triton.__version__},
         "import_export": timing,
         "decode_nodes": result.nodes.get("decode"), "prefill_nodes": result.nodes.get("prefill"),
         "state_bytes_per_sequence": sess.manifest.state_bytes(1),
@@ -252,17 +247,6 @@ def foreign_worker_main(spec: dict[str, Any]) -> None:
         },
         "decode": decode,
     })
-
-
-def _version(*dists: str) -> str | None:
-    from importlib import metadata
-
-    for dist in dists:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 __all__ = ["FLA_MODEL", "fla_section", "foreign_worker_main"]

@@ -30,7 +30,7 @@ from edgelin.runtime.session import Session
 from edgelin.runtime.state import State
 
 from . import baselines
-from .measure import interleaved, ratio, stats
+from .harness import interleaved, ratio, stats
 from .plan import DATA_SEED, Plan, Progress
 
 # The bundled model's shape (models/stdlib-linear); the widths come from the plan.
@@ -95,26 +95,4 @@ def hybrid_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     }
 
 
-def hybrid_lines(x: dict) -> list[str]:
-    """The hybrid section's rows of the table."""
-    from .report import not_run_lines
-
-    head = "10. hybrid: linear, hybrid and softmax stacks of one size (random weights), decode against context"
-    if x.get("status") != "ok":
-        return not_run_lines(head, x)
-    c = x["config"]
-    layers = ", ".join(f"{s} {v['attn_layers'] or 'none'}" for s, v in x["stacks"].items())
-    lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv "
-                   f"{c['conv_size']}, decay {c['decay']}; softmax attention at layers: {layers}; batch 1, interleaved",
-             f"  {'position':>9s}  " + "  ".join(f"{s + ' ms/token, state MB':>30s}" for s in x["stacks"])]
-    by = {(r["stack"], r["position"]): r for r in x["rows"]}
-    for p in x["positions"]:
-        cells = []
-        for s in x["stacks"]:
-            r = by[(s, p)]
-            cells.append(f"{r['decode_ms']['median']:>12.3f} ms ({r['decode_over_linear']:>5.2f}x) {r['state_bytes'] / 1e6:>8.2f} MB")
-        lines.append(f"  {p:>9,}  " + "  ".join(f"{c:>30s}" for c in cells))
-    return lines
-
-
-__all__ = ["HYBRID_BASE", "STACKS", "attention_layers", "hybrid_lines", "hybrid_section", "state_at"]
+__all__ = ["HYBRID_BASE", "STACKS", "attention_layers", "hybrid_section", "state_at"]

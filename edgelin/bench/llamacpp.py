@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,8 +50,10 @@ import onnxruntime
 
 from edgelin.runtime.session import Session
 
-from .measure import load_average
-from .plan import DATA_SEED, MODEL_SEED, BenchError, Plan, Progress
+from . import checkpoints
+from .checkpoints import FAMILIES, VOCAB, build_checkpoint
+from .harness import JS_PACKAGES, ROOT, load_average, median_of, node_json, round_order, run_command
+from .plan import DATA_SEED, BenchError, Plan, Progress
 
 ENV = "EDGELIN_LLAMA_CPP"
 BUILD = "bash scripts/llamacpp_build.sh DIR (minutes), then EDGELIN_LLAMA_CPP=DIR/llama.cpp"
@@ -63,17 +64,10 @@ VARIANTS = {"int8-block": ({"precision": "int8", "int8_scheme": "block"}, "Q8_0"
             # times slower than fp32 (edgelin.web.WASM_NOTE)
             "int8-channel-fp32-table": ({"precision": "int8", "int8_scheme": "channel", "embedding": "fp32"}, "Q8_0")}
 CONVERTED = {"F32": "f32", "F16": "f16"}  # written by the converter; the others quantised from F32 by llama-quantize
-VOCAB = 512  # a byte-level tokenizer: the 256 bytes, then 256 merges of two letters (llama.cpp refuses a BPE without merges)
-MODELS = {  # name -> (transformers model_type, config): the bundled model's weight size (hidden 256, 4 layers)
-    "lfm2": ("lfm2", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
-                      "num_attention_heads": 4, "num_key_value_heads": 2, "layer_types": ["conv", "conv", "full_attention", "conv"],
-                      "tie_word_embeddings": False}),  # tied random weights: greedy would repeat the last token
-    "mamba2": ("mamba2", {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "expand": 2, "num_heads": 8,
-                          "head_dim": 64, "n_groups": 1, "state_size": 64, "conv_kernel": 4}),
-}
+MODELS = {name: FAMILIES[name] for name in ("lfm2", "mamba2")}  # an LFM2 hybrid and a Mamba2 (checkpoints.FAMILIES)
 RUNTIMES = ("python", "node", "wasm")  # edgelin's runtimes timed against llama.cpp: the Python Session, runtime/web/edgelin.mjs
 # in node on onnxruntime-node (native CPU) and on onnxruntime-web's WASM backend (the kernels a browser's wasm provider runs)
-JS_ROUND = Path(__file__).resolve().parents[2] / "scripts" / "llamacpp_round.mjs"  # a source checkout's; node_modules beside it
+JS_ROUND = ROOT / "scripts" / "llamacpp_round.mjs"  # a source checkout's; node_modules beside it
 PROMPT, GREEDY = 32, 16
 TIMEOUT = 1800.0  # seconds for one conversion, quantisation or llama-bench run
 
@@ -106,14 +100,7 @@ def parse_llama_bench(text: str) -> dict[str, float]:
 
 
 def _run(cmd: list, what: str, **kw) -> str:
-    try:
-        done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL, **kw)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{what} did not finish within {TIMEOUT:.0f} s") from None
-    if done.returncode != 0:
-        lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
-        raise BenchError(f"{what} failed: {(lines or [f'exit status {done.returncode}'])[-1][:300]}")
-    return done.stdout
+    return run_command(cmd, what, BenchError, TIMEOUT, **kw)
 
 
 def versions(src: Path) -> dict[str, Any]:
@@ -122,57 +109,6 @@ def versions(src: Path) -> dict[str, Any]:
     lines = info.read_text(encoding="utf-8").splitlines() if info else []
     sdist = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Version:")), None)
     return {"llama_cpp_python_sdist": sdist, "source": str(src)}
-
-
-# ---- the checkpoints (transformers, in a subprocess) ------------------------------------------------
-def hf_build_main(spec: dict[str, Any]) -> None:
-    """In ``python -m edgelin.bench --hf-build SPEC``: transformers' own model from the config, weights perturbed so
-    the logits spread, saved with a byte-level BPE tokenizer of the config's vocabulary beside it (the 256 bytes, then
-    merges of two symbols)."""
-    sys.modules["triton"] = None  # type: ignore[assignment]  # transformers' PyTorch paths (NOTES: CPU-only machine)
-    sys.modules["fla"] = None  # type: ignore[assignment]
-    import torch
-    import transformers
-
-    cfg = transformers.AutoConfig.for_model(spec["model_type"], **spec["config"])
-    torch.manual_seed(MODEL_SEED)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-    gen = torch.Generator().manual_seed(MODEL_SEED + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-            elif "embed" in name or "lm_head" in name or name.endswith(("A_log", "dt_bias")):
-                p.add_(0.3 * torch.randn(p.shape, generator=gen))
-            else:
-                p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(spec["folder"])
-    tok = byte_level_tokenizer(spec["config"].get("vocab_size", VOCAB))
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(spec["folder"])
-
-
-def byte_level_tokenizer(vocab_size: int):
-    """A byte-level BPE of exactly ``vocab_size`` tokens (a ``tokenizers.Tokenizer``): the 256 byte symbols, then merges
-    of two symbols (pairs of 16 letters up to VOCAB; beyond it, pairs of all 256 symbols: up to 65,792 tokens)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    pool = "abcdefghijklmnop" if vocab_size <= VOCAB else alphabet
-    merges = [(a, b) for a in pool for b in pool][: vocab_size - len(alphabet)]
-    if len(alphabet) + len(merges) != vocab_size:
-        raise BenchError(f"a byte-level tokenizer of {vocab_size:,} tokens cannot be made here (256 to {len(alphabet) * (len(alphabet) + 1):,})")
-    vocab = {c: i for i, c in enumerate(alphabet + [a + b for a, b in merges])}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    return tok
-
-
-def build_checkpoint(name: str, folder: Path, models: dict[str, tuple[str, dict]] | None = None) -> Path:
-    """Model ``name`` of ``models`` (default: this section's MODELS) built and saved by transformers in a subprocess."""
-    model_type, config = (MODELS if models is None else models)[name]
-    spec = {"model_type": model_type, "config": config, "folder": str(folder)}
-    _run([sys.executable, "-m", "edgelin.bench", "--hf-build", json.dumps(spec)], f"building the {name} checkpoint")
-    return folder
 
 
 # ---- llama.cpp: conversion, greedy ids --------------------------------------------------------------
@@ -294,8 +230,6 @@ def js_round(runtime: str, folder: Path, threads: int, n_decode: int, lengths: t
     loads the export, warms up and times N decode calls from an empty state and one prefill per length in the
     runtime's default pieces; "failed": {key: why} for a measurement that threw while the others ran), or
     {"status": "skipped"|"failed", "reason": ...} when the round could not run at all."""
-    from .lowering import JS_PACKAGES, node_json
-
     return node_json(JS_ROUND, JS_PACKAGES[runtime], [folder, threads, n_decode, *lengths], timeout=TIMEOUT)
 
 
@@ -305,26 +239,8 @@ def gguf_type(name: str) -> str:
 
 
 def export_checked(ckpt: Path, out: Path, precision: str, trace_cache: Path | None = None) -> str:
-    """Export with the exporter's check against PyTorch; where the check fails, export unchecked and say so (the
-    greedy ids then show what the difference does): "passed" or the check's failure. ``precision``: a precision
-    or a name of VARIANTS. ``trace_cache``: a folder shared by the exports of one checkpoint, so that its
-    precisions (and an unchecked retry) trace it once."""
-    from edgelin.errors import ExportError
-    from edgelin.exporters import export
-
-    options = VARIANTS[precision][0] if precision in VARIANTS else {"precision": precision}
-    if trace_cache is not None:
-        options = {**options, "trace_cache": trace_cache}
-    try:
-        export(ckpt, out, **options)
-        return "passed"
-    except ExportError as exc:
-        export(ckpt, out, **options, check=False)
-        return f"failed, exported unchecked: {exc}"
-
-
-def _median(rounds: list[dict[str, float]], key: str) -> float:
-    return float(np.median([r[key] for r in rounds]))
+    """``checkpoints.export_checked`` at a precision or a name of VARIANTS (its export options)."""
+    return checkpoints.export_checked(ckpt, out, VARIANTS[precision][0] if precision in VARIANTS else precision, trace_cache)
 
 
 def row_tests(measured: list[dict[str, float]], theirs: list[dict[str, float]], tests: list[str],
@@ -339,7 +255,7 @@ def row_tests(measured: list[dict[str, float]], theirs: list[dict[str, float]], 
         if not ours:
             missing[test] = (failed or {}).get(test, "not measured")
             continue
-        a, b = float(np.median(ours)), _median(theirs, test)
+        a, b = float(np.median(ours)), median_of(theirs, test)
         out[test] = {"edgelin_tokens_per_s": a, "llama_cpp_tokens_per_s": b, "edgelin_over_llama_cpp": a / b,
                      "edgelin_rounds": ours, "llama_cpp_rounds": [r[test] for r in theirs]}
     if missing:
@@ -413,7 +329,7 @@ def llamacpp_section(plan: Plan, threads: int, say: Progress, *, models: dict[st
                     sides = ("llama", *runtimes)
                     theirs, ours = [], {rt: [] for rt in runtimes}
                     for r in range(plan.llama_rounds):
-                        for side in (sides if r % 2 == 0 else sides[::-1]):
+                        for side in round_order(sides, r):
                             if side == "llama":
                                 text = _run(cmd, "llama-bench")
                                 theirs.append(parse_llama_bench(text))

@@ -22,8 +22,6 @@ decode graph's nodes per layer as ONNX Runtime runs it (after its load-time fusi
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -32,12 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .measure import load_average, node_counts
+from . import harness
+from .harness import JS_PACKAGES, alternating, load_average, medians, node_json
+from .measure import node_counts
 from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
-from .report import not_run_lines
 
-ROOT = Path(__file__).resolve().parents[2]  # a source checkout: scripts/ and node_modules/ beside edgelin/
-NODE_SCRIPT = ROOT / "scripts" / "lowering_bench.mjs"
+NODE_SCRIPT = harness.ROOT / "scripts" / "lowering_bench.mjs"
 LOWERINGS = ("portable", "fused")
 VARIANTS = {  # name -> LinearLM options (the widths from the plan)
     "gla": {"feature_map": "elu+1", "decay": "gla"},
@@ -45,7 +43,6 @@ VARIANTS = {  # name -> LinearLM options (the widths from the plan)
 }
 BASE = {"vocab_size": 256, "conv_size": 4, "chunk_size": 64}
 WIDTHS = ("d_model", "n_layers", "n_heads", "head_dim")
-JS_PACKAGES = {"node": "onnxruntime-node", "wasm": "onnxruntime-web"}
 
 
 def _sources(plan: Plan) -> dict[str, Any]:
@@ -70,38 +67,25 @@ def python_runtime(folders: dict[str, Path], threads: int, rounds: int, steps: i
     sessions = {ops: load(folder, provider="cpu", threads=threads) for ops, folder in folders.items()}
     vocab = next(iter(sessions.values())).manifest.vocab_size
     rng = np.random.default_rng(DATA_SEED)
-    times: dict[str, list[float]] = {}
-    for r in range(rounds):
-        for ops in (LOWERINGS if r % 2 == 0 else LOWERINGS[::-1]):
-            session = sessions[ops]
-            for batch in (1, 8):
-                state = session.new_state(batch)
-                session.decode(np.zeros((batch, 1), np.int64), state)  # warm
-                start = time.perf_counter()
-                for i in range(steps):
-                    session.decode(np.full((batch, 1), i % vocab, np.int64), state)
-                times.setdefault(f"{ops}/decode_b{batch}_ms", []).append((time.perf_counter() - start) / steps * 1e3)
-            for T in lengths:
-                state = session.new_state(1)
-                ids = rng.integers(0, vocab, (1, T))
-                start = time.perf_counter()
-                session.prefill(ids, state, chunk=T, last_only=True)  # one call of T tokens
-                times.setdefault(f"{ops}/prefill_{T}_tok_s", []).append(T / (time.perf_counter() - start))
-    return {key: float(np.median(values)) for key, values in times.items()}
 
+    def measure(session) -> dict[str, float]:
+        out = {}
+        for batch in (1, 8):
+            state = session.new_state(batch)
+            session.decode(np.zeros((batch, 1), np.int64), state)  # warm
+            start = time.perf_counter()
+            for i in range(steps):
+                session.decode(np.full((batch, 1), i % vocab, np.int64), state)
+            out[f"decode_b{batch}_ms"] = (time.perf_counter() - start) / steps * 1e3
+        for T in lengths:
+            state = session.new_state(1)
+            ids = rng.integers(0, vocab, (1, T))
+            start = time.perf_counter()
+            session.prefill(ids, state, chunk=T, last_only=True)  # one call of T tokens
+            out[f"prefill_{T}_tok_s"] = T / (time.perf_counter() - start)
+        return out
 
-def node_json(script: Path, package: str, args: list, timeout: float = 3600) -> dict[str, Any]:
-    """Run a bench script of scripts/ in node with ``package`` (a key of JS_PACKAGES' values) and ``args``: the JSON
-    of its last stdout line, or {"status": "skipped"|"failed", "reason": ...}."""
-    node = shutil.which("node")
-    if node is None or not script.is_file() or not (ROOT / "node_modules" / package).is_dir():
-        return {"status": "skipped", "reason": f"needs node and a source checkout with node_modules/{package} (npm ci)"}
-    done = subprocess.run([node, str(script), package, *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    if done.returncode != 0:
-        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-        why = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else f"exit status {done.returncode}")
-        return {"status": "failed", "reason": why[:300]}  # node's last line is its version: the error's line says more
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return medians(alternating({ops: (lambda r, s=sessions[ops]: measure(s)) for ops in LOWERINGS}, rounds))
 
 
 def js_runtime(package: str, folders: dict[str, Path], threads: int, rounds: int, lengths: tuple[int, ...]) -> dict[str, Any]:
@@ -148,22 +132,4 @@ def lowering_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     }
 
 
-def lowering_lines(x: dict) -> list[str]:
-    """The section's rows of the bench table."""
-    head = "9. lowering: fused / portable speed (above 1: fused faster), medians of interleaved rounds"
-    if x.get("status") != "ok":
-        return not_run_lines(head, x)
-    lines = [head]
-    for name, row in x["models"].items():
-        n = row["nodes_per_layer"]
-        lines.append(f"  {name}: decode nodes per layer as run, portable {n['portable']:.2f}, fused {n['fused']:.2f}")
-        for runtime, medians in row["runtimes"].items():
-            if "status" in medians:
-                lines.append(f"    {runtime:7s} {medians['status']}: {medians['reason']}")
-                continue
-            cells = ", ".join(f"{metric} x{value:.2f}" for metric, value in row["fused_speedup"][runtime].items())
-            lines.append(f"    {runtime:7s} {cells}")
-    return lines
-
-
-__all__ = ["JS_PACKAGES", "LOWERINGS", "lowering_lines", "lowering_section", "node_json", "python_runtime", "js_runtime", "speedups"]
+__all__ = ["JS_PACKAGES", "LOWERINGS", "lowering_section", "node_json", "python_runtime", "js_runtime", "speedups"]

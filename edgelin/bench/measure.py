@@ -1,4 +1,5 @@
-"""Measuring: statistics, interleaved timing, facts about the machine, and the prefill worker.
+"""What the sections measure beside their timings: the prefill worker (peak memory), copy bandwidth, the cost a
+longer case is predicted to have, and a graph's node count and weight bytes.
 
 Torch-free (numpy, onnxruntime and the runtime only): the prefill worker runs from this module in a
 fresh process (``python -m edgelin.bench --worker SPEC``), so that its resident memory is the graph's
@@ -14,58 +15,26 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from edgelin import __version__
 from edgelin.runtime.manifest import LOGITS_AT, StateSpec, positions_feed
 from edgelin.runtime.session import make_session_options, open_session
+
+from .harness import proc_bytes, stats
 
 INPUT_IDS = "input_ids"  # the graphs' token input (edgelin.exporters.graphs.INPUT_IDS, which imports torch)
 SESSION_EXTRA = {"inter_op_num_threads": 1}  # with intra_op_num_threads = --threads: every thread count explicit
 
 
-# ---- statistics and timing ------------------------------------------------------------------------
-def stats(seconds: list[float], unit: str = "ms") -> dict[str, Any]:
-    """Median, p10, p90, min, max of samples given in seconds, converted to ``unit`` (ms or s)."""
-    scale = {"ms": 1e3, "s": 1.0}[unit]
-    a = np.asarray(seconds, dtype=np.float64) * scale
-    p10, med, p90 = np.percentile(a, [10, 50, 90])
-    return {"unit": unit, "median": float(med), "p10": float(p10), "p90": float(p90),
-            "min": float(a.min()), "max": float(a.max()), "n": int(a.size)}
-
-
-def interleaved(cases: dict[str, Callable[[], Any]], *, warmup: int, rounds: int, per_round: int) -> dict[str, list[float]]:
-    """Time each callable ``rounds * per_round`` times (seconds per call), after ``warmup`` calls each.
-
-    The contenders take turns in blocks of ``per_round`` calls, and the order rotates every round, so a
-    change in machine load during the measurement falls on all of them alike.
-    """
-    names = list(cases)
-    for name in names:
-        for _ in range(warmup):
-            cases[name]()
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    clock = time.perf_counter
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            fn, out = cases[name], samples[name]
-            for _ in range(per_round):
-                t0 = clock()
-                fn()
-                out.append(clock() - t0)
-    return samples
-
-
+# ---- the machine's bandwidth, predictions, graph facts -----------------------------------------------
 def copy_bandwidth(nbytes: int, repeats: int, rng: np.random.Generator) -> dict[str, Any]:
     """Single-thread memory bandwidth in GB/s: numpy copies of ``nbytes`` (bytes read + bytes written)."""
     src = rng.standard_normal(nbytes // 4, dtype=np.float32)
@@ -79,11 +48,6 @@ def copy_bandwidth(nbytes: int, repeats: int, rng: np.random.Generator) -> dict[
     bw = [2 * src.nbytes / t / 1e9 for t in times]
     return {"unit": "GB/s", "median": float(np.median(bw)), "p10": float(np.percentile(bw, 10)),
             "p90": float(np.percentile(bw, 90)), "max": float(max(bw)), "n": len(bw)}
-
-
-def ratio(a: dict, b: dict) -> float:
-    """Ratio of the medians of two ``stats`` results."""
-    return a["median"] / b["median"]
 
 
 def extrapolate(points: list[tuple[int, float]], T: int, power: int) -> float:
@@ -125,76 +89,14 @@ def node_counts(graph: Path, work: Path) -> dict[str, Any]:
     return {"exported": exported, "as_run": sum(ops.values()), "as_run_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
 
 
-# ---- machine facts --------------------------------------------------------------------------------
-def _read(path: str | Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
+def graph_weight_bytes(path: Path) -> int:
+    """Bytes of a graph's initializers and Constant nodes."""
+    import onnx
 
-
-def _proc_bytes(path: str, key: str) -> int | None:
-    """A "Key: N kB" line of a /proc file, in bytes."""
-    for line in _read(path).splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return None
-
-
-def meminfo(key: str) -> int | None:
-    return _proc_bytes("/proc/meminfo", key)
-
-
-def caches() -> dict[str, str]:
-    """CPU 0's caches, e.g. {"L1d": "48K", "L2": "2048K", "L3": "260M"}."""
-    found = {}
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for index in sorted(base.glob("index*")) if base.is_dir() else []:
-        level, kind, size = (_read(index / f).strip() for f in ("level", "type", "size"))
-        if level and size:
-            found[f"L{level}{'' if kind == 'Unified' else kind[0].lower()}"] = size
-    return found
-
-
-def cache_bytes(text: str) -> int | None:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip()
-    try:
-        return int(float(text[:-1]) * units[text[-1].upper()]) if text and text[-1].upper() in units else int(text)
-    except ValueError:
-        return None
-
-
-VERSIONED = (("onnxruntime", ("onnxruntime-gpu", "onnxruntime")), ("torch", ("torch",)), ("onnx", ("onnx",)),
-             ("onnxscript", ("onnxscript",)), ("matplotlib", ("matplotlib",)))
-
-
-def machine_facts() -> dict[str, Any]:
-    """Cores, CPU model, caches, memory, load and library versions (read from metadata: nothing imported)."""
-    model = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")), platform.processor())
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable = os.cpu_count()
-    versions = {"python": platform.python_version(), "numpy": np.__version__, "edgelin": __version__}
-    for name, dists in VERSIONED:
-        versions[name] = None
-        for dist in dists:
-            try:
-                versions[name] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return {
-        "cpu_model": model or "unknown", "cores": os.cpu_count(), "usable_cores": usable, "caches": caches(),
-        "memory_total_bytes": meminfo("MemTotal"), "memory_available_bytes": meminfo("MemAvailable"),
-        "platform": platform.platform(), "versions": versions, "ort_available_providers": ort.get_available_providers(),
-        "load_average_start": load_average(),
-    }
-
-
-def load_average() -> list[float] | None:
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    proto = onnx.load(str(path), load_external_data=False)
+    tensors = list(proto.graph.initializer)
+    tensors += [a.t for node in proto.graph.node if node.op_type == "Constant" for a in node.attribute if a.name == "value"]
+    return sum(int(np.prod(t.dims, dtype=np.int64)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize for t in tensors)
 
 
 # ---- the prefill worker (one case per fresh, torch-free process) ---------------------------------
@@ -216,15 +118,21 @@ def run_worker(spec: dict[str, Any], threads: int, timeout: float) -> dict[str, 
     return result
 
 
-def prefill_case(graph: Path, states: list, *, provider: str, threads: int, vocab: int, T: int, seed: int, plan: Any,
-                 piece: int | None = None) -> dict[str, Any]:
-    """One batch-1 prefill of T tokens through ``graph`` (state specs ``states``; in calls of ``piece`` tokens, the
-    state carried, or one call) in a torch-free worker, within the plan's repeat budget: {"status": "ok",
-    "seconds", "tokens_per_s", "peak_increment_bytes"} or a failure."""
+def prefill_worker(graph: Path, states: list, *, provider: str, threads: int, vocab: int, T: int, seed: int, plan: Any,
+                   piece: int | None = None) -> dict[str, Any]:
+    """One batch-1 prefill of T tokens through ``graph`` (state specs ``states``, or none for a graph without state; in
+    calls of ``piece`` tokens, the state carried, or one call) in a torch-free worker, within the plan's repeat budget
+    and time cap: the worker's result (``worker_main``) with "status" ok, or a failure."""
     spec = {"graph": str(graph), "provider": provider, "threads": threads, "batch": 1, "T": T, "piece": piece, "vocab": vocab,
             "seed": seed, "budget_s": plan.case_budget_s, "min_repeats": plan.min_repeats,
             "max_repeats": plan.max_repeats, "states": [s.to_dict() for s in states]}
-    res = run_worker(spec, threads, timeout=plan.case_time_cap_s * (plan.max_repeats + 3) + 60)
+    return run_worker(spec, threads, timeout=plan.case_time_cap_s * (plan.max_repeats + 3) + 60)
+
+
+def prefill_case(graph: Path, states: list, *, provider: str, threads: int, vocab: int, T: int, seed: int, plan: Any,
+                 piece: int | None = None) -> dict[str, Any]:
+    """``prefill_worker``'s figures: {"status": "ok", "seconds", "tokens_per_s", "peak_increment_bytes"} or a failure."""
+    res = prefill_worker(graph, states, provider=provider, threads=threads, vocab=vocab, T=T, seed=seed, plan=plan, piece=piece)
     if res["status"] != "ok":
         return res
     sec = stats(res["times_s"], unit="s")
@@ -259,7 +167,7 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
             outs = dict(zip(names, sess.run(None, {INPUT_IDS: x, **at, **state})))
             state = {s.input: outs[s.output] for s in specs}
 
-    rss_before = _proc_bytes("/proc/self/status", "VmRSS")
+    rss_before = proc_bytes("/proc/self/status", "VmRSS")
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the resident high-water mark (VmHWM) to the current RSS
@@ -271,7 +179,7 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     run_once()
     first = time.perf_counter() - t0
-    peak = _proc_bytes("/proc/self/status", "VmHWM") if method.startswith("VmHWM") else None
+    peak = proc_bytes("/proc/self/status", "VmHWM") if method.startswith("VmHWM") else None
     if peak is None:
         peak = _rusage_peak()
     repeats = int(min(spec["max_repeats"], max(spec["min_repeats"], spec["budget_s"] // max(first, 1e-9))))
@@ -284,5 +192,5 @@ def worker_main(spec: dict[str, Any]) -> dict[str, Any]:
             "peak_increment_bytes": max(0, peak - rss_before), "memory_method": method, "providers": sess.get_providers()}
 
 
-__all__ = ["caches", "cache_bytes", "extrapolate", "interleaved", "machine_facts", "meminfo", "ratio", "run_worker",
-           "session_options", "stats", "worker_main"]
+__all__ = ["copy_bandwidth", "extrapolate", "graph_weight_bytes", "node_counts", "prefill_case", "prefill_worker", "run_worker",
+           "session_options", "worker_main"]

@@ -3,7 +3,6 @@ the checked options, and the model under test (``Subject``)."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +20,11 @@ from edgelin.exporters.exporter import DEFAULT_OPSET
 from edgelin.runtime.manifest import PREFILL_PIECE
 from edgelin.model import LinearLM
 from edgelin.models import bundled_checkpoint
-from edgelin.runtime.files import check_output_folder, check_replace
 from edgelin.runtime.options import check_int, check_number
 from edgelin.runtime.manifest import MANIFEST_FILE, Manifest
 from edgelin.runtime.session import open_session
 
-from .measure import meminfo
+from .harness import meminfo
 
 SECTIONS = ("decode", "throughput", "position", "prefill", "sweep", "floor")  # the default run: the model under test
 # Sections run only when asked for (``--section NAME``); fla and decay build their own models, precision
@@ -43,9 +41,6 @@ SECTIONS = ("decode", "throughput", "position", "prefill", "sweep", "floor")  # 
 OPT_IN_SECTIONS = ("fla", "decay", "precision", "llamacpp", "lowering", "hybrid", "transformers")
 ALL_SECTIONS = SECTIONS + OPT_IN_SECTIONS
 PROVIDERS = ("cpu", "auto", "cuda")
-FORMAT = "edgelin-bench/1"
-JSON_FILE = "bench.json"
-DEFAULT_OUT = "bench-results"
 MAX_THREADS = 1024
 
 # The documented default model when no checkpoint is given and none is bundled (speed does not depend on weights).
@@ -172,18 +167,6 @@ def memory_cap(memory_cap_gb: Any) -> int:
     return int(memory_cap_gb * 1e9)
 
 
-def out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
-    """The output folder, checked now (kind, writable; bench.json and the plots it will hold may be replaced)
-    and created only when there is something to write (``make_parents`` in run_bench): a failed run leaves no folder."""
-    from .report import BENCH_JSON, BENCH_PLOT, PLOT_FILES
-
-    out = check_output_folder(out_dir)
-    check_replace(out / JSON_FILE, "bench report", overwrite=overwrite, ours=BENCH_JSON)
-    for name in PLOT_FILES:
-        check_replace(out / name, "plot", overwrite=overwrite, ours=BENCH_PLOT)
-    return out
-
-
 def _probe_graph() -> bytes:
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -277,4 +260,4 @@ def describe(cfg: ModelConfig) -> str:
 
 
 __all__ = ["ALL_SECTIONS", "BenchError", "DATA_SEED", "FULL", "OPT_IN_SECTIONS", "PROVIDERS", "Plan", "QUICK", "SECTIONS", "Subject", "check_options",
-           "cuda_is_active", "memory_cap", "out_folder", "require_cuda", "resolve_subject"]
+           "cuda_is_active", "memory_cap", "require_cuda", "resolve_subject"]

@@ -31,9 +31,9 @@ from edgelin.exporters.precision import CONVERTERS
 from edgelin.model import LinearLM
 from edgelin.runtime.session import Session
 
-from .measure import copy_bandwidth, interleaved, prefill_case, ratio, stats
+from .harness import interleaved, ratio, stats
+from .measure import copy_bandwidth, graph_weight_bytes, prefill_case
 from .plan import DATA_SEED, MODEL_SEED, Plan, Progress
-from .sections import graph_weight_bytes
 
 
 def _source(source: Any, quick: bool) -> Any:

@@ -1,21 +1,28 @@
-"""The bench's results: ``BenchReport``, the JSON file, the printed table and the PNG plots.
+"""A bench run's record and its table: ``BenchReport``, the record's envelope (``record``), the JSON file, the
+output folder's check, and the printed table of every section's results.
 
-Torch-free. matplotlib is optional (the ``plots`` extra): without it the plots are skipped and the
-report says so.
+Torch-free: the table is a function of the record alone (``format_table(json.load(...))`` prints any record of
+docs/bench/), so this module reads the sections' results and never imports a section.
 """
 
 from __future__ import annotations
 
-import textwrap
+import os
+import time
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
+from edgelin.runtime.files import check_output_folder, check_replace, json_format, json_ready, write_json
 
-from edgelin.runtime.files import atomic_write, json_format, json_ready, png_text, write_json
+from .goals import goal_lines, goals
+from .harness import busy, load_average
+from .plots import BENCH_PLOT, PLOT_FILES, PLOT_SOFTWARE
 
-from .goals import goal_lines
+FORMAT = "edgelin-bench/1"
+JSON_FILE = "bench.json"
+DEFAULT_OUT = "bench-results"
 
 
 @dataclass
@@ -34,165 +41,41 @@ class BenchReport:
 _finite = json_ready  # the bench's former name for the one JSON clean-up (edgelin.runtime.files)
 
 # What the bench writes into --out, and how an earlier run's files are recognised (by content, not name):
-# bench.json by its "format" key, each plot by the PNG text chunk Software = "edgelin bench".
-PLOT_FILES = ("decode.png", "throughput.png", "position.png", "prefill.png", "sweep.png", "floor.png")
-PLOT_SOFTWARE = "edgelin bench"
+# bench.json by its "format" key, each plot by the PNG text chunk Software = "edgelin bench" (``plots``).
 BENCH_JSON = json_format("edgelin-bench/", "an edgelin bench report (JSON with format edgelin-bench/1)")
-BENCH_PLOT = png_text("Software", PLOT_SOFTWARE, "a plot edgelin bench drew (PNG with Software = edgelin bench)")
+
+
+def out_folder(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """The output folder, checked now (kind, writable; bench.json and the plots it will hold may be replaced)
+    and created only when there is something to write (``make_parents`` in run_bench): a failed run leaves no folder."""
+    out = check_output_folder(out_dir)
+    check_replace(out / JSON_FILE, "bench report", overwrite=overwrite, ours=BENCH_JSON)
+    for name in PLOT_FILES:
+        check_replace(out / name, "plot", overwrite=overwrite, ours=BENCH_PLOT)
+    return out
+
+
+def record(results: dict[str, Any], *, machine: dict[str, Any], settings: dict[str, Any], quick: bool, model: dict[str, Any] | None,
+           started: float, method: dict[str, Any] | None = None, exports: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """A run's record: what every bench record holds (format, time, settings, the machine and its load at the start and
+    now, the model under test or None), the sections' ``results``, the seconds since ``started`` (perf_counter) and
+    the goals judged on these figures."""
+    machine["load_average_end"] = load_average()
+    data = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": bool(quick), "settings": settings,
+            "machine": machine, "busy": busy(machine), "model": model}
+    if method is not None:
+        data["method"] = method
+    if exports is not None:
+        data["exports"] = exports
+    data.update({**results, "seconds": time.perf_counter() - started, **extra})
+    data["goals"] = goals(data)
+    return data
 
 
 def write_json_atomic(data: dict, path: Path, *, overwrite: bool = False) -> Path:
     """``edgelin.runtime.files.write_json`` with the bench's argument order: atomic, non-finite -> null; an
     existing file is replaced only if it is an earlier bench report (or with ``overwrite``)."""
     return write_json(path, data, overwrite=overwrite, ours=BENCH_JSON, what="bench report")
-
-
-# ---- plots (optional: matplotlib is the `plots` extra) --------------------------------------------
-def write_plots(data: dict, out: Path, *, overwrite: bool = False) -> tuple[list[Path], dict[str, Any]]:
-    """One PNG per section in ``data`` (atomically), and the report's "plots" entry."""
-    try:  # an optional extra, imported only to plot: importing the bench must not pick a matplotlib backend
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        return [], {"files": [], "skipped": "matplotlib is not installed (pip install 'edgelin[plots]')"}
-    files = []
-    label = data["model"]["label"] if data.get("model") else "opt-in sections only: " + ", ".join(data["settings"]["sections"])
-    title = "\n".join(textwrap.wrap(label, 110)[:2])
-    title += f"\n{data['machine']['cpu_model']}, threads {data['settings']['threads']}, {data['settings']['provider_active']}"
-    if data.get("quick") or data["busy"]["busy"]:
-        title += "  [" + ", ".join(x for x in ("QUICK" if data.get("quick") else "", "BUSY MACHINE" if data["busy"]["busy"] else "") if x) + "]"
-
-    def save(fig, name):
-        fig.suptitle(title, fontsize=8)
-        fig.tight_layout()
-        try:
-            assert name in PLOT_FILES, name  # run_bench checks these names before any work
-            files.append(atomic_write(out / name, lambda f: fig.savefig(f, format="png", dpi=120, metadata={"Software": PLOT_SOFTWARE}),
-                                      overwrite=overwrite, ours=BENCH_PLOT, what="plot"))
-        finally:
-            plt.close(fig)
-
-    def err(s):  # asymmetric error bars p10..p90 around the median
-        return [[s["median"] - s["p10"]], [s["p90"] - s["median"]]]
-
-    def log_ticks(ax, values):  # label the measured lengths themselves: 128, 1k, 16k, 64k
-        ax.set_xticks(values, [f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v) for v in values])
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-
-    if "decode" in data:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        batches = list(data["decode"]["batches"])
-        names = ["torch_eager", "ort_run", "ort_iobinding"]
-        width = 0.8 / len(names)
-        for j, name in enumerate(names):
-            for i, B in enumerate(batches):
-                s = data["decode"]["batches"][B][name]
-                ax.bar(i + j * width, s["median"] / int(B), width, yerr=np.array(err(s)) / int(B), capsize=3,
-                       color=f"C{j}", label=name if i == 0 else None)
-        ax.set_xticks([i + width for i in range(len(batches))], [f"batch {B}" for B in batches])
-        ax.set_ylabel("ms per token (median, p10-p90)")
-        ax.set_title("decode latency per token")
-        ax.legend()
-        save(fig, "decode.png")
-    if "throughput" in data:
-        rows = data["throughput"]["batches"]
-        B = [int(b) for b in rows]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        a1.plot(B, [r["tokens_per_s"] for r in rows.values()], "o-", color="C0")
-        a1.set_ylabel("tokens/s (batch / median step)")
-        a1.set_title("decode throughput vs batch")
-        a2.errorbar(B, [r["ms_per_step"]["median"] for r in rows.values()], fmt="o-", color="C1",
-                    yerr=np.array([err(r["ms_per_step"]) for r in rows.values()])[:, :, 0].T)
-        a2.set_ylabel("ms per step (median, p10-p90)")
-        a2.set_title("decode step time vs batch")
-        for a in (a1, a2):
-            a.set_xscale("log", base=2)
-            log_ticks(a, B)
-            a.set_xlabel("batch (sequences decoded together)")
-        save(fig, "throughput.png")
-    if "position" in data:
-        rows = data["position"]["rows"]
-        P = [r["position"] for r in rows]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        for key, label, c in (("linear_ms", "linear (state)", "C0"), ("softmax_kv_ms", "softmax (KV cache, concatenated)", "C1"),
-                              ("softmax_gqa_ms", "softmax (GQA, KV buffer in place)", "C2")):
-            have = [r for r in rows if key in r]  # a baseline may be skipped at some positions, or have no twin at all
-            if not have:
-                continue
-            a1.plot([r["position"] for r in have], [r[key]["median"] for r in have], "o-", color=c, label=label)
-            a1.fill_between([r["position"] for r in have], [r[key]["p10"] for r in have], [r[key]["p90"] for r in have], color=c, alpha=0.2)
-        a1.set_xscale("log")
-        a1.set_yscale("log")
-        log_ticks(a1, P)
-        a1.set_xlabel("position (tokens already seen)")
-        a1.set_ylabel("ms per decode step")
-        a1.set_title("decode latency vs position")
-        a1.legend()
-        a2.plot(P, [r["linear_state_bytes"] / 1e6 for r in rows], "o-", label="linear state")
-        if "kv_cache_bytes" in rows[0]:
-            a2.plot(P, [r["kv_cache_bytes"] / 1e6 for r in rows], "o-", label="softmax KV cache")
-        a2.set_xscale("log")
-        a2.set_yscale("log")
-        log_ticks(a2, P)
-        a2.set_xlabel("position")
-        a2.set_ylabel("MB per sequence (fp32)")
-        a2.set_title("memory per sequence")
-        a2.legend()
-        save(fig, "position.png")
-    if "prefill" in data:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-        for i, form in enumerate(data["prefill"]["forms"]):
-            ok = [r for r in data["prefill"]["rows"] if r["form"] == form and r["status"] == "ok"]
-            if not ok:
-                continue
-            T = [r["T"] for r in ok]
-            a1.errorbar(T, [r["tokens_per_s"] for r in ok], fmt="o-", color=f"C{i}", label=form,
-                        yerr=[[r["tokens_per_s"] - r["T"] / r["seconds"]["p90"] for r in ok], [r["T"] / r["seconds"]["p10"] - r["tokens_per_s"] for r in ok]])
-            a2.plot(T, [r["peak_increment_bytes"] / 1e6 for r in ok], "o-", color=f"C{i}", label=form)
-        skipped = data["prefill"]["skipped"]
-        for a in (a1, a2):
-            a.set_xscale("log")
-            a.set_yscale("log")
-            log_ticks(a, list(data["prefill"]["lengths"]))
-            a.set_xlabel("prompt length T")
-            a.legend(fontsize=7)
-        a1.set_ylabel("tokens/s (median, p10-p90)")
-        a1.set_title("prefill throughput")
-        a2.set_ylabel("peak memory increment, MB")
-        a2.set_title("prefill peak memory (subprocess VmHWM)")
-        if skipped:
-            a2.text(0.01, 0.99, "skipped:\n" + "\n".join(skipped)[:600], transform=a2.transAxes, fontsize=5, va="top")
-        save(fig, "prefill.png")
-    if "sweep" in data:
-        ok = [r for r in data["sweep"]["rows"] if r["status"] == "ok"]
-        if ok:
-            fig, a1 = plt.subplots(figsize=(6, 4))
-            C = [r["chunk"] for r in ok]
-            a1.plot(C, [r["tokens_per_s"] for r in ok], "o-", color="C0")
-            a1.set_xscale("log", base=2)
-            log_ticks(a1, C)
-            a1.set_xlabel("chunk size")
-            a1.set_ylabel("prefill tokens/s", color="C0")
-            a2 = a1.twinx()
-            a2.plot(C, [r["peak_increment_bytes"] / 1e6 for r in ok], "s--", color="C1")
-            a2.set_ylabel("peak memory increment, MB", color="C1")
-            a1.set_title(f"chunk size sweep at T={data['sweep']['length']:,}")
-            save(fig, "sweep.png")
-    if "floor" in data:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        rows = data["floor"]["batches"]
-        labels = list(rows)
-        ax.bar([i - 0.2 for i in range(len(labels))], [rows[b]["floor_ms_per_token"] for b in labels], 0.4, label="floor (bytes / bandwidth)")
-        ax.bar([i + 0.2 for i in range(len(labels))], [rows[b]["measured_ms_per_token"] for b in labels], 0.4, label="measured (ORT IO binding)")
-        ax.set_xticks(range(len(labels)), [f"batch {b}" for b in labels])
-        ax.set_ylabel("ms per token")
-        ax.set_title(f"decode floor at {data['floor']['bandwidth_GBps']['max']:.1f} GB/s copy bandwidth")
-        ax.legend()
-        save(fig, "floor.png")
-    return files, {"files": [p.name for p in files], "skipped": None}
 
 
 # ---- the printed table ----------------------------------------------------------------------------
@@ -288,21 +171,31 @@ def format_table(d: dict) -> str:
     if "llamacpp" in d:
         lines += ["", *llamacpp_lines(d["llamacpp"])]
     if "lowering" in d:
-        from .lowering import lowering_lines
-
         lines += ["", *lowering_lines(d["lowering"])]
     if "hybrid" in d:
-        from .hybrid import hybrid_lines
-
         lines += ["", *hybrid_lines(d["hybrid"])]
     if "transformers" in d:
-        from .transformers_eager import transformers_lines
-
         lines += ["", *transformers_lines(d["transformers"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]
     return "\n".join(lines)
+
+
+def not_run_lines(head: str, x: dict) -> list[str]:
+    """An opt-in section that did not run (skipped or failed): its heading and why."""
+    return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
+
+
+def opt_in_table(head: str) -> Callable[[Callable[[dict], list[str]]], Callable[[dict], list[str]]]:
+    """An opt-in section's table: ``head``, then the rows the decorated function makes of the section's record, or
+    ``head`` and why the section did not run."""
+    def wrap(rows: Callable[[dict], list[str]]) -> Callable[[dict], list[str]]:
+        @functools.wraps(rows)
+        def lines(x: dict) -> list[str]:
+            return [head, *rows(x)] if x.get("status") == "ok" else not_run_lines(head, x)
+        return lines
+    return wrap
 
 
 def position_lines(x: dict) -> list[str]:
@@ -331,15 +224,12 @@ def position_lines(x: dict) -> list[str]:
     return lines
 
 
+@opt_in_table("5. fla: a flash-linear-attention checkpoint imported + exported, decode vs fla's own step")
 def fla_lines(f: dict) -> list[str]:
     """The fla section's rows of the table."""
-    head = "5. fla: a flash-linear-attention checkpoint imported + exported, decode vs fla's own step"
-    if f.get("status") != "ok":
-        return [head, f"  {f.get('status', 'skipped')}: {f.get('reason', '')}"]
     cfg, ie, dec = f["fla_config"], f["import_export"], f["decode"]
     first, later = ie["first"], ie["median_after_first"]
-    lines = [head,
-             f"  model: fla linear_attn, hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, {cfg['num_heads']} heads, "
+    lines = [f"  model: fla linear_attn, hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, {cfg['num_heads']} heads, "
              f"vocab {cfg['vocab_size']}, feature map {cfg['feature_map']}; {f['parameters']:,} parameters; "
              f"decode graph {f['decode_nodes']} nodes; fla {f['versions']['fla']}, triton {f['versions']['triton']}",
              f"  import + export: first {first['import_s']:.2f} s + {first['export_s']:.1f} s = {first['total_s']:.1f} s (torch.onnx warm-up included)"
@@ -357,19 +247,12 @@ def fla_lines(f: dict) -> list[str]:
     return lines
 
 
-def not_run_lines(head: str, x: dict) -> list[str]:
-    """An opt-in section that did not run (skipped or failed): its heading and why."""
-    return [head, f"  {x.get('status', 'skipped')}: {x.get('reason', '')}"]
-
-
+@opt_in_table("6. decay: LinearLM with each decay vs the plain one (same size, random weights)")
 def decay_lines(x: dict) -> list[str]:
     """The decay section's rows of the table."""
-    head = "6. decay: LinearLM with each decay vs the plain one (same size, random weights)"
-    if x.get("status") != "ok":
-        return not_run_lines(head, x)
     c = x["config"]
-    lines = [head, f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
-                   "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none), peak memory increment",
+    lines = [f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv {c['conv_size']}; "
+             "decode batch 1 ORT IO binding (interleaved); prefill tokens/s (x = over decay none), peak memory increment",
              f"  {'decay':12s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + format(T, ','):>29s}" for T in x["lengths"])
              + f"  {'nodes decode/prefill':>21s}  {'params':>9s}  {'last/first T':>12s}  {'in pieces':>9s}"]
     ok = {(r["decay"], r["T"]): r for r in x["prefill"] if r["status"] == "ok" and not r.get("piece")}
@@ -397,13 +280,11 @@ def decay_lines(x: dict) -> list[str]:
     return lines
 
 
+@opt_in_table("7. precision: the model in fp32 / fp16 / int8 / int4 (exported and checked here)")
 def precision_lines(x: dict) -> list[str]:
     """The precision section's rows of the table."""
-    head = "7. precision: the model in fp32 / fp16 / int8 / int4 (exported and checked here)"
-    if x.get("status") != "ok":
-        return not_run_lines(head, x)
-    lines = [head, f"  {x['model']}; decode ORT IO binding, precisions interleaved (x = over fp32); floor = decode weight bytes / "
-                   f"{x['bandwidth_GBps']['max']:.1f} GB/s copy bandwidth",
+    lines = [f"  {x['model']}; decode ORT IO binding, precisions interleaved (x = over fp32); floor = decode weight bytes / "
+             f"{x['bandwidth_GBps']['max']:.1f} GB/s copy bandwidth",
              f"  {'prec':5s} {'on disk':>9s} {'weights':>9s} {'provider':>8s}  " + "  ".join(f"{'decode B=' + str(B) + ' ms/token':>31s}" for B in x["batches"])
              + "  " + "  ".join(f"{'prefill T=' + format(T, ',') + ' tok/s, peak':>29s}" for T in x["lengths"]) + f"  {'floor B=1 ms, measured/floor':>30s}"]
     ok = {(r["precision"], r["T"]): r for r in x["prefill"] if r["status"] == "ok"}
@@ -426,14 +307,12 @@ def precision_lines(x: dict) -> list[str]:
     return lines
 
 
+@opt_in_table("8. llamacpp: edgelin vs llama.cpp on the same transformers checkpoints (tokens/s, medians over alternating rounds)")
 def llamacpp_lines(x: dict) -> list[str]:
     """The llamacpp section's rows of the table."""
-    head = "8. llamacpp: edgelin vs llama.cpp on the same transformers checkpoints (tokens/s, medians over alternating rounds)"
-    if x.get("status") != "ok":
-        return not_run_lines(head, x)
     v = x["versions"]
-    lines = [head, f"  llama.cpp from llama-cpp-python {v.get('llama_cpp_python_sdist')} (build {v.get('build_commit')}), onnxruntime "
-                   f"{v.get('onnxruntime')}; x = edgelin / llama.cpp (above 1: edgelin faster)",
+    lines = [f"  llama.cpp from llama-cpp-python {v.get('llama_cpp_python_sdist')} (build {v.get('build_commit')}), onnxruntime "
+             f"{v.get('onnxruntime')}; x = edgelin / llama.cpp (above 1: edgelin faster)",
              f"  {'model':7s} {'prec':5s} {'gguf':5s} {'thr':>3s} {'runtime':7s}  "
              + "  ".join(f"{t + ' llama.cpp / edgelin':>28s} {'x':>6s}" for t in x["tests"])]
     for r in x["rows"]:
@@ -452,4 +331,58 @@ def llamacpp_lines(x: dict) -> list[str]:
     return lines
 
 
-__all__ = ["BENCH_JSON", "BENCH_PLOT", "PLOT_FILES", "BenchReport", "decay_lines", "fla_lines", "format_table", "llamacpp_lines", "mb", "not_run_lines", "position_lines", "precision_lines", "write_json_atomic", "write_plots"]
+@opt_in_table("9. lowering: fused / portable speed (above 1: fused faster), medians of interleaved rounds")
+def lowering_lines(x: dict) -> list[str]:
+    """The section's rows of the bench table."""
+    lines = []
+    for name, row in x["models"].items():
+        n = row["nodes_per_layer"]
+        lines.append(f"  {name}: decode nodes per layer as run, portable {n['portable']:.2f}, fused {n['fused']:.2f}")
+        for runtime, medians in row["runtimes"].items():
+            if "status" in medians:
+                lines.append(f"    {runtime:7s} {medians['status']}: {medians['reason']}")
+                continue
+            cells = ", ".join(f"{metric} x{value:.2f}" for metric, value in row["fused_speedup"][runtime].items())
+            lines.append(f"    {runtime:7s} {cells}")
+    return lines
+
+
+@opt_in_table("10. hybrid: linear, hybrid and softmax stacks of one size (random weights), decode against context")
+def hybrid_lines(x: dict) -> list[str]:
+    """The hybrid section's rows of the table."""
+    c = x["config"]
+    layers = ", ".join(f"{s} {v['attn_layers'] or 'none'}" for s, v in x["stacks"].items())
+    lines = [f"  d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads x {c['head_dim']}, {c['feature_map']}, conv "
+             f"{c['conv_size']}, decay {c['decay']}; softmax attention at layers: {layers}; batch 1, interleaved",
+             f"  {'position':>9s}  " + "  ".join(f"{s + ' ms/token, state MB':>30s}" for s in x["stacks"])]
+    by = {(r["stack"], r["position"]): r for r in x["rows"]}
+    for p in x["positions"]:
+        cells = []
+        for s in x["stacks"]:
+            r = by[(s, p)]
+            cells.append(f"{r['decode_ms']['median']:>12.3f} ms ({r['decode_over_linear']:>5.2f}x) {r['state_bytes'] / 1e6:>8.2f} MB")
+        lines.append(f"  {p:>9,}  " + "  ".join(f"{c:>30s}" for c in cells))
+    return lines
+
+
+@opt_in_table("11. transformers: each family's export vs transformers' eager model on CPU (medians over alternating rounds)")
+def transformers_lines(x: dict) -> list[str]:
+    """The transformers section's rows of the table."""
+    lengths = x["lengths"]
+    lines = [f"  batch 1, decode {x['decode_tokens']} tokens from an empty state; prefill one call of {', '.join(map(str, lengths))} "
+             f"tokens; {x['rounds']} rounds",
+             f"  {'model':18s} {'decode ms/token hf / edgelin':>30s} {'x':>6s}  " + "  ".join(
+                 f"{'prefill ' + str(L) + ' tok/s hf / edgelin':>34s} {'x':>6s}" for L in lengths) + "  greedy ids equal"]
+    for r in x["rows"]:
+        d = r["decode_ms"]
+        cells = [f"{d['transformers']:>13.3f} / {d['edgelin']:>8.3f} ms {r['decode_transformers_over_edgelin']:>6.1f}"]
+        for L in lengths:
+            p = r["prefill_tokens_per_s"][str(L)]
+            cells.append(f"{p['transformers']:>15,.0f} / {p['edgelin']:>12,.0f} {r['prefill_edgelin_over_transformers'][str(L)]:>6.1f}")
+        g = x["greedy"][r["model"]]
+        lines.append(f"  {r['model']:18s} " + "  ".join(cells) + f"  {'yes' if g['equal'] else 'NO'}")
+    return lines
+
+__all__ = ["BENCH_JSON", "BENCH_PLOT", "DEFAULT_OUT", "FORMAT", "JSON_FILE", "PLOT_FILES", "PLOT_SOFTWARE", "BenchReport", "decay_lines", "fla_lines",
+           "format_table", "hybrid_lines", "llamacpp_lines", "lowering_lines", "mb", "not_run_lines", "out_folder", "position_lines",
+           "precision_lines", "record", "transformers_lines", "write_json_atomic"]

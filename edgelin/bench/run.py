@@ -11,23 +11,22 @@ from typing import Any
 
 from torch import nn
 
-from . import baselines
-from .measure import load_average, machine_facts
-from .decay import decay_section
-from .goals import goals
-from .precision import precision_section
-from .foreign import fla_section
-from .llamacpp import llamacpp_section
-from .hybrid import hybrid_section
-from .transformers_eager import transformers_section
-from .lowering import lowering_section
-from .plan import (DEFAULT_OUT, FORMAT, FULL, JSON_FILE, QUICK, SECTIONS, Progress, check_options, memory_cap, out_folder,
-                   require_cuda, resolve_subject)
 from edgelin.runtime.files import make_parents
 from edgelin.threads import torch_threads
 
-from .report import BenchReport, write_json_atomic, write_plots
+from . import baselines
+from .decay import decay_section
+from .foreign import fla_section
+from .harness import machine_facts
+from .hybrid import hybrid_section
+from .llamacpp import llamacpp_section
+from .lowering import lowering_section
+from .plan import FULL, QUICK, SECTIONS, Progress, check_options, memory_cap, require_cuda, resolve_subject
+from .plots import write_plots
+from .precision import precision_section
+from .report import DEFAULT_OUT, JSON_FILE, BenchReport, out_folder, record, write_json_atomic
 from .sections import Bench
+from .transformers_eager import transformers_section
 
 OPT_IN = {"fla": fla_section, "decay": decay_section, "precision": precision_section, "llamacpp": llamacpp_section, "lowering": lowering_section,
           "hybrid": hybrid_section, "transformers": transformers_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
@@ -118,22 +117,11 @@ def run_bench(
             if name in OPT_IN:
                 context = {"source": source, "provider": provider, "quick": quick} if name in ON_SOURCE else {}
                 results[name] = OPT_IN[name](plan, threads, say, **context)
-    machine["load_average_end"] = load_average()
-    data = {
-        "format": FORMAT,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "quick": bool(quick),
-        "settings": {"threads": threads, "provider_requested": provider, "provider_active": active,
-                     "torch_threads": threads, "ort_intra_op_threads": threads, "ort_inter_op_threads": 1, "sections": list(sections)},
-        "machine": machine,
-        "busy": busy(machine),
-        "model": model_entry,  # None when only opt-in sections ran (they describe their own models)
-        "method": {**METHOD, "verification": verification},
-        "exports": exports,
-        **results,
-        "seconds": time.perf_counter() - t_start,
-    }
-    data["goals"] = goals(data)
+    settings = {"threads": threads, "provider_requested": provider, "provider_active": active,
+                "torch_threads": threads, "ort_intra_op_threads": threads, "ort_inter_op_threads": 1, "sections": list(sections)}
+    # model is None when only opt-in sections ran (they describe their own models)
+    data = record(results, machine=machine, settings=settings, quick=quick, model=model_entry, started=t_start,
+                  method={**METHOD, "verification": verification}, exports=exports)
     report = BenchReport(data)
     make_parents(out)
     if plots:
@@ -142,13 +130,6 @@ def run_bench(
         data["plots"] = {"files": [], "skipped": "plots=False"}
     report.json_path = write_json_atomic(data, out / JSON_FILE, overwrite=overwrite)
     return report
-
-
-def busy(machine: dict) -> dict[str, Any]:
-    load = machine.get("load_average_start") or [0.0]
-    cores = machine.get("usable_cores") or 1
-    return {"load_1min_start": load[0], "cores": cores, "busy": load[0] > 0.5 * cores,
-            "note": "numbers from a busy machine are not representative" if load[0] > 0.5 * cores else ""}
 
 
 __all__ = ["run_bench"]

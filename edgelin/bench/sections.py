@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import torch
 
@@ -37,7 +36,8 @@ from edgelin.runtime.session import Session, open_session
 from edgelin.state import fresh_state
 
 from . import baselines, gqa
-from .measure import cache_bytes, caches, copy_bandwidth, extrapolate, interleaved, node_counts, ratio, run_worker, session_options, stats
+from .harness import cache_bytes, caches, interleaved, ratio, stats
+from .measure import copy_bandwidth, extrapolate, graph_weight_bytes, node_counts, prefill_worker, session_options
 from .plan import DATA_SEED, Plan, Progress, Subject
 from .report import mb
 
@@ -288,10 +288,8 @@ class Bench:
             history["skipped_at"] = T
             return {**row, "status": "skipped", "reason": reason}
         self.say(f"  {form:13s} T={T:>6,}{f' in pieces of {piece:,}' if piece else ''} ...")
-        spec = {"graph": str(graph), "provider": self.active_provider, "threads": self.threads, "batch": 1, "T": T, "piece": piece,
-                "vocab": self.vocab, "seed": DATA_SEED, "budget_s": p.case_budget_s, "min_repeats": p.min_repeats,
-                "max_repeats": p.max_repeats, "states": [s.to_dict() for s in self.specs] if stateful else []}
-        res = run_worker(spec, self.threads, timeout=p.case_time_cap_s * (p.max_repeats + 3) + 60)
+        res = prefill_worker(graph, self.specs if stateful else [], provider=self.active_provider, threads=self.threads, vocab=self.vocab,
+                             T=T, seed=DATA_SEED, plan=p, piece=piece)
         if res["status"] != "ok":
             history["skipped_at"] = T
             return {**row, **res}
@@ -408,12 +406,4 @@ def prefill_ratios(rows: list[dict[str, Any]], lengths: tuple[int, ...], piece: 
     return ratios
 
 
-def graph_weight_bytes(path: Path) -> int:
-    """Bytes of a graph's initializers and Constant nodes."""
-    proto = onnx.load(str(path), load_external_data=False)
-    tensors = list(proto.graph.initializer)
-    tensors += [a.t for node in proto.graph.node if node.op_type == "Constant" for a in node.attribute if a.name == "value"]
-    return sum(int(np.prod(t.dims, dtype=np.int64)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize for t in tensors)
-
-
-__all__ = ["Bench", "POSITION_KEYS", "graph_weight_bytes", "prefill_ratios"]
+__all__ = ["Bench", "POSITION_KEYS", "prefill_ratios"]

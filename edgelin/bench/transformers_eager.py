@@ -31,34 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from .llamacpp import VOCAB, _median, _run, build_checkpoint, export_checked
-from .measure import load_average
-from .plan import DATA_SEED, Plan, Progress
+from .checkpoints import FAMILIES, VOCAB, build_checkpoint, export_checked
+from .harness import alternating, load_average, median_of, run_command
+from .plan import DATA_SEED, BenchError, Plan, Progress
 
-_QWEN = {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
-         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "tie_word_embeddings": False}  # 3 Gated DeltaNet + attention
-_MAMBA_HYBRID = {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-                 "mamba_n_heads": 8, "mamba_n_groups": 1, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2,
-                 "tie_word_embeddings": False}
-MODELS = {  # name -> (transformers model_type, config): the bundled model's weight size, each family's layer pattern
-    "qwen3_5": ("qwen3_5_text", _QWEN),
-    "qwen3_next": ("qwen3_next", {**_QWEN, "num_experts": 0}),
-    "lfm2": ("lfm2", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
-                      "num_attention_heads": 4, "num_key_value_heads": 2, "layer_types": ["conv", "conv", "full_attention", "conv"],
-                      "tie_word_embeddings": False}),
-    "mamba2": ("mamba2", {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "expand": 2, "num_heads": 8,
-                          "head_dim": 64, "n_groups": 1, "state_size": 64, "conv_kernel": 4}),
-    "bamba": ("bamba", {**_MAMBA_HYBRID, "intermediate_size": 768, "attn_layer_indices": [3]}),
-    "granitemoehybrid": ("granitemoehybrid", {**_MAMBA_HYBRID, "shared_intermediate_size": 768, "num_local_experts": 0,
-                                              "layer_types": ["mamba", "mamba", "mamba", "attention"],
-                                              "position_embedding_type": "rope"}),
-    "nemotron_h": ("nemotron_h", {"vocab_size": VOCAB, "hidden_size": 256, "hybrid_override_pattern": "M-M-*-", "intermediate_size": 768,
-                                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "mamba_num_heads": 8,
-                                  "mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": 1, "conv_kernel": 4}),
-}
+MODELS = FAMILIES  # one checkpoint per importer family
 TEXT = "The quick brown fox jumps over the lazy dog. def area(r): return 3.14159 * r * r"
 GREEDY = 16
+WORKER_TIMEOUT = 1800.0  # seconds for one model's worker
 POSITIONS_PASSED = ("bamba", "granitemoehybrid")  # their models count positions from 0 on each call unless told
 
 
@@ -116,16 +96,14 @@ def hf_eager_main(spec: dict[str, Any]) -> None:
     warm = rng.integers(0, VOCAB, (1, 8), dtype=np.int64)
     for decode, prefill in engines.values():  # one untimed call of each kind
         decode(warm), prefill(warm)
-    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
-    for r in range(spec["rounds"]):
-        order = list(engines) if r % 2 == 0 else list(engines)[::-1]
-        dec = rng.integers(0, VOCAB, (1, n_decode), dtype=np.int64)
-        pre = {L: rng.integers(0, VOCAB, (1, L), dtype=np.int64) for L in lengths}
-        for name in order:
-            decode, prefill = engines[name]
-            out = {"decode_ms": 1e3 * decode(dec) / n_decode}
-            out.update({f"prefill_{L}_tokens_per_s": L / prefill(pre[L]) for L in lengths})
-            rounds[name].append(out)
+    inputs = [(rng.integers(0, VOCAB, (1, n_decode), dtype=np.int64), {L: rng.integers(0, VOCAB, (1, L), dtype=np.int64) for L in lengths})
+              for _ in range(spec["rounds"])]  # each round's ids, the same for both engines
+
+    def measure(name: str, r: int) -> dict[str, float]:
+        (decode, prefill), (dec, pre) = engines[name], inputs[r]
+        return {"decode_ms": 1e3 * decode(dec) / n_decode, **{f"prefill_{L}_tokens_per_s": L / prefill(pre[L]) for L in lengths}}
+
+    rounds = alternating({name: (lambda r, name=name: measure(name, r)) for name in engines}, spec["rounds"])
 
     tok = transformers.AutoTokenizer.from_pretrained(spec["ckpt"])
     prompt = tok(TEXT, return_tensors="pt")
@@ -144,7 +122,8 @@ def hf_eager_main(spec: dict[str, Any]) -> None:
 
 # ---- the section -----------------------------------------------------------------------------------------
 def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    out = _run([sys.executable, "-m", "edgelin.bench", "--hf-eager", json.dumps(spec)], "the transformers-vs-edgelin worker")
+    out = run_command([sys.executable, "-m", "edgelin.bench", "--hf-eager", json.dumps(spec)], "the transformers-vs-edgelin worker", BenchError,
+                      WORKER_TIMEOUT)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -168,11 +147,11 @@ def transformers_section(plan: Plan, threads: int, say: Progress) -> dict[str, A
                            "decode": plan.hf_decode, "lengths": list(plan.hf_lengths), "rounds": plan.hf_rounds})
             hf, mine = got["rounds"]["transformers"], got["rounds"]["edgelin"]
             row = {"model": name, "model_type": model_type, "export_check": check, "threads": threads, "io_binding": got["io_binding"],
-                   "decode_ms": {"transformers": _median(hf, "decode_ms"), "edgelin": _median(mine, "decode_ms")}, "prefill_tokens_per_s": {}}
+                   "decode_ms": {"transformers": median_of(hf, "decode_ms"), "edgelin": median_of(mine, "decode_ms")}, "prefill_tokens_per_s": {}}
             row["decode_transformers_over_edgelin"] = row["decode_ms"]["transformers"] / row["decode_ms"]["edgelin"]
             for L in plan.hf_lengths:
                 key = f"prefill_{L}_tokens_per_s"
-                row["prefill_tokens_per_s"][str(L)] = {"transformers": _median(hf, key), "edgelin": _median(mine, key)}
+                row["prefill_tokens_per_s"][str(L)] = {"transformers": median_of(hf, key), "edgelin": median_of(mine, key)}
             row["prefill_edgelin_over_transformers"] = {
                 str(L): v["edgelin"] / v["transformers"] for L, v in row["prefill_tokens_per_s"].items()}
             rows.append(row)
@@ -190,27 +169,4 @@ def transformers_section(plan: Plan, threads: int, say: Progress) -> dict[str, A
     }
 
 
-def transformers_lines(x: dict) -> list[str]:
-    """The transformers section's rows of the table."""
-    from .report import not_run_lines
-
-    head = "11. transformers: each family's export vs transformers' eager model on CPU (medians over alternating rounds)"
-    if x.get("status") != "ok":
-        return not_run_lines(head, x)
-    lengths = x["lengths"]
-    lines = [head, f"  batch 1, decode {x['decode_tokens']} tokens from an empty state; prefill one call of {', '.join(map(str, lengths))} "
-                   f"tokens; {x['rounds']} rounds",
-             f"  {'model':18s} {'decode ms/token hf / edgelin':>30s} {'x':>6s}  " + "  ".join(
-                 f"{'prefill ' + str(L) + ' tok/s hf / edgelin':>34s} {'x':>6s}" for L in lengths) + "  greedy ids equal"]
-    for r in x["rows"]:
-        d = r["decode_ms"]
-        cells = [f"{d['transformers']:>13.3f} / {d['edgelin']:>8.3f} ms {r['decode_transformers_over_edgelin']:>6.1f}"]
-        for L in lengths:
-            p = r["prefill_tokens_per_s"][str(L)]
-            cells.append(f"{p['transformers']:>15,.0f} / {p['edgelin']:>12,.0f} {r['prefill_edgelin_over_transformers'][str(L)]:>6.1f}")
-        g = x["greedy"][r["model"]]
-        lines.append(f"  {r['model']:18s} " + "  ".join(cells) + f"  {'yes' if g['equal'] else 'NO'}")
-    return lines
-
-
-__all__ = ["GREEDY", "MODELS", "TEXT", "hf_eager_main", "transformers_lines", "transformers_section"]
+__all__ = ["GREEDY", "MODELS", "TEXT", "hf_eager_main", "transformers_section"]

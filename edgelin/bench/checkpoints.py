@@ -1,0 +1,123 @@
+"""The Hugging Face checkpoints the bench builds with transformers' own classes, and their checked export.
+
+One small model per importer family (``FAMILIES``: Qwen3.5, Qwen3-Next with dense MLPs, LFM2, Mamba2, Bamba,
+Granite-4.0-H, Nemotron-H), each of the bundled model's weight size (hidden 256, 4 layers) in its family's layer
+pattern. ``build_checkpoint`` makes one in a subprocess (``python -m edgelin.bench --hf-build SPEC``, triton and fla
+hidden so that transformers takes its PyTorch paths, as on a CPU-only device): random weights perturbed so the logits
+spread (``perturb``), saved with a byte-level BPE tokenizer (``byte_level_tokenizer``). The llamacpp section measures
+LFM2 and Mamba2, the transformers section every family; scripts/ use them too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .harness import run_command
+from .plan import MODEL_SEED, BenchError
+
+VOCAB = 512  # a byte-level tokenizer: the 256 bytes, then 256 merges of two letters (llama.cpp refuses a BPE without merges)
+TIMEOUT = 1800.0  # seconds for building one checkpoint
+_QWEN = {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "linear_key_head_dim": 64, "linear_value_head_dim": 64,
+         "linear_num_key_heads": 2, "linear_num_value_heads": 4, "tie_word_embeddings": False}  # 3 Gated DeltaNet + attention
+_MAMBA_HYBRID = {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "mamba_n_heads": 8, "mamba_n_groups": 1, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2,
+                 "tie_word_embeddings": False}
+FAMILIES = {  # name -> (transformers model_type, config): the bundled model's weight size, each family's layer pattern
+    "qwen3_5": ("qwen3_5_text", _QWEN),
+    "qwen3_next": ("qwen3_next", {**_QWEN, "num_experts": 0}),
+    "lfm2": ("lfm2", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                      "num_attention_heads": 4, "num_key_value_heads": 2, "layer_types": ["conv", "conv", "full_attention", "conv"],
+                      "tie_word_embeddings": False}),  # tied random weights: greedy would repeat the last token
+    "mamba2": ("mamba2", {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "expand": 2, "num_heads": 8,
+                          "head_dim": 64, "n_groups": 1, "state_size": 64, "conv_kernel": 4}),
+    "bamba": ("bamba", {**_MAMBA_HYBRID, "intermediate_size": 768, "attn_layer_indices": [3]}),
+    "granitemoehybrid": ("granitemoehybrid", {**_MAMBA_HYBRID, "shared_intermediate_size": 768, "num_local_experts": 0,
+                                              "layer_types": ["mamba", "mamba", "mamba", "attention"],
+                                              "position_embedding_type": "rope"}),
+    "nemotron_h": ("nemotron_h", {"vocab_size": VOCAB, "hidden_size": 256, "hybrid_override_pattern": "M-M-*-", "intermediate_size": 768,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "mamba_num_heads": 8,
+                                  "mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": 1, "conv_kernel": 4}),
+}
+
+
+def perturb(model: Any, seed: int, large: Callable[[str], bool]) -> None:
+    """Spread a random model's logits over a few units (a fresh init gives near-constant logits, against which a parity
+    check would prove little): norm weights 1 + 0.3 N(0, 1), parameters ``large(name)`` picks + 0.3 N(0, 1), the
+    others + 0.05 N(0, 1), drawn in parameter order from ``seed``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+            else:
+                p.add_((0.3 if large(name) else 0.05) * torch.randn(p.shape, generator=gen))
+
+
+def hf_build_main(spec: dict[str, Any]) -> None:
+    """In ``python -m edgelin.bench --hf-build SPEC``: transformers' own model from the config, weights perturbed so
+    the logits spread, saved with a byte-level BPE tokenizer of the config's vocabulary beside it (the 256 bytes, then
+    merges of two symbols)."""
+    sys.modules["triton"] = None  # type: ignore[assignment]  # transformers' PyTorch paths (NOTES: CPU-only machine)
+    sys.modules["fla"] = None  # type: ignore[assignment]
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(spec["model_type"], **spec["config"])
+    torch.manual_seed(MODEL_SEED)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    perturb(model, MODEL_SEED + 1, lambda name: "embed" in name or "lm_head" in name or name.endswith(("A_log", "dt_bias")))
+    model.save_pretrained(spec["folder"])
+    tok = byte_level_tokenizer(spec["config"].get("vocab_size", VOCAB))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(spec["folder"])
+
+
+def byte_level_tokenizer(vocab_size: int):
+    """A byte-level BPE of exactly ``vocab_size`` tokens (a ``tokenizers.Tokenizer``): the 256 byte symbols, then merges
+    of two symbols (pairs of 16 letters up to VOCAB; beyond it, pairs of all 256 symbols: up to 65,792 tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    pool = "abcdefghijklmnop" if vocab_size <= VOCAB else alphabet
+    merges = [(a, b) for a in pool for b in pool][: vocab_size - len(alphabet)]
+    if len(alphabet) + len(merges) != vocab_size:
+        raise BenchError(f"a byte-level tokenizer of {vocab_size:,} tokens cannot be made here (256 to {len(alphabet) * (len(alphabet) + 1):,})")
+    vocab = {c: i for i, c in enumerate(alphabet + [a + b for a, b in merges])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    return tok
+
+
+def build_checkpoint(name: str, folder: Path, models: dict[str, tuple[str, dict]] | None = None) -> Path:
+    """Model ``name`` of ``models`` (default: FAMILIES) built and saved by transformers in a subprocess."""
+    model_type, config = (FAMILIES if models is None else models)[name]
+    spec = {"model_type": model_type, "config": config, "folder": str(folder)}
+    run_command([sys.executable, "-m", "edgelin.bench", "--hf-build", json.dumps(spec)], f"building the {name} checkpoint", BenchError, TIMEOUT)
+    return folder
+
+
+def export_checked(ckpt: Path, out: Path, options: str | dict[str, Any], trace_cache: Path | None = None) -> str:
+    """Export with the exporter's check against PyTorch; where the check fails, export unchecked and say so (the
+    greedy ids then show what the difference does): "passed" or the check's failure. ``options``: a precision or the
+    export's options. ``trace_cache``: a folder shared by the exports of one checkpoint, so that its precisions (and
+    an unchecked retry) trace it once."""
+    from edgelin.errors import ExportError
+    from edgelin.exporters import export
+
+    options = {"precision": options} if isinstance(options, str) else dict(options)
+    if trace_cache is not None:
+        options["trace_cache"] = trace_cache
+    try:
+        export(ckpt, out, **options)
+        return "passed"
+    except ExportError as exc:
+        export(ckpt, out, **options, check=False)
+        return f"failed, exported unchecked: {exc}"
+
+
+__all__ = ["FAMILIES", "VOCAB", "build_checkpoint", "byte_level_tokenizer", "export_checked", "hf_build_main", "perturb"]
