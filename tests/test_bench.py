@@ -20,7 +20,7 @@ import torch
 from click.testing import CliRunner
 
 from edgelin.bench import SECTIONS, _finite, interleaved, stats, write_json_atomic, write_plots
-from edgelin.cli_bench import bench
+from edgelin.cli.bench import bench
 from edgelin.runtime.files import write_json
 from testkit.protocol import Delegating
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from edgelin.bench import checkpoints, llamacpp
 from edgelin.bench.plan import OPT_IN_SECTIONS, QUICK, SECTIONS
 from edgelin.bench.report import llamacpp_lines
-from edgelin.cli_bench import bench
+from edgelin.cli.bench import bench
 from edgelin.exporters.precision import CONVERTERS
 
 # two rows of `llama-bench -p 64 -n 16 -r 1 -o json` (fields trimmed), and a combined pp+tg test

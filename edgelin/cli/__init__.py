@@ -28,7 +28,7 @@ def main() -> None:
     """
 
 
-from edgelin.cli_bench import bench  # noqa: E402
+from edgelin.cli.bench import bench  # noqa: E402
 from edgelin.cli.check import check_cmd, validate_cmd  # noqa: E402
 from edgelin.cli.demo import demo_cmd  # noqa: E402
 from edgelin.cli.export import export_cmd, models_cmd  # noqa: E402
