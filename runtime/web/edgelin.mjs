@@ -500,6 +500,49 @@ export function processLogits(logits, seen, newTokens, { repetitionPenalty = 1, 
   return out;
 }
 
+/** Stop strings found in text that arrives piece by piece, in time linear in the text and the strings, as the Python
+ * runtime finds them (runtime/controls.py: StopStrings): each string gets Knuth-Morris-Pratt's table once; a matcher
+ * advances one state per string and character (how many of the string's first characters the text ends with),
+ * which is also how much text must be held back while it may still become that string. */
+export class StopStrings {
+  constructor(stops) {
+    this.stops = stops;
+    this.prefix = stops.map((s) => {
+      const table = new Int32Array(s.length);
+      for (let i = 1, k = 0; i < s.length; i++) {
+        while (k && s[i] !== s[k]) k = table[k - 1];
+        if (s[i] === s[k]) k += 1;
+        table[i] = k;
+      }
+      return table;
+    });
+  }
+
+  matcher() {
+    const { stops, prefix } = this;
+    const state = new Array(stops.length).fill(0);
+    return {
+      /** Advance over `text`: [the string's index, where it ends in `text`] for the first string of the list that is
+       * complete in it (its first occurrence), or null. */
+      feed(text) {
+        for (let j = 0; j < stops.length; j++) {
+          const s = stops[j], table = prefix[j];
+          let k = state[j];
+          for (let i = 0; i < text.length; i++) {
+            while (k && text[i] !== s[k]) k = table[k - 1];
+            if (text[i] === s[k]) k += 1;
+            if (k === s.length) { state[j] = table[k - 1]; return [j, i + 1]; }
+          }
+          state[j] = k;
+        }
+        return null;
+      },
+      /** How many characters at the end of the text so far may still start a stop string. */
+      partial() { return state.reduce((a, b) => Math.max(a, b), 0); },
+    };
+  }
+}
+
 /** The n-grams of a growing sequence, for Hugging Face's no_repeat_ngram_size (as the Python runtime's NGrams):
  * banned() is the ids that would complete an n-gram the sequence already holds; one step costs O(n). */
 export class NGrams {
@@ -1206,6 +1249,7 @@ export class Conversation {
     const seen = repetitionPenalty !== 1 ? new Set(ids) : null; // the ids of this prompt and of what it generates
     const grams = noRepeatNgramSize > 0 ? new NGrams(noRepeatNgramSize, ids) : null; // the same sequence's n-grams
     let held = ""; // decoded text not yet released (it may still be the start of a stop string)
+    const matcher = stops.length ? new StopStrings(stops).matcher() : null;
     this.text = "";
     this.ids = [];
     this.stopReason = null;
@@ -1242,19 +1286,20 @@ export class Conversation {
         return;
       }
       this.ids.push(id);
-      held += decoder ? decoder.feed(id) : "";
+      const piece = decoder ? decoder.feed(id) : "";
+      held += piece;
       if (this.ids.length >= maxNewTokens) this.stopReason = "length";
       let text;
-      const hit = stops.find((x) => held.includes(x));
-      if (hit !== undefined) { // the text ends before the stop string (the first of the list found, as in Python)
+      const hit = matcher && piece ? matcher.feed(piece) : null;
+      if (hit !== null) { // the text ends before the stop string (the first of the list found, as in Python)
         this.stopReason = "stop";
-        text = held.slice(0, held.indexOf(hit));
+        text = held.slice(0, held.length - piece.length + hit[1] - stops[hit[0]].length);
         held = "";
       } else if (this.stopReason !== null) { // length: everything goes out, a partial character too
         text = held + (decoder ? decoder.flush() : "");
         held = "";
       } else { // keep back what may be the start of a stop string
-        const keep = Math.max(0, ...stops.flatMap((x) => Array.from({ length: x.length - 1 }, (_, k) => (held.endsWith(x.slice(0, k + 1)) ? k + 1 : 0))));
+        const keep = matcher ? matcher.partial() : 0;
         text = held.slice(0, held.length - keep);
         held = held.slice(held.length - keep);
       }
