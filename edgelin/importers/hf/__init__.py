@@ -2,7 +2,8 @@
 
 One module per ``model_type``; each reads its config with the shared field framework (edgelin.importers.fields),
 builds ``edgelin.skeleton.CausalLM`` from the registered mixer kinds, and loads the weights with the shared
-matching (edgelin.importers.weights). Families: ``qwen3_5`` (Qwen3.5's text model, also from the vision-language
+matching (edgelin.importers.weights); what several families read alike is here (RoPE, attention heads, the
+declared context, the Mamba2 layer of Mamba2 and its hybrids). Families: ``qwen3_5`` (Qwen3.5's text model, also from the vision-language
 checkpoint) in ``edgelin.importers.hf.qwen3_5``, ``qwen3_next`` (its dense models, the fused projections unpacked
 at load time) in ``edgelin.importers.hf.qwen3_next``, ``lfm2`` (LFM2 and LFM2.5: gated short convs and attention) in
 ``edgelin.importers.hf.lfm2``. docs/importers.md lists every config field each reads.
@@ -11,6 +12,7 @@ at load time) in ``edgelin.importers.hf.qwen3_next``, ``lfm2`` (LFM2 and LFM2.5:
 from __future__ import annotations
 
 from edgelin.importers.fields import Fields
+from edgelin.layers.mamba2 import Mamba2Options
 
 ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 
@@ -67,4 +69,41 @@ def declare_context(model, source: dict, has_attention: bool):
     return model
 
 
-__all__ = ["ROPE_KEYS", "attention_heads", "declare_context", "read_rope"]
+def read_time_step_limit(f: Fields) -> tuple[float, float]:
+    """``time_step_limit`` as (low, high); transformers writes infinity as {"__float__": "Infinity"}."""
+    limit = f.get("time_step_limit")
+    if isinstance(limit, (list, tuple)):
+        limit = [float(v["__float__"]) if isinstance(v, dict) and set(v) == {"__float__"} and v["__float__"] in ("Infinity", "inf")
+                 else v for v in limit]
+    if not isinstance(limit, (list, tuple)) or len(limit) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in limit) \
+            or not 0 <= limit[0] <= limit[1]:
+        raise f.fail("time_step_limit", f"must be [low, high] with 0 <= low <= high, got {limit!r}")
+    return float(limit[0]), float(limit[1])
+
+
+def mixer_renames(module: str) -> list[tuple[str, str]]:
+    """transformers' Mamba2 mixer module (``mixer``, Bamba's and Granite's ``mamba``) -> the skeleton's mixer."""
+    return [(f".{module}.norm.", ".attn.gate_norm_"), (f".{module}.", ".attn.")]  # gate_norm_weight: the gated norm
+
+
+def mamba_options(f: Fields, hidden: int) -> Mamba2Options:
+    """The Mamba2 layer of a hybrid config (Bamba's and Granite-4.0-H's ``mamba_*`` fields)."""
+    heads, expand = f.integer("mamba_n_heads"), f.integer("mamba_expand")
+    head_dim = f.get("mamba_d_head")
+    if head_dim == "auto":
+        head_dim = expand * hidden // heads
+    head_dim = head_dim if isinstance(head_dim, int) and not isinstance(head_dim, bool) else None
+    if head_dim is None or head_dim * heads != expand * hidden:
+        raise f.fail("mamba_d_head", f"times mamba_n_heads ({heads}) must equal mamba_expand x hidden_size ({expand} x {hidden})")
+    groups = f.integer("mamba_n_groups")
+    if heads % groups:
+        raise f.fail("mamba_n_groups", f"must divide mamba_n_heads ({heads}), got {groups}")
+    low, high = read_time_step_limit(f)
+    return Mamba2Options(
+        d_model=hidden, num_heads=heads, head_dim=head_dim, state_size=f.integer("mamba_d_state"), n_groups=groups,
+        conv_kernel=f.integer("mamba_d_conv"), conv_bias=f.flag("mamba_conv_bias"), bias=f.flag("mamba_proj_bias"),
+        norm_eps=f.number("rms_norm_eps"), dt_min=low, dt_max=high,
+    )
+
+
+__all__ = ["ROPE_KEYS", "attention_heads", "declare_context", "mamba_options", "mixer_renames", "read_rope", "read_time_step_limit"]

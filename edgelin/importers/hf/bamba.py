@@ -17,15 +17,17 @@ from typing import Any
 from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
-from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf import attention_heads, declare_context, read_rope
-from edgelin.importers.hf.mamba2 import mixer_renames, read_time_step_limit
+from edgelin.importers.fields import check_fields
+from edgelin.importers.hf import attention_heads, declare_context, mamba_options, mixer_renames, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
-from edgelin.layers.mamba2 import Mamba2Mixer, Mamba2Options
+from edgelin.layers.mamba2 import Mamba2Mixer
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
 
+
 BAMBA_ROTARY_FACTOR = 0.5  # transformers' BambaConfig overwrites any partial_rotary_factor with 0.5
+
+
 FIELDS: dict[str, Any] = {  # BambaConfig's fields and defaults (transformers 5.x)
     "vocab_size": 128000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu", "rms_norm_eps": 1e-5,
@@ -36,26 +38,6 @@ FIELDS: dict[str, Any] = {  # BambaConfig's fields and defaults (transformers 5.
     # no effect at inference: a kernel's block size, training losses, dropout, logits kept in training
     "mamba_chunk_size": 256, "z_loss_coefficient": 0.0, "num_logits_to_keep": 1, "attention_dropout": 0.0,
 }
-
-
-def mamba_options(f: Fields, hidden: int) -> Mamba2Options:
-    """The Mamba2 layer of a hybrid config (Bamba's and Granite-4.0-H's ``mamba_*`` fields)."""
-    heads, expand = f.integer("mamba_n_heads"), f.integer("mamba_expand")
-    head_dim = f.get("mamba_d_head")
-    if head_dim == "auto":
-        head_dim = expand * hidden // heads
-    head_dim = head_dim if isinstance(head_dim, int) and not isinstance(head_dim, bool) else None
-    if head_dim is None or head_dim * heads != expand * hidden:
-        raise f.fail("mamba_d_head", f"times mamba_n_heads ({heads}) must equal mamba_expand x hidden_size ({expand} x {hidden})")
-    groups = f.integer("mamba_n_groups")
-    if heads % groups:
-        raise f.fail("mamba_n_groups", f"must divide mamba_n_heads ({heads}), got {groups}")
-    low, high = read_time_step_limit(f)
-    return Mamba2Options(
-        d_model=hidden, num_heads=heads, head_dim=head_dim, state_size=f.integer("mamba_d_state"), n_groups=groups,
-        conv_kernel=f.integer("mamba_d_conv"), conv_bias=f.flag("mamba_conv_bias"), bias=f.flag("mamba_proj_bias"),
-        norm_eps=f.number("rms_norm_eps"), dt_min=low, dt_max=high,
-    )
 
 
 def load(path: str | Path) -> CausalLM:

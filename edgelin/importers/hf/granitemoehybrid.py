@@ -20,9 +20,7 @@ from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import check_fields
-from edgelin.importers.hf import attention_heads, declare_context, read_rope
-from edgelin.importers.hf.bamba import mamba_options
-from edgelin.importers.hf.mamba2 import mixer_renames
+from edgelin.importers.hf import attention_heads, declare_context, mamba_options, mixer_renames, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.layers.mamba2 import Mamba2Mixer
 from edgelin.protocol import DEFAULT_CHUNK

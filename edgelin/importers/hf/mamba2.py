@@ -12,11 +12,13 @@ from typing import Any
 
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
-from edgelin.importers.fields import Fields, check_fields
+from edgelin.importers.hf import mixer_renames, read_time_step_limit
+from edgelin.importers.fields import check_fields
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.layers.mamba2 import Mamba2Mixer, Mamba2Options
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
+
 
 FIELDS: dict[str, Any] = {  # Mamba2Config's fields and defaults (transformers 5.x)
     "num_heads": 128, "head_dim": 64, "vocab_size": 32768, "hidden_size": 4096, "state_size": 128,
@@ -30,23 +32,6 @@ FIELDS: dict[str, Any] = {  # Mamba2Config's fields and defaults (transformers 5
     # stored by transformers' config but never read by its model (gating before the norm is built in)
     "norm_before_gate": None, "rms_norm": None, "layer_types": None,
 }
-
-
-def read_time_step_limit(f: Fields) -> tuple[float, float]:
-    """``time_step_limit`` as (low, high); transformers writes infinity as {"__float__": "Infinity"}."""
-    limit = f.get("time_step_limit")
-    if isinstance(limit, (list, tuple)):
-        limit = [float(v["__float__"]) if isinstance(v, dict) and set(v) == {"__float__"} and v["__float__"] in ("Infinity", "inf")
-                 else v for v in limit]
-    if not isinstance(limit, (list, tuple)) or len(limit) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in limit) \
-            or not 0 <= limit[0] <= limit[1]:
-        raise f.fail("time_step_limit", f"must be [low, high] with 0 <= low <= high, got {limit!r}")
-    return float(limit[0]), float(limit[1])
-
-
-def mixer_renames(module: str) -> list[tuple[str, str]]:
-    """transformers' Mamba2 mixer module (``mixer``, Bamba's and Granite's ``mamba``) -> the skeleton's mixer."""
-    return [(f".{module}.norm.", ".attn.gate_norm_"), (f".{module}.", ".attn.")]  # gate_norm_weight: the gated norm
 
 
 def load(path: str | Path) -> CausalLM:

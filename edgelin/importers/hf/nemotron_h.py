@@ -23,8 +23,7 @@ from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf import declare_context
-from edgelin.importers.hf.mamba2 import mixer_renames
+from edgelin.importers.hf import declare_context, mixer_renames
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.layers.mamba2 import Mamba2Mixer, Mamba2Options
 from edgelin.protocol import DEFAULT_CHUNK

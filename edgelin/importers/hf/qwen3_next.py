@@ -24,7 +24,7 @@ from typing import Any
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf.qwen3_5 import LEFT_OUT, TEXT_FIELDS, build
+from edgelin.importers.hf.qwen_hybrid import LEFT_OUT, TEXT_FIELDS, build
 from edgelin.importers.weights import RowSplit, load_checkpoint_weights
 from edgelin.skeleton import CausalLM
 
