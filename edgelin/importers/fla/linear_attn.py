@@ -1,14 +1,7 @@
 """fla's ``linear_attn`` (LinearAttentionForCausalLM): its config read onto the layer of edgelin.layers.linear_attention
 (kind "fla/linear_attn", fla's feature maps and conventions).
 
-Conventions of fla, carried over exactly (see docs/importers.md):
-- q goes through the feature map, then (``norm_q``) phi(q) / (sum phi(q) + 1e-4), then times F^-0.5, where F is
-  the feature width (2 D for hedgehog, 8 D for dpfp); keys likewise without the scale (``norm_k``).
-- With ``norm_feature_map`` the output is divided by the running denominator with fla's epsilon 1e-10 added
-  to the *scaled* denominator; without it there is no denominator. A per-head RMSNorm (weight only with
-  ``elementwise_affine``) always follows.
-- ``num_kv_heads``: query head h reads key/value head h // (num_heads / num_kv_heads). Every query head of a
-  group would build the same state, so the state is carried once per key/value head.
+fla's conventions are the layer's (its module docstring; docs/importers.md). Here only the config:
 - MLP width: ``intermediate_size``, or hidden * hidden_ratio * 2/3 rounded up to a multiple of 256.
 """
 
