@@ -64,7 +64,7 @@ def test_fp16_rotations_stay_exact_at_any_position(start, monkeypatch):
     types = {n.name: n for n in converted.graph.node}
     assert "act_cos" in types and np.abs(h_cos - np.cos(x)).max() <= 2e-3  # converted, and still right
     # the same conversion without the region: the rotation is lost far from position 0 (what the test guards)
-    monkeypatch.setattr(precision, "angle_region", lambda g: set())
+    monkeypatch.setattr(precision.fp16, "angle_region", lambda g: set())
     y_lost, _ = run(precision.convert(graph(), "fp16")[0], pos, x)
     assert (np.abs(y_lost - ref).max() > 0.02) == (start >= 1000)  # 0.03 at 1,000; above 2,048 fp16 rounds positions to 2, 4, ...
 
@@ -114,7 +114,7 @@ def test_fp16_l2_normalised_vectors_reach_a_running_sum_in_fp32(monkeypatch):
 
     kept = types(precision.convert(l2_graph(), "fp16")[0])
     assert kept["div"] == kept["eps"] == kept["sum"] == TensorProto.FLOAT and kept["feature"] == TensorProto.FLOAT16
-    monkeypatch.setattr(precision, "norm_region", lambda g: set())  # the same conversion without the region
+    monkeypatch.setattr(precision.fp16, "norm_region", lambda g: set())  # the same conversion without the region
     assert types(precision.convert(l2_graph(), "fp16")[0])["div"] == TensorProto.FLOAT16
     x = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
     x16 = x.astype(np.float16).astype(np.float64)  # what the converted graph reads

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgelin.exporters.precision import _quantise_matmuls, _read_tensor, quantise_int8_columns
+from edgelin.exporters.precision.int8 import _quantise_matmuls, _read_tensor, quantise_int8_columns
 
 
 def _reference(src, dst) -> onnx.ModelProto:

@@ -111,7 +111,7 @@ def test_a_mamba2_in_fp16_keeps_its_decays_in_fp32_and_passes_its_smoke_check(tm
     kept = manifest["precision_kept"]
     assert any("decays' path" in line for line in kept["prefill"]) and any("decays' path" in line for line in kept["decode"])
     assert "precision_floor" not in manifest  # within edgelin's budget: the framework was not asked
-    import edgelin.exporters.precision as conversion
+    import edgelin.exporters.precision.fp16 as conversion
 
     monkeypatch.setattr(conversion, "decay_region", lambda graph, accumulators: set())  # the decays in fp16, as before
     with pytest.raises(ExportError, match=r"smoke check failed: prefill .*transformers' own model in float16 is") as info:

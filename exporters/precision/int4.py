@@ -1,0 +1,84 @@
+"""int4: 4-bit symmetric block-quantised weights, block 32 (ONNX Runtime's ``MatMulNBitsQuantizer``), an untied
+head stored as the embedding table is, and the table and a tied head as ``tables`` stores them."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import onnx
+from onnx import helper, numpy_helper
+
+from edgelin.exporters.precision.common import (
+    ACCURACY_LEVEL, EMBEDDING_BITS, FLOAT, INT4_BLOCK, MS_DOMAIN, TABLE_BLOCK, Conversion, quiet,
+)
+from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table, table_heads
+
+
+def _import_leaving_logging_alone(module: str):
+    """Import ``module`` and undo any change it made to the root logger: ONNX Runtime's matmul_nbits_quantizer calls
+    ``logging.basicConfig(level=INFO)`` on import, after which every INFO record of the process (onnx_ir's, during a
+    later export in the same process) was printed."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        return importlib.import_module(module)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def untied_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The MatMul with a constant float [K, N] weight that computes the logits output (an untied head), or None (a
+    tied head reads the embedding transposed; a model whose logits come otherwise)."""
+    inits = {i.name: i for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    node = producer.get("logits")  # the exporter names it so (exporters/graphs.py: LOGITS)
+    while node is not None and node.op_type in ("Identity", "Reshape", "Cast", "Squeeze", "Unsqueeze"):
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "MatMul" or node.input[1] not in inits:
+        return None
+    w = inits[node.input[1]]
+    return node if w.data_type == FLOAT and len(w.dims) == 2 else None
+
+
+def _quantise_untied_head(proto: onnx.ModelProto, embedding: str) -> str | None:
+    """An int4 export's untied head stored as the embedding table is (``embedding``: 8 bits by default, MatMulNBits
+    over ``quantise_table`` of its transposed weight, as a tied head's). Returns the head's name where it stays
+    fp32 (``--embedding fp32``, or K not a multiple of the block), else None.
+
+    Why not 4 bits like the other weights: the head turns every error before it into the logits. On a Qwen3.5 and a
+    Mamba2 trained for minutes (hidden 256, untied; docs/importers.md) int4 with a 4-bit head moved held-out text by
+    +0.085 and +0.092 bits/byte, with the head in 8 bits and the rest in 4 by +0.009 and +0.018 (emulated with
+    edgelin.quantref, which matched the int4 graphs' +0.086 and +0.092), where the LFM2 beside them, its head tied to
+    an 8-bit table, was at +0.006."""
+    graph = proto.graph
+    node = untied_head(graph)
+    if node is None:
+        return None
+    w = next(i for i in graph.initializer if i.name == node.input[1])
+    K = w.dims[0]
+    if embedding not in EMBEDDING_BITS or K % TABLE_BLOCK:
+        return node.name
+    bits = EMBEDDING_BITS[embedding]
+    table_heads(graph, [node], *quantise_table(numpy_helper.to_array(w).T, bits), bits, f"{w.name}_head_q{bits}")
+    if not any(w.name in n.input for n in graph.node):
+        graph.initializer.remove(w)
+    if not any(o.domain == MS_DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return None
+
+
+def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
+    MatMulNBitsQuantizer = _import_leaving_logging_alone("onnxruntime.quantization.matmul_nbits_quantizer").MatMulNBitsQuantizer  # noqa: N806
+
+    exact_head = _quantise_untied_head(proto, embedding)
+    with quiet():
+        quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
+                                     accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=[exact_head] if exact_head else None)
+        quant.process()
+        out = quant.model.model
+    tables = quantise_embedding(out, embedding)
+    why = {exact_head: "the head, stored as the embedding table is: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
+    note = Conversion("int4", kept=kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why))
+    return out, note
