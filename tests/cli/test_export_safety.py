@@ -109,7 +109,7 @@ def test_check_output_dir_describes_what_it_replaces(exported, tmp_path):
 FAST_TRACER = """
 import sys, time
 from pathlib import Path
-import edgelin.exporters.exporter as exporter
+import edgelin.exporters.tracing as exporter
 
 def fast_export_graph(module, example, names, dynamic, opset, path, *, external=False, ops="portable"):
     if Path(path).name == "prefill.onnx":

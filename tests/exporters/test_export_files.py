@@ -15,6 +15,7 @@ import torch
 
 from edgelin.errors import CheckpointError, ExportError, OutputError
 import edgelin.exporters.exporter as export_impl
+import edgelin.exporters.tracing as tracing
 from edgelin.exporters import export
 from edgelin.parity import Errors
 from edgelin.runtime.manifest import Manifest
@@ -106,7 +107,7 @@ def test_refuses_to_overwrite_without_force(exported, tmp_path):
 
 def test_failed_export_leaves_nothing(exported, trace_cache, tmp_path, monkeypatch):
     model, _ = exported("elu+1")
-    monkeypatch.setattr(export_impl, "_smoke_check", lambda *a: {"prefill": Errors(1.0, 0.5, 0, 0.1), "decode": Errors(0.0, 0.0, 0, 0.0)})
+    monkeypatch.setattr(export_impl, "smoke_check", lambda *a: {"prefill": Errors(1.0, 0.5, 0, 0.1), "decode": Errors(0.0, 0.0, 0, 0.0)})
     out = tmp_path / "out"
     with pytest.raises(ExportError, match="smoke check failed: prefill max abs error 1.00e\\+00"):
         export(model, out, trace_cache=trace_cache)  # the check fails after the trace: the run's traced graphs serve
@@ -122,7 +123,7 @@ def test_failed_forced_export_keeps_the_old_one(exported, tmp_path, monkeypatch)
     def boom(*args, **kwargs):
         raise RuntimeError("exporter exploded\nwith a long story")
 
-    monkeypatch.setattr(export_impl, "export_graph", boom)
+    monkeypatch.setattr(tracing, "export_graph", boom)
     with pytest.raises(ExportError, match=r"export failed \(RuntimeError: exporter exploded\); nothing was written"):
         export(model, out, force=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -206,4 +207,4 @@ def test_export_lets_go_of_the_models_weights(tmp_path):
     del model
     gc.collect()
     assert [w for w in weights if w() is not None] == []
-    assert export_impl.release_rewriter_state() == 0  # nothing is left for a second call to clear
+    assert tracing.release_rewriter_state() == 0  # nothing is left for a second call to clear

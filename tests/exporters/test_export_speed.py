@@ -9,7 +9,7 @@ import onnx_ir as ir
 import pytest
 from onnxscript import rewriter
 
-from edgelin.exporters import exporter
+from edgelin.exporters import tracing as exporter
 
 N_NODES = 120  # a chain of this many nodes beside the two Slices
 

@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_model
 from edgelin.exporters import export, graph_spec
-from edgelin.exporters import exporter as export_impl
+from edgelin.exporters import tracing as export_impl
 from edgelin.exporters import traces
 
 

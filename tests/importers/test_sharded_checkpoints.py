@@ -83,7 +83,7 @@ def test_a_checkpoint_folder_is_read_once_per_export(single, tmp_path, monkeypat
     import tokenizers
 
     from edgelin.errors import ExportError
-    from edgelin.exporters import exporter
+    from edgelin.exporters import exporter, tracing
     from edgelin.models import bundled_checkpoint
 
     if kind == "edgelin":
@@ -115,7 +115,7 @@ def test_a_checkpoint_folder_is_read_once_per_export(single, tmp_path, monkeypat
     def stop(*args, **kwargs):
         raise Traced
 
-    monkeypatch.setattr(exporter, "export_graph", stop)
+    monkeypatch.setattr(tracing, "export_graph", stop)
     with monkeypatch.context() as m:
         m.setattr(os, "open", os_open)
         m.setattr(io, "open", io_open)

@@ -1,0 +1,45 @@
+"""The checked fp32 graphs rewritten in the export's precision (``edgelin.exporters.precision``), a tied head
+rewritten in place, and the manifest's record of what changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import onnx
+
+from edgelin.exporters.precision import convert as convert_precision
+from edgelin.exporters.precision import embedding_choice, int8_file
+from edgelin.exporters.weights import load_graph, save_graph, tied_head_in_place
+from edgelin.exporters.write import GRAPH_FILES
+from edgelin.runtime.manifest import Manifest
+
+
+def convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Callable[[str], None], embedding: str | None = None,
+                    int8_scheme: str | None = None) -> tuple[dict, dict]:
+    """The checked fp32 graphs in ``tmp`` rewritten in ``precision`` (``int8_scheme``: as ``int8_scheme_choice``
+    resolved it); the manifest's extra fields record
+    the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
+    say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
+    nodes, op_types, kept = {}, {}, {}
+    for graph, fname in GRAPH_FILES.items():
+        if precision == "int8":  # the quantiser reads the file itself: no second copy of the weights in memory
+            proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
+        else:
+            proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
+        tied_head_in_place(proto)
+        save_graph(proto, tmp / fname)
+        nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), op_histogram(proto), note.kept
+    manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
+    if precision == "int8":
+        manifest.extra["int8_scheme"] = int8_scheme
+    if precision in ("int8", "int4"):  # how the token table is stored: validate's quantised reference reads it
+        manifest.extra["embedding"] = embedding_choice(precision, embedding)
+    return nodes, op_types
+
+
+def op_histogram(proto: onnx.ModelProto) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in proto.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))

@@ -1,0 +1,55 @@
+"""What an export returns: the files written, the graphs' sizes and times, the smoke check's errors and budgets,
+and the summary ``edgelin export`` prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgelin import parity, upstream
+from edgelin.exporters.write import GRAPH_FILES
+from edgelin.runtime.manifest import Manifest
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    manifest: Manifest
+    files: dict[str, int]  # file name -> bytes
+    nodes: dict[str, int]  # graph -> node count
+    seconds: dict[str, float]  # graph -> export wall time
+    smoke: dict[str, parity.Errors] | None = None  # check name -> logits errors (None with check=False)
+    # check name -> the budget it was held to (edgelin's or the export's, raised to the model's rounding floor or, at
+    # fp16, to the checkpoint's framework's own error at fp16: edgelin.upstream.precision_floor)
+    smoke_bounds: dict[str, dict[str, float]] = field(default_factory=dict)
+    op_types: dict[str, dict[str, int]] = field(default_factory=dict)  # graph -> op type -> count
+
+    def summary(self) -> str:
+        lines = [f"exported to {self.out_dir}"]
+        for name, size in self.files.items():
+            graph = next((g for g, f in GRAPH_FILES.items() if f == name), None)
+            detail = f"  {self.nodes[graph]:4d} nodes  exported in {self.seconds[graph]:.1f} s" if graph else ""
+            lines.append(f"  {name:14s} {size / 1e6:8.2f} MB{detail}")
+        m = self.manifest
+        lines.append(f"  state per sequence: {m.state_summary()}")
+        if self.manifest.lengths is not None:
+            lines.append(f"  ragged prefill: input {self.manifest.lengths!r} takes each row's length (prompts of different lengths in one call)")
+        if m.logits_at is not None:
+            lines.append(f"  prefill logits: at the positions input {m.logits_at!r} asks for (the runtimes: each piece's last only)")
+        else:
+            lines.append("  prefill logits: every position (no logits_at input: for a client older than it)")
+        if m.max_sequence is not None:
+            lines.append(f"  prefill calls: at most {m.max_sequence:,} tokens each (max_sequence; the runtimes cut longer prompts into pieces)")
+        if self.smoke is None:
+            lines.append("  smoke check: skipped (--no-check)")
+        else:
+            table = parity.held(self.manifest.precision, self.manifest.extra.get("parity_budgets"))[0]["logits"]
+            bounds = {k: self.smoke_bounds.get(k, table) for k in self.smoke}
+            ok = all(parity.within(e, bounds[k]) for k, e in self.smoke.items())
+            peer = upstream.PrecisionFloor.from_record(self.manifest.extra.get("precision_floor"))
+            why = "the model's rounding floor" if peer is None else f"{upstream.possessive(peer.framework)} own {peer.dtype} error"
+            parts = ", ".join(f"{k} {e.max_rel:.1e}" + (f" (budget {bounds[k]['max_rel']:.1e}: {why})"
+                                                        if bounds[k]["max_rel"] > table["max_rel"] else "")
+                              for k, e in self.smoke.items())
+            lines.append(f"  smoke check (ORT CPU vs PyTorch, logits max abs / max |logit|; budget {table['max_rel']:.0e}): {parts} -> {'ok' if ok else 'FAIL'}")
+        return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""The model to export: a checkpoint's loaded, or a module checked against the model protocol; its weights finite,
+its epsilons ones the graph keeps, and the chunk size asked for."""
+
+from __future__ import annotations
+
+import torch
+
+from edgelin import protocol
+from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256
+from edgelin.errors import ExportError
+from edgelin.safety import check_finite_weights
+
+
+def resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, str]:
+    """(model in eval mode with the requested chunk size, sha256 of its weights as safetensors). ``source``: a model,
+    or a ``Checkpoint`` (the folder read once)."""
+    if isinstance(source, Checkpoint):
+        model = load_checkpoint(source)
+        digest = source.sha256
+    else:
+        protocol.check_model(source)
+        model, digest = source, model_sha256(source)
+    check_finite_weights(model)  # with or without the smoke check: NaN weights export silently otherwise
+    _check_epsilons(model)
+    if chunk_size is not None:
+        if not hasattr(model, "with_chunk_size"):
+            raise ExportError(f"{type(model).__name__} has no with_chunk_size(); export it without --chunk-size")
+        model = model.with_chunk_size(chunk_size)
+    return model.float().eval(), digest
+
+
+MIN_GRAPH_EPS = 1e-7  # torch.onnx's graph optimiser folds "x + c" into "x" for a constant c <= ~1e-8
+
+
+def _check_epsilons(model) -> None:
+    """A LinearLM's eps / norm_eps below MIN_GRAPH_EPS would silently vanish from the exported graph (the
+    optimiser treats the addition as a no-op): a zero denominator would then give NaN where PyTorch gives 0."""
+    cfg = getattr(model, "cfg", None)
+    for name in ("eps", "norm_eps"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, float) and value < MIN_GRAPH_EPS:
+            raise ExportError(
+                f"config field {name!r} is {value:g}, below {MIN_GRAPH_EPS:g}: ONNX's graph optimiser drops such a constant "
+                f"from the exported graph; use {name} >= {MIN_GRAPH_EPS:g}"
+            )
