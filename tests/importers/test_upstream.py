@@ -195,7 +195,7 @@ def test_a_framework_that_cannot_load_every_weight_is_refused(request, tmp_path)
 
 
 def test_modes_and_what_cannot_be_compared(tmp_path, monkeypatch):
-    from edgelin.validate import _upstream_plan
+    from edgelin.validate.upstream_checks import upstream_plan as _upstream_plan
 
     with pytest.raises(EdgelinError, match="upstream must be one of off, auto, required"):
         _upstream_plan("sometimes", None)
