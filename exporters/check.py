@@ -91,7 +91,7 @@ def smoke_check(reference: dict[str, Any], out: Path, manifest: Manifest) -> dic
     """ORT CPU vs ``smoke_reference``'s PyTorch outputs: logits errors of the prefill and the worst decode step.
     The sessions keep the weights in the file's mapped pages (no prepacking: the check is not timed), shared by
     both."""
-    from edgelin.runtime.session import open_session
+    from edgelin.runtime.providers import open_session
 
     sessions = {g: open_session(out / f, "cpu", prepack=False) for g, f in GRAPH_FILES.items()}
     specs = manifest.states

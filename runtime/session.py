@@ -14,11 +14,8 @@ asked for: onnxruntime-gpu accepts a CUDA request on a machine without CUDA and 
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import os
-import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +28,8 @@ from edgelin.runtime.files import check_output_folder, check_replace, make_paren
 from edgelin.runtime.manifest import GRAPHS, METADATA_KEY, Manifest, absent, join_problems, positions_feed
 from edgelin.runtime.state import CPU, Device, State, check_state_for, require_state, to_ortvalue
 from edgelin.runtime.tokenizer import Tokenizer, make_tokenizer
-from edgelin.runtime.providers import (CPU_EP, CUDA_EP, EXECUTION_PROVIDERS, OPTIMIZATION, ORT_DEFAULT_SEVERITY, PLUGIN_PROVIDERS, PROVIDERS,
-                                      ProviderWarning, gpu_visible, make_session_options, open_graphs, open_session)
 from edgelin.runtime.options import check_int, check_number, token_array
+from edgelin.runtime.providers import PROVIDERS, make_session_options, open_graphs
 
 
 
@@ -439,4 +435,4 @@ def length_groups(lengths: np.ndarray, max_padding: float) -> list[list[int]]:
     return groups
 
 
-__all__ = ["EXECUTION_PROVIDERS", "OPTIMIZATION", "PROVIDERS", "ProviderWarning", "Session", "length_groups", "load", "make_session_options", "open_session"]
+__all__ = ["HOST_MEMORY", "Session", "length_groups", "load"]

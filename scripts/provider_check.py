@@ -23,7 +23,8 @@ from provider_nodes import placement  # noqa: E402
 from edgelin.bench.harness import round_order  # noqa: E402
 from edgelin.runtime import golden  # noqa: E402
 from edgelin.runtime.manifest import GRAPHS, Manifest  # noqa: E402
-from edgelin.runtime.session import CPU_EP, EXECUTION_PROVIDERS, PLUGIN_PROVIDERS, Session  # noqa: E402
+from edgelin.runtime.providers import CPU_EP, EXECUTION_PROVIDERS, PLUGIN_PROVIDERS  # noqa: E402
+from edgelin.runtime.session import Session  # noqa: E402
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from edgelin.runtime.manifest import GRAPHS, Manifest
-from edgelin.runtime.session import CPU_EP, EXECUTION_PROVIDERS, PLUGIN_PROVIDERS
+from edgelin.runtime.providers import CPU_EP, EXECUTION_PROVIDERS, PLUGIN_PROVIDERS
 
 PLACED = re.compile(r"placed on \[(\w+)\]\. Number of nodes: (\d+)")
 NODE = re.compile(r"VerifyEachNodeIsAssignedToAnEp\]\s+(\S+) \((.*)\)\s*$")

@@ -13,7 +13,7 @@ from edgelin import parity
 from edgelin.bench import gqa
 from edgelin.bench.measure import session_options
 from edgelin.config import ModelConfig
-from edgelin.runtime.session import open_session
+from edgelin.runtime.providers import open_session
 from edgelin.softmax import SoftmaxLM, rope
 
 LOGITS_BUDGET, STATE_BUDGET = parity.budget("fp32", "logits"), parity.budget("fp32", "state")

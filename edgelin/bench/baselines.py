@@ -37,7 +37,7 @@ from edgelin.model import LinearLM
 from edgelin.protocol import chunk_size
 from edgelin.runtime.files import write_json
 from edgelin.runtime.manifest import LOGITS_AT, POSITIONS, positions_feed
-from edgelin.runtime.session import open_session
+from edgelin.runtime.providers import open_session
 from edgelin.softmax import SoftmaxLM
 from edgelin.state import fresh_state, to_numpy
 

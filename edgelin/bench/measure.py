@@ -26,7 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgelin.runtime.manifest import LOGITS_AT, StateSpec, positions_feed
-from edgelin.runtime.session import make_session_options, open_session
+from edgelin.runtime.providers import make_session_options, open_session
 
 from .harness import proc_bytes, stats
 

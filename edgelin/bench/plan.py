@@ -22,7 +22,7 @@ from edgelin.model import LinearLM
 from edgelin.models import bundled_checkpoint
 from edgelin.runtime.options import check_int, check_number
 from edgelin.runtime.manifest import MANIFEST_FILE, Manifest
-from edgelin.runtime.session import open_session
+from edgelin.runtime.providers import open_session
 
 from .harness import meminfo
 

@@ -32,7 +32,8 @@ import onnxruntime as ort
 import torch
 
 from edgelin.protocol import chunk_size
-from edgelin.runtime.session import Session, open_session
+from edgelin.runtime.providers import open_session
+from edgelin.runtime.session import Session
 from edgelin.state import fresh_state
 
 from . import baselines, gqa

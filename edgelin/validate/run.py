@@ -14,7 +14,8 @@ from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.runtime import golden
 from edgelin.runtime.manifest import Manifest
 from edgelin.runtime.options import check_int
-from edgelin.runtime.session import EXECUTION_PROVIDERS, Session
+from edgelin.runtime.providers import EXECUTION_PROVIDERS
+from edgelin.runtime.session import Session
 from edgelin.threads import torch_threads
 from edgelin.validate.behaviour import behaviour, greedy_agreement, heldout, heldout_text
 from edgelin.validate.long import kv_cache, long_stream

@@ -9,7 +9,7 @@ from edgelin.checkpoint import weights_sha256
 from edgelin.errors import EdgelinError, ManifestError
 from edgelin.runtime.check import check_graph
 from edgelin.runtime.manifest import Manifest, join_problems
-from edgelin.runtime.session import open_session
+from edgelin.runtime.providers import open_session
 from edgelin.validate.report import FAIL, NA, PASS, Check
 
 

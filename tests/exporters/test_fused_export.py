@@ -154,7 +154,7 @@ def test_a_runtime_without_the_node_says_what_to_do(bundled_fused, tmp_path):
     import shutil
 
     from edgelin.errors import EdgelinError
-    from edgelin.runtime.session import open_session
+    from edgelin.runtime.providers import open_session
 
     _, fused_dir = bundled_fused
     shutil.copy(fused_dir / "weights.data", tmp_path / "weights.data")

@@ -75,7 +75,7 @@ def ba_swapped(monkeypatch):
 CASES = {
     # a partial rotary width taken as full: the first attention layer (3) departs
     "qwen3_5": ("transformers", "qwen3_5_text", HF_TINY_QWEN,
-                rope_misread("edgelin.importers.hf.qwen3_5", lambda r, d: (r[0], d)), "layer 3 (attention)"),
+                rope_misread("edgelin.importers.hf.qwen_hybrid", lambda r, d: (r[0], d)), "layer 3 (attention)"),
     # Qwen3-Next's fused in_proj_ba read with b and a swapped: the first Gated DeltaNet layer departs
     "qwen3_next": ("transformers", "qwen3_next", {**HF_TINY_QWEN, "num_experts": 0}, ba_swapped, "layer 0"),
     # conv, attention, conv, attention: rope_theta read 10x too large departs at layer 1
