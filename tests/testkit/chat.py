@@ -30,3 +30,21 @@ CONVERSATIONS = [
     [{"role": "system", "content": "Be brief. Ünïcödé 漢字 😀"}, {"role": "user", "content": "  What is a stack?  "},
      {"role": "assistant", "content": "A LIFO list."}, {"role": "user", "content": "And a queue? \"quoted\" <b>"}],
 ]
+
+
+def with_template(export, out, source):
+    """A copy of ``export`` at ``out`` whose tokenizer_config.json carries the chat template ``source`` (the
+    manifest's sha256 of it updated: the graphs are the export's own)."""
+    import json
+    import shutil
+
+    from edgelin.runtime.manifest import MANIFEST_FILE, file_sha256
+
+    shutil.copytree(export, out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["chat_template"] = source
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    manifest["tokenizer"]["files"]["tokenizer_config.json"] = file_sha256(out / "tokenizer_config.json")
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out

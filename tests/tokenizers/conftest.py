@@ -163,18 +163,9 @@ def hf_export(export_of, hf_checkpoint, hf_tokenizer, tiny_checkpoint):
 def chat_export(hf_export, tmp_path):
     """A copy of the byte-level tokenizer's export whose tokenizer_config.json carries the ChatML template (the
     manifest's sha256 of it updated: the graphs are the export's own)."""
-    import shutil
+    from edgelin.runtime.manifest import Manifest
+    from testkit.chat import CHATML, with_template
 
-    from edgelin.runtime.manifest import MANIFEST_FILE, Manifest, file_sha256
-    from testkit.chat import CHATML
-
-    out = tmp_path / "export"
-    shutil.copytree(hf_export("bytelevel"), out)
-    config = json.loads((out / "tokenizer_config.json").read_text())
-    config["chat_template"] = CHATML
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
-    manifest = json.loads((out / MANIFEST_FILE).read_text())
-    manifest["tokenizer"]["files"]["tokenizer_config.json"] = file_sha256(out / "tokenizer_config.json")
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    out = with_template(hf_export("bytelevel"), tmp_path / "export", CHATML)
     Manifest.load(out)
     return out

@@ -4,32 +4,19 @@ refused: the conversation stays as it was, and the user reads one line naming th
 from __future__ import annotations
 
 import copy
-import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
 
 from edgelin.errors import EdgelinError
 
-from testkit.chat import CHATML
+from testkit.chat import CHATML, with_template
 
 REFUSES_BAD = "{% for m in messages %}{% if m.content == 'bad' %}{{ raise_exception('no bad words') }}{% endif %}{% endfor %}" + CHATML
 
 
 def _with_template(chat_export, tmp_path, source: str):
-    """A copy of the chat export whose tokenizer_config.json carries ``source`` (the manifest's sha256 of it updated)."""
-    from edgelin.runtime.manifest import MANIFEST_FILE, file_sha256
-
-    out = tmp_path / "templated"
-    shutil.copytree(chat_export, out)
-    config = json.loads((out / "tokenizer_config.json").read_text())
-    config["chat_template"] = source
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
-    manifest = json.loads((out / MANIFEST_FILE).read_text())
-    manifest["tokenizer"]["files"]["tokenizer_config.json"] = file_sha256(out / "tokenizer_config.json")
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return out
+    return with_template(chat_export, tmp_path / "templated", source)
 
 
 def _reply_from_scratch(session, chat, n):
