@@ -19,19 +19,25 @@ MAX_RECOGNISED_BYTES = 64 << 20  # a file edgelin recognises as its own is read 
 Recogniser = Callable[[Path], bool]  # True if the (regular, existing) file at the path is one edgelin wrote
 
 
+def _json_object(path: Path, what: str) -> dict | None:
+    """The JSON object a small regular file holds, or None (unreadable, too large, not JSON, not an object)."""
+    data = read_regular(path, MAX_RECOGNISED_BYTES, what=what, quiet=True)
+    if data is None:
+        return None
+    try:
+        d = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def json_format(prefix: str, kind: str | None = None) -> Recogniser:
     """Recognises a JSON file whose top-level ``format`` is a string starting with ``prefix`` (at most
     MAX_RECOGNISED_BYTES; anything unreadable is not recognised)."""
 
     def ours(path: Path) -> bool:
-        data = read_regular(path, MAX_RECOGNISED_BYTES, what="file", quiet=True)
-        if data is None:
-            return False
-        try:
-            d = json.loads(data.decode("utf-8"))
-        except (ValueError, RecursionError):
-            return False
-        return isinstance(d, dict) and isinstance(d.get("format"), str) and d["format"].startswith(prefix)
+        d = _json_object(path, "file")
+        return d is not None and isinstance(d.get("format"), str) and d["format"].startswith(prefix)
 
     ours.kind = kind or f"a file edgelin wrote (JSON of format {prefix}*)"  # type: ignore[attr-defined]
     return ours
@@ -70,14 +76,8 @@ def export_holding(path: Path) -> Path | None:
     """The export folder ``path`` is part of (its ``edgelin.json``, a graph or tokenizer file the manifest
     names, or an ``.onnx`` / ``.data`` file beside an edgelin manifest), else None."""
     folder = path.parent if str(path.parent) else Path(".")
-    data = read_regular(folder / MANIFEST_FILE, MAX_RECOGNISED_BYTES, what="manifest", quiet=True)
-    if data is None:
-        return None
-    try:
-        d = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(d, dict) or not isinstance(d.get("format"), str) or not d["format"].startswith("edgelin/"):
+    d = _json_object(folder / MANIFEST_FILE, "manifest")
+    if d is None or not isinstance(d.get("format"), str) or not d["format"].startswith("edgelin/"):
         return None
     names = {MANIFEST_FILE}
     graphs, tok = d.get("graphs"), d.get("tokenizer")
