@@ -37,33 +37,54 @@ from edgelin.protocol import select_positions
 from edgelin.runtime.manifest import StateSpec, state_key
 from edgelin.state import State, fresh_state
 
+PLACEMENTS = ("pre", "post", "sandwich", "none")
+
+
 class Block(nn.Module):
-    """RMSNorm -> mixer -> residual, RMSNorm -> MLP -> residual (``mlp_hidden=None``: no MLP, as Mamba2's).
+    """Two sublayers, the mixer then the MLP, each added to the residual stream (``mlp_hidden=None``: no MLP, as
+    Mamba2's). ``placement`` says where each sublayer's norms sit (the same for both sublayers of a block):
+
+        "pre"       x + f(norm(x))                 (most families)
+        "post"      x + post_norm(f(x))            (OLMo's attention layers)
+        "sandwich"  x + post_norm(f(norm(x)))      (LFM3's sandwich norms)
+        "none"      x + f(x)                       (a mixer that norms its own input, as Zamba2's hybrid layer)
+
+    The norms are ``attn_norm`` / ``attn_post_norm`` and ``mlp_norm`` / ``mlp_post_norm`` (None where absent).
     ``residual_scale`` multiplies what each branch adds to the residual stream (Granite's residual_multiplier)."""
 
     def __init__(
         self, mixer: nn.Module, d_model: int, mlp_hidden: int | None, norm_eps: float, norm: type[RMSNorm] = RMSNorm,
-        mlp: type[nn.Module] = SwiGLU, residual_scale: float = 1.0,
+        mlp: type[nn.Module] = SwiGLU, residual_scale: float = 1.0, placement: str = "pre",
     ) -> None:
         super().__init__()
-        self.attn_norm = norm(d_model, norm_eps)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"norm placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
+        self.placement = placement
+        before, after = placement in ("pre", "sandwich"), placement in ("post", "sandwich")
+        self.attn_norm = norm(d_model, norm_eps) if before else None
         self.attn = mixer
+        self.attn_post_norm = norm(d_model, norm_eps) if after else None
         self.residual_scale = residual_scale
-        if mlp_hidden is None:
-            self.mlp_norm = self.mlp = None
-        else:
-            self.mlp_norm = norm(d_model, norm_eps)
+        self.mlp_norm = self.mlp = self.mlp_post_norm = None
+        if mlp_hidden is not None:
+            self.mlp_norm = norm(d_model, norm_eps) if before else None
             self.mlp = mlp(SimpleNamespace(d_model=d_model, mlp_hidden=mlp_hidden))
+            self.mlp_post_norm = norm(d_model, norm_eps) if after else None
 
-    def _add(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def _add(self, x: torch.Tensor, h: torch.Tensor, post: nn.Module | None) -> torch.Tensor:
+        if post is not None:
+            h = post(h)
         return x + (h if self.residual_scale == 1.0 else h * self.residual_scale)
 
     def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
-        h, state = self.attn(self.attn_norm(x), state, **run)
-        x = self._add(x, h)
+        embeddings = run.pop("embeddings", None)
+        if getattr(self.attn, "reads_embeddings", False):  # a mixer fed the model's input embeddings (Zamba2's)
+            run["embeddings"] = embeddings
+        h, state = self.attn(x if self.attn_norm is None else self.attn_norm(x), state, **run)
+        x = self._add(x, h, self.attn_post_norm)
         if self.mlp is None:
             return x, state
-        return self._add(x, self.mlp(self.mlp_norm(x))), state
+        return self._add(x, self.mlp(x if self.mlp_norm is None else self.mlp_norm(x)), self.mlp_post_norm), state
 
 
 class CausalLM(nn.Module):
@@ -73,21 +94,25 @@ class CausalLM(nn.Module):
     ``norm``: the class of the blocks' and the final norm (``RMSNorm``, or ``UnitOffsetRMSNorm``); ``mlp`` the
     blocks' MLP class (``SwiGLU`` or ``PackedSwiGLU``); ``embed_scale`` multiplies the embeddings,
     ``residual_scale`` each branch's output, and the logits are divided by ``logits_scale`` (Granite's multipliers;
-    at 1 they add nothing to the graphs)."""
+    at 1 they add nothing to the graphs). ``placement``: the blocks' norm placement (``Block``), one for all or
+    a function of the layer index; ``logits_softcap`` c: logits = c tanh(logits / c) (Gemma's final soft cap).
+    A mixer with ``reads_embeddings = True`` is called with ``embeddings=`` the scaled input embeddings [B, T, d]."""
 
     def __init__(
         self, make_mixer: Callable[[int], nn.Module], *, n_layers: int, vocab_size: int, d_model: int, mlp_hidden: int | None,
         norm_eps: float, tie_embeddings: bool, chunk_size: int, config: dict[str, Any], norm: type[RMSNorm] = RMSNorm,
         mlp: type[nn.Module] = SwiGLU, embed_scale: float = 1.0, residual_scale: float = 1.0, logits_scale: float = 1.0,
+        placement: str | Callable[[int], str] = "pre", logits_softcap: float | None = None,
     ) -> None:
         super().__init__()
         self.vocab_size, self.chunk_size, self.config = vocab_size, chunk_size, dict(config)
         self.max_positions: int | None = None  # a context limit the family declares (edgelin.protocol)
         self.embed = nn.Embedding(vocab_size, d_model)
         # the mixers are built in layer order after the embedding, so a seeded build draws the same numbers always
-        self.embed_scale, self.logits_scale = embed_scale, logits_scale
+        self.embed_scale, self.logits_scale, self.logits_softcap = embed_scale, logits_scale, logits_softcap
+        place = placement if callable(placement) else (lambda i: placement)
         self.blocks = nn.ModuleList(
-            Block(make_mixer(i), d_model, mlp_hidden, norm_eps, norm, mlp, residual_scale) for i in range(n_layers)
+            Block(make_mixer(i), d_model, mlp_hidden, norm_eps, norm, mlp, residual_scale, place(i)) for i in range(n_layers)
         )
         self.norm = norm(d_model, norm_eps)
         self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
@@ -143,7 +168,11 @@ class CausalLM(nn.Module):
         if at is not None:
             x = select_positions(x, at)
         logits = x @ self.embed.weight.T if self.lm_head is None else self.lm_head(x)  # [B, T, vocab]
-        return logits if self.logits_scale == 1.0 else logits / self.logits_scale
+        if self.logits_scale != 1.0:
+            logits = logits / self.logits_scale
+        if self.logits_softcap is not None:
+            logits = torch.tanh(logits / self.logits_softcap) * self.logits_softcap
+        return logits
 
     def forward(
         self, input_ids: torch.Tensor, state: State | None = None, *, form: str = "chunk", lengths: torch.Tensor | None = None,
@@ -177,7 +206,7 @@ class CausalLM(nn.Module):
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         new_state: State = {}
-        run = {"form": form, "chunk_size": self.chunk_size, "lengths": lengths}
+        run = {"form": form, "chunk_size": self.chunk_size, "lengths": lengths, "embeddings": x}
         for block, keys in zip(self.blocks, self.layer_keys()):
             x, layer = block(x, {name: state[key] for name, key in keys.items()}, **run)
             new_state.update({key: layer[name] for name, key in keys.items()})
@@ -213,4 +242,4 @@ def init_weights(model: nn.Module) -> None:
             nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
 
 
-__all__ = ["Block", "CausalLM", "init_weights"]
+__all__ = ["PLACEMENTS", "Block", "CausalLM", "init_weights"]

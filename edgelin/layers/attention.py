@@ -21,8 +21,10 @@ RoPE rotates halves (GPT-NeoX / fla / transformers' rotate_half), at absolute po
 Options: biases on q/k/v (``qkv_bias``), per-head RMSNorms on q and k before RoPE (``qk_norm``; with a unit
 offset, x / rms(x) * (1 + w), by ``unit_offset_norm`` as Qwen3.5's), and Qwen's output gate (``output_gate``:
 o * sigmoid(W_g x) before o_proj; ``packed_gate``: W_g's rows inside q_proj, per head [q_h | gate_h], as Qwen3.5
-stores them). Only portable operators (Concat, Slice, MatMul, Softmax, Where): the graphs run in every runtime
-edgelin has.
+stores them); LFM3's gate per head (``head_gate``: o_h * sigmoid(w_h . x), one gate value per head); q/k norms over
+the whole projection instead of each head (``qk_norm_whole``: OLMo's, an RMSNorm of width H D and H_kv D before
+the heads are split); a bias on o_proj (``o_bias``). Only portable operators (Concat, Slice, MatMul, Softmax,
+Where): the graphs run in every runtime edgelin has.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class AttentionOptions:
     packed_gate: bool = False  # the output gate's rows inside q_proj, per head [q_h | gate_h] (Qwen3.5, Qwen3-Next)
     scale: float | None = None  # the softmax scale; None: head_dim^-0.5 (Granite: attention_multiplier)
     unit_offset_norm: bool = False  # the q/k norms are UnitOffsetRMSNorm: x / rms(x) * (1 + w) (Qwen3.5)
+    head_gate: bool = False  # an output gate of one value per head: g_proj d_model -> H (LFM3's use_attention_gate)
+    qk_norm_whole: bool = False  # with qk_norm: the norms span the whole q / k projection, not each head (OLMo)
+    o_bias: bool = False  # a bias on o_proj
 
 
 def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
@@ -110,11 +115,15 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim * (2 if packed else 1), bias=o.qkv_bias)
         self.k_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
         self.v_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
-        self.o_proj = nn.Linear(o.num_heads * o.head_dim, o.d_model, bias=False)
-        self.g_proj = nn.Linear(o.d_model, o.num_heads * o.head_dim, bias=False) if o.output_gate and not packed else None
+        if o.head_gate and o.output_gate:
+            raise ValueError("an attention layer has one output gate: per element (output_gate) or per head (head_gate)")
+        self.o_proj = nn.Linear(o.num_heads * o.head_dim, o.d_model, bias=o.o_bias)
+        gate_width = o.num_heads if o.head_gate else o.num_heads * o.head_dim
+        self.g_proj = nn.Linear(o.d_model, gate_width, bias=False) if (o.output_gate and not packed) or o.head_gate else None
         norm = UnitOffsetRMSNorm if o.unit_offset_norm else RMSNorm
-        self.q_norm = norm(o.head_dim, o.norm_eps) if o.qk_norm else None
-        self.k_norm = norm(o.head_dim, o.norm_eps) if o.qk_norm else None
+        whole = o.qk_norm_whole
+        self.q_norm = norm(o.head_dim * (o.num_heads if whole else 1), o.norm_eps) if o.qk_norm else None
+        self.k_norm = norm(o.head_dim * (o.num_kv_heads if whole else 1), o.norm_eps) if o.qk_norm else None
         self.register_buffer("inv_freq", rope_inv_freq(rotary, o.rope_theta), persistent=False)  # [rotary / 2]
 
     def state_layout(self) -> dict[str, tuple]:
@@ -130,8 +139,10 @@ class Attention(nn.Module):
 
     def _heads(self, x: torch.Tensor, heads: int, norm: RMSNorm | None) -> torch.Tensor:
         B, T, _ = x.shape
+        if norm is not None and self.o.qk_norm_whole:
+            x = norm(x)  # [B, T, h D]: one norm over the whole projection
         x = x.view(B, T, heads, self.o.head_dim)  # [B, T, h, D]
-        if norm is not None:
+        if norm is not None and not self.o.qk_norm_whole:
             x = norm(x)
         return x.transpose(1, 2)  # [B, h, T, D]
 
@@ -162,7 +173,9 @@ class Attention(nn.Module):
         else:
             y = self._grouped(q, keys, values, seen)  # [B, H, T, D]
         y = y.transpose(1, 2).reshape(B, T, o.num_heads * o.head_dim)  # [B, T, H D]
-        if gate is not None:
+        if gate is not None and o.head_gate:  # one value per head: [B, T, H] over each head's D features
+            y = (y.view(B, T, o.num_heads, o.head_dim) * torch.sigmoid(gate)[..., None]).reshape(B, T, o.num_heads * o.head_dim)
+        elif gate is not None:
             y = y * torch.sigmoid(gate)
         if o.window is not None:  # keep the last W positions (all of them while fewer)
             keys, values = keys[:, :, -o.window :], values[:, :, -o.window :]

@@ -11,12 +11,19 @@ Builds the model from the config with the seed, perturbs every weight so that lo
 zero-centred norms around 0), saves it to ``folder`` with save_pretrained, then runs a prefill of ``prompt``
 and each column of ``steps`` through the cache, and writes ``out`` (safetensors): "prefill" [B, T, V],
 "decode" [n, B, V], and per layer "{i}.recurrent" / "{i}.conv" / "{i}.key" / "{i}.value" from the cache.
+
+A family whose model needs more than that has a module ``testkit/oracles/<model_type>.py`` (imported in the
+subprocess when present) with any of: ``CLASSES = (config class, model class)``; ``perturb(model, generator)``
+instead of the perturbation here; ``make_cache(cfg, model)`` instead of a DynamicCache; ``step_kwargs(spec, t)``
+extra keyword arguments of decode step t; ``cache_tensors(cache, out)`` instead of ``read_cache``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+from pathlib import Path
 
 CLASSES = {"qwen3_5_text": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
            "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
@@ -34,13 +41,17 @@ def main(spec_file: str) -> None:
     from safetensors.torch import save_file
 
     spec = json.loads(open(spec_file).read())
-    config_class, model_class = CLASSES[spec["model_type"]]
+    hooks = family_hooks(spec["model_type"])
+    config_class, model_class = getattr(hooks, "CLASSES", None) or CLASSES[spec["model_type"]]
     cfg = getattr(transformers, config_class)(**spec["config"])
     torch.manual_seed(spec["seed"])
     model = getattr(transformers, model_class)(cfg).eval()
     gen = torch.Generator().manual_seed(spec["seed"] + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if hasattr(hooks, "perturb"):
+                hooks.perturb(model, gen)
+                break
             if name.endswith("linear_attn.norm.weight") or (spec["model_type"] not in ZERO_CENTRED and name.endswith("norm.weight")):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))  # plain norm weights: around 1
             elif name.endswith("norm.weight"):  # Qwen3.5's and Qwen3-Next's zero-centred norms: (1 + w), w around 0
@@ -53,20 +64,37 @@ def main(spec_file: str) -> None:
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
     model.save_pretrained(spec["folder"])
     prompt, steps = torch.tensor(spec["prompt"]), torch.tensor(spec["steps"])
-    cache = transformers.DynamicCache(config=cfg)
+    cache = hooks.make_cache(cfg, model) if hasattr(hooks, "make_cache") else transformers.DynamicCache(config=cfg)
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         out["prefill"] = model(prompt, cache=cache, use_cache=True).logits
         # Bamba's model counts positions from 0 on every call unless told (transformers' generate passes them)
         at = (lambda t: {"position_ids": torch.full((steps.shape[0], 1), prompt.shape[1] + t)}) if spec["model_type"] == "bamba" else (lambda t: {})
+        if hasattr(hooks, "step_kwargs"):
+            at = lambda t: hooks.step_kwargs(spec, t)  # noqa: E731
         decoded = [model(steps[:, t : t + 1], cache=cache, use_cache=True, **at(t)).logits[:, 0] for t in range(steps.shape[1])]
     out["decode"] = torch.stack(decoded) if decoded else torch.zeros(0)
+    getattr(hooks, "cache_tensors", read_cache)(cache, out)
+    save_file({k: v.contiguous().float() for k, v in out.items() if v is not None}, spec["out"])  # LFM2's convs: no recurrent state
+
+
+def read_cache(cache, out: dict) -> None:
+    """transformers' DynamicCache -> out["{i}.recurrent" / "{i}.conv" / "{i}.key" / "{i}.value"]."""
+    import transformers
+
     for i, layer in enumerate(cache.layers):
         if isinstance(layer, transformers.cache_utils.LinearAttentionCacheLayerMixin):
             out[f"{i}.recurrent"], out[f"{i}.conv"] = cache.get_recurrent_state(i), cache.get_conv_state(i)
         else:  # (an MLP layer's cache holds nothing: keys and values None)
             out[f"{i}.key"], out[f"{i}.value"] = layer.keys, layer.values
-    save_file({k: v.contiguous().float() for k, v in out.items() if v is not None}, spec["out"])  # LFM2's convs: no recurrent state
+
+
+def family_hooks(model_type: str):
+    """testkit/oracles/<model_type>.py, or None (the module docstring)."""
+    if not (Path(__file__).parent / "oracles" / f"{model_type}.py").is_file():
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, so that testkit imports
+    return importlib.import_module(f"testkit.oracles.{model_type}")
 
 
 def run(model_type: str, config: dict, root, prompt, steps, seed: int = 0):
