@@ -11,6 +11,9 @@ Per layer, as transformers' ``Mamba2Mixer`` computes it (torch path):
     S_t = exp(dt_t A) S_{t-1} + dt_t B_t x_t^T      (S [N, P] per head);   y_t = S_t^T C_t + D x_t
     y = RMSNorm over each group of I / G features of (y * silu(z)), times w;  out = out_proj(y)
 
+Falcon-H1's options: the norm before the gate (``norm_before_gate``: y = RMSNorm(y) w * silu(z)), no norm at all
+(``rms_norm`` False: y = y * silu(z)), and a bias on out_proj that is not in_proj's (``out_bias``).
+
 State per layer: "S" [B, H, N, P] (the ops' key-major layout; transformers' cache holds [B, H, P, N]) and "conv"
 [B, I + 2 G N, K], the last K raw inputs of the conv (transformers' cache layout).
 
@@ -48,6 +51,9 @@ class Mamba2Options:
     norm_eps: float = 1e-5
     dt_min: float = 0.0  # time_step_limit
     dt_max: float = math.inf
+    rms_norm: bool = True  # the gated RMSNorm; False: y * silu(z) and no norm (Falcon-H1's mamba_rms_norm false)
+    norm_before_gate: bool = False  # RMSNorm(y) * silu(z) instead of RMSNorm(y * silu(z)) (Falcon-H1's mamba_norm_before_gate)
+    out_bias: bool | None = None  # out_proj's bias; None: as ``bias`` (Falcon-H1's projectors_bias)
 
     @property
     def inner(self) -> int:
@@ -77,8 +83,9 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.zeros(o.num_heads))
         self.A_log = nn.Parameter(torch.zeros(o.num_heads))
         self.D = nn.Parameter(torch.ones(o.num_heads))
-        self.gate_norm_weight = nn.Parameter(torch.ones(o.inner))
-        self.out_proj = nn.Linear(o.inner, o.d_model, bias=o.bias)
+        if o.rms_norm:
+            self.gate_norm_weight = nn.Parameter(torch.ones(o.inner))
+        self.out_proj = nn.Linear(o.inner, o.d_model, bias=o.bias if o.out_bias is None else o.out_bias)
         self.phi = make_feature_map("identity", o.state_size)
 
     def state_layout(self) -> dict[str, tuple]:
@@ -114,10 +121,16 @@ class Mamba2Mixer(nn.Module):
         else:
             y, out = FORMS[form](self._groups(c), self._groups(b), v, chunk_size=chunk_size, **run)  # [B, H, T, P]
         y = y + self.D[:, None, None] * heads  # [B, H, T, P]
-        y = y.transpose(1, 2).reshape(B, T, o.inner) * F.silu(z)  # [B, T, I]: gated before the norm
-        grouped = y.view(B, T, o.n_groups, o.inner // o.n_groups)
-        grouped = grouped / torch.sqrt(grouped.pow(2).mean(-1, keepdim=True) + o.norm_eps)
-        y = grouped.reshape(B, T, o.inner) * self.gate_norm_weight
+        if o.rms_norm and o.norm_before_gate:
+            y = y.transpose(1, 2).reshape(B, T, o.inner)  # [B, T, I]: normed, then gated
+        else:
+            y = y.transpose(1, 2).reshape(B, T, o.inner) * F.silu(z)  # [B, T, I]: gated before the norm (or without one)
+        if o.rms_norm:
+            grouped = y.view(B, T, o.n_groups, o.inner // o.n_groups)
+            grouped = grouped / torch.sqrt(grouped.pow(2).mean(-1, keepdim=True) + o.norm_eps)
+            y = grouped.reshape(B, T, o.inner) * self.gate_norm_weight
+            if o.norm_before_gate:
+                y = y * F.silu(z)
         return self.out_proj(y), {"S": out["S"], "conv": window}
 
 

@@ -86,15 +86,19 @@ def mixer_renames(module: str) -> list[tuple[str, str]]:
     return [(f".{module}.norm.", ".attn.gate_norm_"), (f".{module}.", ".attn.")]  # gate_norm_weight: the gated norm
 
 
-def mamba_options(f: Fields, hidden: int) -> Mamba2Options:
-    """The Mamba2 layer of a hybrid config (Bamba's and Granite-4.0-H's ``mamba_*`` fields)."""
+def mamba_options(f: Fields, hidden: int, *, d_ssm: int | None = None, **options) -> Mamba2Options:
+    """The Mamba2 layer of a hybrid config (Bamba's and Granite-4.0-H's ``mamba_*`` fields). ``d_ssm``: the layer's
+    inner width where the config gives it (Falcon-H1's ``mamba_d_ssm``) instead of mamba_expand x hidden_size;
+    ``options``: further Mamba2Options fields (Falcon-H1's norm and bias options)."""
     heads, expand = f.integer("mamba_n_heads"), f.integer("mamba_expand")
+    inner = expand * hidden if d_ssm is None else d_ssm
     head_dim = f.get("mamba_d_head")
     if head_dim == "auto":
-        head_dim = expand * hidden // heads
+        head_dim = inner // heads
     head_dim = head_dim if isinstance(head_dim, int) and not isinstance(head_dim, bool) else None
-    if head_dim is None or head_dim * heads != expand * hidden:
-        raise f.fail("mamba_d_head", f"times mamba_n_heads ({heads}) must equal mamba_expand x hidden_size ({expand} x {hidden})")
+    if head_dim is None or head_dim * heads != inner:
+        width = f"mamba_expand x hidden_size ({expand} x {hidden})" if d_ssm is None else f"mamba_d_ssm ({d_ssm})"
+        raise f.fail("mamba_d_head", f"times mamba_n_heads ({heads}) must equal {width}")
     groups = f.integer("mamba_n_groups")
     if heads % groups:
         raise f.fail("mamba_n_groups", f"must divide mamba_n_heads ({heads}), got {groups}")
@@ -102,7 +106,7 @@ def mamba_options(f: Fields, hidden: int) -> Mamba2Options:
     return Mamba2Options(
         d_model=hidden, num_heads=heads, head_dim=head_dim, state_size=f.integer("mamba_d_state"), n_groups=groups,
         conv_kernel=f.integer("mamba_d_conv"), conv_bias=f.flag("mamba_conv_bias"), bias=f.flag("mamba_proj_bias"),
-        norm_eps=f.number("rms_norm_eps"), dt_min=low, dt_max=high,
+        norm_eps=f.number("rms_norm_eps"), dt_min=low, dt_max=high, **options,
     )
 
 
