@@ -1,7 +1,9 @@
-"""MLPs: SwiGLU (packed or not), Nemotron-H's squared-ReLU MLP, and a layer that is only an MLP (kind "mlp")."""
+"""MLPs: SwiGLU (packed or not), GeGLU (Gemma's, with biases), Nemotron-H's squared-ReLU MLP, and a layer that is only
+an MLP (kind "mlp")."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -36,6 +38,25 @@ class PackedSwiGLU(nn.Module):
         return self.output_linear(F.silu(gate) * up)
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (torch's approximate="tanh",
+    transformers' gelu_pytorch_tanh), written out in elementary operators: no Gelu node in the graphs."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+class GeGLU(nn.Module):
+    """down(gelu_tanh(gate(x)) * up(x)) with a bias on every projection (RecurrentGemma's MLP)."""
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__()
+        self.gate = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=True)
+        self.up = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=True)
+        self.down = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(gelu_tanh(self.gate(x)) * self.up(x))
+
+
 class ReluSquaredMLP(nn.Module):
     """down(relu(up(x))^2): Nemotron-H's MLP (``mlp_hidden_act: relu2``, no gate)."""
 
@@ -68,4 +89,4 @@ class MLPMixer(nn.Module):
         return self.mlp(x), {}
 
 
-__all__ = ["MLPMixer", "PackedSwiGLU", "ReluSquaredMLP", "SwiGLU"]
+__all__ = ["GeGLU", "MLPMixer", "PackedSwiGLU", "ReluSquaredMLP", "SwiGLU", "gelu_tanh"]

@@ -1,0 +1,82 @@
+"""A diagonal linear recurrence (one decay per channel and step), in three forms with one signature:
+
+    h_t = a_t * h_{t-1} + u_t,     a_t = exp(g_t), g_t <= 0        (elementwise over D channels)
+
+    fn(g [B, T, D], u [B, T, D], h0 [B, D], *, chunk_size) -> (h [B, T, D], h_T [B, D])
+
+- ``naive_diagonal_scan``: the definition, one token at a time (the reference; run it in float64).
+- ``chunk_diagonal_scan``: the prefill graph's form, parallel over time with no loop over tokens and no Loop/Scan
+  node, for any T (a dynamic axis in the graph).
+- ``step_diagonal_scan``: exactly one token (the decode graph).
+
+The chunk form cuts the sequence into n chunks of C steps (zero-padded: g = 0 and u = 0 change nothing).
+Within a chunk, a log-depth (Hillis-Steele) scan of the pairs (a, u): ceil(log2 C) rounds of
+
+    h_t <- h_t + A_t h_{t-d},   A_t <- A_t A_{t-d}       (d = 1, 2, 4, ...; h_{t-d} = 0, A_{t-d} = 1 before the start)
+
+leave h_t = the chunk-local state from zero and A_t = the product of a over the chunk's first t + 1 steps: only
+products of decays in (0, 1], O(T D) memory and work per round (a C x C decay matrix per channel would be T C D).
+Across chunks, the state each chunk starts from is a chunk-level decay matrix over the chunk totals c_m (the
+window sums of g of chunk m), with the initial state as item 0 (``relative_log_decay``: masked window sums, -inf
+above the diagonal before the exp, so never the exp of a positive number):
+
+    [H_0, H_1, ..., H_n] = exp(L') @ [h0, E_0, ..., E_{n-1}],   L' = relative_log_decay([0, c_0, ..., c_{n-1}])
+
+(E_m: chunk m's local end state) and h = local + A * H_{chunk}. The chunk-level part is [n + 1, n + 1, D] per row:
+quadratic in the number of chunks, as the linear-attention chunk form's (edgelin.ops.chunk); the runtime prefills
+long prompts in pieces of a few thousand tokens, which bounds n.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from edgelin.ops.common import relative_log_decay
+
+
+def naive_diagonal_scan(g: torch.Tensor, u: torch.Tensor, h0: torch.Tensor, *, chunk_size: int | None = None):
+    """h_t = exp(g_t) h_{t-1} + u_t, token by token: g, u [B, T, D], h0 [B, D] -> h [B, T, D], h_T [B, D]."""
+    h, out = h0, []
+    for t in range(u.shape[1]):
+        h = g[:, t].exp() * h + u[:, t]
+        out.append(h)
+    return torch.stack(out, dim=1), h
+
+
+def step_diagonal_scan(g: torch.Tensor, u: torch.Tensor, h0: torch.Tensor, *, chunk_size: int | None = None):
+    """One token: g, u [B, 1, D], h0 [B, D] -> h [B, 1, D], h [B, D]."""
+    h = g[:, 0].exp() * h0 + u[:, 0]  # [B, D]
+    return h[:, None], h
+
+
+def _shift(x: torch.Tensor, d: int, fill: float) -> torch.Tensor:
+    """x [B, n, C, D] moved d steps later along the chunk axis, ``fill`` in the first d."""
+    return F.pad(x[:, :, : x.shape[2] - d], (0, 0, d, 0), value=fill)
+
+
+def chunk_diagonal_scan(g: torch.Tensor, u: torch.Tensor, h0: torch.Tensor, *, chunk_size: int = 64):
+    """The chunked parallel form (module docstring): g, u [B, T, D], h0 [B, D] -> h [B, T, D], h_T [B, D]."""
+    B, T, D = u.shape
+    C = chunk_size
+    n = (T + C - 1) // C
+    pad = n * C - T
+    gc = F.pad(g, (0, 0, 0, pad)).reshape(B, n, C, D)  # [B, n, C, D]: padded steps do not decay
+    h = F.pad(u, (0, 0, 0, pad)).reshape(B, n, C, D)  # [B, n, C, D]: and add nothing
+    A = gc.exp()  # [B, n, C, D], in (0, 1]
+    d = 1
+    while d < C:  # a fixed number of rounds for the chunk length: unrolled in the graph
+        h = h + A * _shift(h, d, 0.0)
+        A = A * _shift(A, d, 1.0)
+        d *= 2
+    totals = torch.cat([torch.zeros_like(gc[:, :1, 0]), gc.sum(2)], dim=1)  # [B, n + 1, D]: 0, then each chunk's log-decay
+    items = torch.cat([h0[:, None], h[:, :, -1]], dim=1)  # [B, n + 1, D]: h0, then each chunk's local end state
+    across = relative_log_decay(totals, dim=1).exp()  # [B, n + 1, n + 1, D]
+    starts = (across * items[:, None]).sum(2)  # [B, n + 1, D]: the state before chunk m, and after the last
+    h = h + A * starts[:, :-1, None]  # [B, n, C, D]
+    return h.reshape(B, n * C, D)[:, :T], starts[:, -1]
+
+
+DIAGONAL_FORMS = {"naive": naive_diagonal_scan, "chunk": chunk_diagonal_scan, "step": step_diagonal_scan}
+
+__all__ = ["DIAGONAL_FORMS", "chunk_diagonal_scan", "naive_diagonal_scan", "step_diagonal_scan"]
