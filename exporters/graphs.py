@@ -120,9 +120,13 @@ def graph_spec(model: nn.Module, role: str, form: str | None = None, *, lengths:
              for s in specs}
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     past = torch.export.Dim(PAST, min=0, max=MAX_SEQUENCE)
+    # growing states of different windows (a window beside the whole context) hold different lengths: one dim each,
+    # or ONNX Runtime, told they are one size, reuses one's buffer for the other
+    windows = sorted({s.window or 0 for s in specs if PAST in s.shape})
+    pasts = {w: past if w == 0 or len(windows) == 1 else torch.export.Dim(f"{PAST}_{w}", min=0, max=MAX_SEQUENCE) for w in windows}
 
     def state_dims(spec) -> dict:
-        return {0: batch} | {i: past for i, d in enumerate(spec.shape) if d == PAST}
+        return {0: batch} | {i: pasts[spec.window or 0] for i, d in enumerate(spec.shape) if d == PAST}
 
     length = 1 if role == "decode" else 2 * chunk_size(model) + 3
     ids = torch.zeros(EXAMPLE_BATCH, length, dtype=torch.int64)
