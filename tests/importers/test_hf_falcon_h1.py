@@ -16,7 +16,8 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from testkit import hf_oracle, max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
-from testkit.stateful import edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import (edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference,
+                              pieces_and_steps_agree, protocol_and_naive_agree)
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -78,7 +79,8 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
             assert rel(state[f"{i}.attention.{name}"], ref[f"{i}.{name}"]) <= STATE_REL
         S = ref[f"{i}.recurrent"].transpose(-1, -2)  # transformers: [B, H, P, N]; edgelin: [B, H, N, P]
         assert state[f"{i}.mamba.S"].shape == S.shape and rel(state[f"{i}.mamba.S"], S) <= STATE_REL
-        assert state[f"{i}.mamba.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.mamba.conv"], ref[f"{i}.conv"]) <= STATE_REL
+        conv = state[f"{i}.mamba.conv"]
+        assert conv.shape == ref[f"{i}.conv"].shape and rel(conv, ref[f"{i}.conv"]) <= STATE_REL
         assert state[f"{i}.attention.pos"].tolist() == [PROMPT + STEPS] * BATCH
     tied = config.get("tie_word_embeddings", False)
     assert (model.embed_scale, model.logits_scale) == ((2.0, 1 / 0.7) if tied else (1.0, 1.0))
@@ -116,7 +118,8 @@ def test_a_parallel_layer_sums_its_scaled_members_and_unites_their_states():
         a, a_state = attention(x, {k.split(".", 1)[1]: v for k, v in fresh.items() if k.startswith("attention.")}, form="chunk")
         m, m_state = mamba(x, {k.split(".", 1)[1]: v for k, v in fresh.items() if k.startswith("mamba.")}, chunk_size=4)
     assert max_abs(y, 0.25 * a - 2.0 * m) <= 1e-6
-    assert set(state) == set(fresh) and torch.equal(state["attention.key"], a_state["key"]) and torch.equal(state["mamba.S"], m_state["S"])
+    assert set(state) == set(fresh)
+    assert torch.equal(state["attention.key"], a_state["key"]) and torch.equal(state["mamba.S"], m_state["S"])
     with pytest.raises(ValueError, match="without '.'"):
         Parallel({"a.b": attention})
     with pytest.raises(ValueError, match="not a member"):
@@ -159,8 +162,8 @@ def test_a_misread_field_departs_at_the_first_layer(tmp_path_factory, tmp_path):
     prompt, steps = prompt[:, :70].numpy(), steps[:, :2].numpy()
     ref = upstream.run(folder, "transformers", prompt, steps, greedy=1)
     bound = parity.BUDGETS["fp32"]["upstream"]["rel_l2"]
-    for checkpoint, said in ((folder, "every layer's output agrees"),
-                             (edited_copy(folder, tmp_path / "ckpt", mamba_norm_before_gate=False), "first departs at layer 0 (parallel)")):
+    misread = edited_copy(folder, tmp_path / "ckpt", mamba_norm_before_gate=False)
+    for checkpoint, said in ((folder, "every layer's output agrees"), (misread, "first departs at layer 0 (parallel)")):
         model = load_checkpoint(checkpoint)
         prefill, *_, hidden = upstream.import_outputs(model, prompt, steps, 1)
         assert upstream.first_departure(model, hidden, ref.hidden, bound).startswith(said)

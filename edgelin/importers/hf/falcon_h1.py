@@ -85,9 +85,11 @@ def load(path: str | Path) -> CausalLM:
     f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/falcon_h1", where=path / CONFIG_FILE)
     f.choice("hidden_act", ("silu",))
     if f.flag("mlp_bias"):
-        raise f.unsupported("mlp_bias", "is true (biases on the MLP's projections); edgelin's falcon_h1 importer supports false only")
+        raise f.unsupported("mlp_bias", "is true (biases on the MLP's projections); edgelin's falcon_h1 importer supports false "
+                                        "only")
     if f.get("mamba_use_mlp") is not True:
-        raise f.fail("mamba_use_mlp", "is not true; transformers' Falcon-H1 always has an MLP in every layer: set it to true or remove it")
+        raise f.fail("mamba_use_mlp", "is not true; transformers' Falcon-H1 always has an MLP in every layer: set it to true or "
+                                      "remove it")
     hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("rms_norm_eps")
     heads, kv_heads, head_dim = attention_heads(f, hidden)
     theta, _ = read_rope(f, head_dim, importer="hf/falcon_h1", default_theta=10000.0)  # RoPE over the whole head (docstring)
@@ -96,8 +98,9 @@ def load(path: str | Path) -> CausalLM:
                                  qkv_bias=bias, o_bias=bias, norm_eps=eps)
     mamba = mamba_options(f, hidden, d_ssm=d_ssm, rms_norm=f.flag("mamba_rms_norm"),
                           norm_before_gate=f.flag("mamba_norm_before_gate"), out_bias=f.flag("projectors_bias"))
-    scales = {name: f.number(name) for name in ("embedding_multiplier", "lm_head_multiplier", "attention_in_multiplier",
-                                                "attention_out_multiplier", "key_multiplier", "ssm_in_multiplier", "ssm_out_multiplier")}
+    scales = {name: f.number(name) for name in (
+        "embedding_multiplier", "lm_head_multiplier", "attention_in_multiplier", "attention_out_multiplier", "key_multiplier",
+        "ssm_in_multiplier", "ssm_out_multiplier")}
     gate_mult, down_mult = _multipliers(f, "mlp_multipliers", 2)
     mup = mup_vector(*_multipliers(f, "ssm_multipliers", 5), inner=mamba.inner, groups_state=mamba.n_groups * mamba.state_size,
                      heads=mamba.num_heads)
@@ -116,7 +119,8 @@ def load(path: str | Path) -> CausalLM:
     pairs = [
         ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.final_layernorm.", "norm."),
         (".input_layernorm.", ".attn_norm."), (".pre_ff_layernorm.", ".mlp_norm."),
-        (".feed_forward.gate_proj.", ".mlp.gate."), (".feed_forward.up_proj.", ".mlp.up."), (".feed_forward.down_proj.", ".mlp.down."),
+        (".feed_forward.gate_proj.", ".mlp.gate."), (".feed_forward.up_proj.", ".mlp.up."),
+        (".feed_forward.down_proj.", ".mlp.down."),
         (".mamba.", ".attn.members.mamba."), (".attn.members.mamba.norm.", ".attn.members.mamba.gate_norm_"),  # the gated norm
         (".self_attn.", ".attn.members.attention."),
     ]
