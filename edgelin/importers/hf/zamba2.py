@@ -100,6 +100,9 @@ def load(path: str | Path) -> CausalLM:
         attention_adapters=adapters,
     )
     tie, vocab = f.flag("tie_word_embeddings"), f.integer("vocab_size")
+    # transformers ties the hybrid layers' shared_transformer copies only with tied embeddings (it drops its whole tie
+    # mapping otherwise): untied, every hybrid layer has a block of its own, as transformers runs it
+    block = [j % n_blocks if tie else j for j in range(len(hybrid))]
     context = {**source, "max_position_embeddings": LONG_CONTEXT} if f.flag("use_long_context") else source
 
     def make() -> CausalLM:
@@ -108,7 +111,7 @@ def load(path: str | Path) -> CausalLM:
         def mixer(i: int):
             if i not in hybrid:
                 return Mamba2Mixer(mamba)
-            b = hybrid.index(i) % n_blocks
+            b = block[hybrid.index(i)]
             owner = b not in blocks
             if owner:
                 blocks[b] = SharedBlock(shared)
@@ -121,20 +124,27 @@ def load(path: str | Path) -> CausalLM:
         )
         return declare_context(model, context, bool(hybrid))
 
-    return load_checkpoint_weights(ckpt, make, Renamer(renames(n_layers, hybrid, n_blocks, adapters, tie)))
+    lists = [("feed_forward.gate_up_proj_adapter_list", "mlp_adapter")]
+    if adapters:
+        lists += [(f"self_attn.linear_{x}_adapter_list", f"{x}_adapter") for x in "qkv"]
+    # untied, hybrid layer j's copy holds the adapters of every layer of its cycle; transformers uses the j-th only
+    unused = tuple(f"model.layers.{h}.shared_transformer.{name}.{i}." for j, h in enumerate(hybrid) for name, _ in lists
+                   for i in range(len(hybrid)) if i != j and i % n_blocks == j % n_blocks and block[i] != block[j])
+    pairs = renames(n_layers, hybrid, block, lists, tie)
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs), left_out=unused)
 
 
-def renames(n_layers: int, hybrid: list[int], n_blocks: int, adapters: bool, tie: bool) -> list[tuple[str, str]]:
-    """Checkpoint -> model names. Every hybrid layer's ``shared_transformer`` copy (transformers saves the first use of
-    each block; a checkpoint may hold the tied copies too) is read as its block's, held by the block's first use;
-    adapter j of a block (in transformers' per-block lists, indexed by hybrid layer) is hybrid layer j's own."""
-    owner = {b: hybrid[b] for b in range(min(n_blocks, len(hybrid)))}
-    pairs = [(f"model.layers.{h}.shared_transformer.", f"shared.{j % n_blocks}.") for j, h in enumerate(hybrid)]
+def renames(n_layers: int, hybrid: list[int], block: list[int], lists: list[tuple[str, str]], tie: bool) -> list[tuple[str, str]]:
+    """Checkpoint -> model names. Hybrid layer j uses shared block ``block[j]``: every hybrid layer's
+    ``shared_transformer`` copy (transformers saves the first use of each block; a checkpoint may hold the tied copies
+    too) is read as its block's, held by the block's first use; adapter j of a block's adapter ``lists`` (transformers'
+    per-block lists, indexed by hybrid layer) is hybrid layer j's own."""
+    owner: dict[int, int] = {}
     for j, h in enumerate(hybrid):
-        lists = [("feed_forward.gate_up_proj_adapter_list", "mlp_adapter")]
-        if adapters:
-            lists += [(f"self_attn.linear_{x}_adapter_list", f"{x}_adapter") for x in "qkv"]
-        pairs += [(f"shared.{j % n_blocks}.{old}.{j}.{k}.weight", f"blocks.{h}.attn.{new}.{k}.weight") for old, new in lists for k in (0, 1)]
+        owner.setdefault(block[j], h)
+    pairs = [(f"model.layers.{h}.shared_transformer.", f"shared.{block[j]}.") for j, h in enumerate(hybrid)]
+    for j, h in enumerate(hybrid):
+        pairs += [(f"shared.{block[j]}.{old}.{j}.{k}.weight", f"blocks.{h}.attn.{new}.{k}.weight") for old, new in lists for k in (0, 1)]
     pairs += [(f"shared.{b}.", f"blocks.{h}.attn.shared.") for b, h in owner.items()]
     for i in range(n_layers):
         at = f"model.layers.{i}."
