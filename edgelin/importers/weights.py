@@ -46,6 +46,19 @@ class RowSplit:
         return {part: tensor[list(rows)] for part, (_, rows) in zip(self.names(name), self.parts)}
 
 
+@dataclass(frozen=True)
+class RowJoin:
+    """Checkpoint tensors that the framework concatenates along rows when it loads them (transformers' OLMo-hybrid
+    stores its one conv over [q | k | v] as ``q_conv1d``, ``k_conv1d``, ``v_conv1d``, and re-saves it in three
+    row-chunks of equal size whatever the q, k and v widths): for every checkpoint tensor whose name ends with
+    ``parts[0]``, the tensors of the same prefix ending with each of ``parts`` are read as one tensor, prefix +
+    ``suffix``, their rows in the order of ``parts``. The joined tensor is then matched, or split (``RowSplit``),
+    like any other."""
+
+    parts: tuple[str, ...]
+    suffix: str
+
+
 def _split_for(name: str, splits: tuple[RowSplit, ...]) -> RowSplit | None:
     return next((s for s in splits if name.endswith(s.suffix)), None)
 
@@ -128,7 +141,8 @@ def load_weights(model: nn.Module, read: Callable[[str], torch.Tensor], groups: 
 
 
 def load_checkpoint_weights(
-    path, build, rename: Renamer, *, left_out: tuple[str, ...] = (), splits: tuple[RowSplit, ...] = ()
+    path, build, rename: Renamer, *, left_out: tuple[str, ...] = (), splits: tuple[RowSplit, ...] = (),
+    joins: tuple[RowJoin, ...] = (),
 ) -> nn.Module:
     """``build()``'s model with the weights of checkpoint ``path`` (a folder, or an ``edgelin.checkpoint.Checkpoint``
     whose files are already listed) loaded into it along ``rename`` (eval mode, float32):
@@ -138,7 +152,8 @@ def load_checkpoint_weights(
     the weights is refused, naming the tensor, before memory is spent on either. Checkpoint tensors whose names
     start with a ``left_out`` prefix (a vision tower, a multi-token-prediction head) are not part of the model:
     they are neither matched nor read. ``splits``: fused checkpoint tensors read as the tensors their rows hold
-    (``RowSplit``); the fused tensor's row count is checked from the header, its parts are matched by name."""
+    (``RowSplit``); the fused tensor's row count is checked from the header, its parts are matched by name.
+    ``joins``: checkpoint tensors read as one, their rows concatenated (``RowJoin``), before any split."""
     from edgelin.checkpoint import Checkpoint, weight_files
     from edgelin.safety import expected_shapes, header_shapes
 
@@ -156,6 +171,7 @@ def load_checkpoint_weights(
             if not name.startswith(left_out) or not left_out:
                 found[name], home[name] = shape, file
     where = files[0] if len(files) == 1 else path
+    joined = _join_shapes(found, joins, where)  # joined name -> the checkpoint names whose rows it holds
     fused = {n: s for n in found if (s := _split_for(n, splits)) is not None}  # checkpoint name -> its RowSplit
     for name, split in fused.items():
         parts = split.shapes(name, found.pop(name), where)
@@ -169,17 +185,46 @@ def load_checkpoint_weights(
         handles = {file: _open_safetensors(file, stack) for file in files}
         pending: dict[str, torch.Tensor] = {}  # the parts of a fused tensor read, not yet copied
 
+        def stored(name: str) -> torch.Tensor:
+            if name in joined:
+                return torch.cat([_get(handles[home[n]], n, home[n]) for n in joined[name]], dim=0)
+            return _get(handles[home[name]], name, home[name])
+
         def read(name: str) -> torch.Tensor:
             if name in pending:
                 return pending.pop(name)
-            if name in home:
-                return _get(handles[home[name]], name, home[name])
+            if name in home or name in joined:
+                return stored(name)
             fused_name = next(n for n, split in fused.items() if name in split.names(n))
-            pending.update(fused[fused_name].split(fused_name, _get(handles[home[fused_name]], fused_name, home[fused_name])))
+            pending.update(fused[fused_name].split(fused_name, stored(fused_name)))
             return pending.pop(name)
 
         load_weights(model, read, groups, where)
     return model.eval()
+
+
+def _join_shapes(found: dict[str, tuple[int, ...]], joins: tuple[RowJoin, ...], where) -> dict[str, list[str]]:
+    """Replace in ``found`` (checkpoint name -> shape) each group of tensors a ``RowJoin`` reads as one by the joined
+    name and shape; returns joined name -> the names of its parts, in row order. CheckpointError naming a part that
+    is missing or whose trailing shape differs."""
+    joined: dict[str, list[str]] = {}
+    for join in joins:
+        for first in [n for n in found if n.endswith(join.parts[0])]:
+            prefix = first[: -len(join.parts[0])]
+            names, target = [prefix + part for part in join.parts], prefix + join.suffix
+            missing = [n for n in names if n not in found]
+            if missing:
+                raise CheckpointError(f"{where}: tensor {missing[0]} is missing; its rows follow those of {first}")
+            if target in found:
+                raise CheckpointError(f"{where}: tensor {target} is held twice: on its own and in the rows of {', '.join(names)}")
+            shapes = [tuple(found.pop(n)) for n in names]
+            odd = next((n for n, shape in zip(names, shapes) if len(shape) != len(shapes[0]) or shape[1:] != shapes[0][1:]), None)
+            if odd is not None:
+                raise CheckpointError(f"{where}: tensor {odd} has shape {shapes[names.index(odd)]}, its rows cannot follow {first}'s "
+                                      f"{shapes[0]}")
+            found[target] = (sum(shape[0] for shape in shapes), *shapes[0][1:])
+            joined[target] = names
+    return joined
 
 
 def _open_safetensors(file: Path, stack: contextlib.ExitStack):
@@ -200,4 +245,4 @@ def _get(handle, name: str, file: Path) -> torch.Tensor:
         raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
 
 
-__all__ = ["Renamer", "RowSplit", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match"]
+__all__ = ["Renamer", "RowJoin", "RowSplit", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match"]
