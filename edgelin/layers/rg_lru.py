@@ -14,7 +14,9 @@ Per layer, as transformers' ``RecurrentGemmaRecurrentBlock`` and ``RecurrentGemm
 The recurrence is a diagonal linear scan (edgelin.ops.diagonal): "chunk" (the prefill graph) runs its chunked
 parallel form, "step" (the decode graph) one token, "naive" a per-token loop written from the formula (with the
 reset as transformers writes it, a_t times (position != 0)). The fast forms apply the reset by starting a row whose
-position is 0 from a zero state, which is the same thing: position 0 can only be a call's first token.
+position is 0 from a zero state, which is the same thing: position 0 can only be a call's first token. Under
+``--ops fused`` the scan of both graphs is one ONNX Runtime LinearAttention node and the conv one
+CausalConvWithState node (WindowConv's).
 
 State per layer: "conv" [B, R, W], the last W inputs of the conv, oldest first (edgelin.layers.short_conv's window:
 its oldest column is never used; transformers' ``conv1d_state`` is the last W - 1), "h" [B, R] (transformers'
@@ -32,7 +34,7 @@ from edgelin.layers import check_form, register_mixer
 from edgelin.layers.mlp import gelu_tanh
 from edgelin.layers.short_conv import WindowConv
 from edgelin.ops import fused
-from edgelin.ops.diagonal import DIAGONAL_FORMS
+from edgelin.ops.diagonal import DIAGONAL_FORMS, fused_diagonal_scan
 from edgelin.state import State
 
 LOG_DECAY_SCALE = -8.0  # transformers' (and Griffin's) constant c in log a = c r softplus(recurrent_param)
@@ -90,7 +92,8 @@ class RGLRUBlock(nn.Module):
         return i.reshape(B, T, R), log_a
 
     def forward(
-        self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None, lengths: torch.Tensor | None = None
+        self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None,
+        lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, State]:
         check_form(self, form, lengths)
         B, T, _ = x.shape
@@ -108,7 +111,8 @@ class RGLRUBlock(nn.Module):
             h, last = DIAGONAL_FORMS["naive"](torch.where(reset, float("-inf"), log_a), u, state["h"])
         else:  # the same: a row at position 0 starts from a zero state
             h0 = torch.where((pos == 0)[:, None], 0.0, state["h"])  # [B, R]
-            h, last = DIAGONAL_FORMS[form](log_a, u, h0, chunk_size=chunk_size or 64)  # [B, T, R], [B, R]
+            scan = fused_diagonal_scan if fused.active() else DIAGONAL_FORMS[form]  # --ops fused: one LinearAttention node
+            h, last = scan(log_a, u, h0, chunk_size=chunk_size or 64)  # [B, T, R], [B, R]
         return self.linear_out(h * y), {"conv": window, "h": last, "pos": pos + T}
 
     def _naive_conv(self, u: torch.Tensor, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,10 @@ above the diagonal before the exp, so never the exp of a positive number):
 (E_m: chunk m's local end state) and h = local + A * H_{chunk}. The chunk-level part is [n + 1, n + 1, D] per row:
 quadratic in the number of chunks, as the linear-attention chunk form's (edgelin.ops.chunk); the runtime prefills
 long prompts in pieces of a few thousand tokens, which bounds n.
+
+Under the fused lowering (``edgelin export --ops fused``) the chunk and step forms are one
+``com.microsoft.LinearAttention`` node (``fused_diagonal_scan``): the recurrence is the node's "gated" rule with one
+head per channel, d_k = d_v = 1, q = k = 1, v = u and the per-head log-decay g, so that o_t = S_t = h_t.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from edgelin.ops import fused
 from edgelin.ops.common import relative_log_decay
 
 
@@ -77,6 +82,14 @@ def chunk_diagonal_scan(g: torch.Tensor, u: torch.Tensor, h0: torch.Tensor, *, c
     return h.reshape(B, n * C, D)[:, :T], starts[:, -1]
 
 
+def fused_diagonal_scan(g: torch.Tensor, u: torch.Tensor, h0: torch.Tensor, *, chunk_size: int | None = None):
+    """Any T through one LinearAttention node (module docstring): g, u [B, T, D], h0 [B, D] -> h [B, T, D], h_T [B, D]."""
+    B, T, D = u.shape
+    ones = torch.ones_like(u)  # q and k: [B, T, D heads x 1]
+    h, S = fused.linear_attention_op(ones, ones, u, h0.reshape(B, D, 1, 1), g, None, "gated", D, 1.0)  # [B, T, D], [B, D, 1, 1]
+    return h, S.reshape(B, D)
+
+
 DIAGONAL_FORMS = {"naive": naive_diagonal_scan, "chunk": chunk_diagonal_scan, "step": step_diagonal_scan}
 
-__all__ = ["DIAGONAL_FORMS", "chunk_diagonal_scan", "naive_diagonal_scan", "step_diagonal_scan"]
+__all__ = ["DIAGONAL_FORMS", "chunk_diagonal_scan", "fused_diagonal_scan", "naive_diagonal_scan", "step_diagonal_scan"]

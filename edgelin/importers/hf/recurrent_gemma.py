@@ -82,10 +82,11 @@ def load(path: str | Path) -> CausalLM:
     theta, rotary = read_rope(f, head_dim, importer="hf/recurrent_gemma", default_theta=10000.0, default_factor=0.5)
     kinds = read_block_types(f, n_layers)
     if f.get("hidden_activation") not in ACTIVATIONS:
-        raise f.unsupported("hidden_activation", f"is {f.get('hidden_activation')!r}; edgelin supports {', '.join(map(repr, ACTIVATIONS))}")
+        said = ", ".join(map(repr, ACTIVATIONS))
+        raise f.unsupported("hidden_activation", f"is {f.get('hidden_activation')!r}; edgelin supports {said} (GELU's tanh form)")
     lru = f.integer("lru_width", optional=True) or hidden
     if lru % heads:
-        raise f.fail("lru_width", f"({lru}) must be a multiple of num_attention_heads ({heads}): the RG-LRU's gates have one block per head")
+        raise f.fail("lru_width", f"({lru}) must be a multiple of num_attention_heads ({heads}): the RG-LRU gates' blocks")
     mlp = f.integer("intermediate_size") // 2
     if mlp < 1:
         raise f.fail("intermediate_size", "must be at least 2: the MLP's width is intermediate_size // 2")
@@ -100,7 +101,8 @@ def load(path: str | Path) -> CausalLM:
         return CausalLM(
             lambda i: Attention(attention) if kinds[i] == "attention" else RGLRUBlock(recurrent),
             n_layers=n_layers, vocab_size=vocab, d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie,
-            chunk_size=DEFAULT_CHUNK, config={"family": "hf/recurrent_gemma", "chunk_size": DEFAULT_CHUNK, "source_config": source},
+            chunk_size=DEFAULT_CHUNK,
+            config={"family": "hf/recurrent_gemma", "chunk_size": DEFAULT_CHUNK, "source_config": source},
             norm=UnitOffsetRMSNorm, mlp=GeGLU, embed_scale=embed_scale(hidden), logits_softcap=cap,
         )
 
