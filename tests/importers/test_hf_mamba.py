@@ -16,7 +16,7 @@ import torch
 
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
-from testkit import hf_oracle
+from testkit import hf_oracle, max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.stateful import edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
@@ -75,6 +75,29 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
     assert model.max_positions == (262144 if family == "jamba" else None) and model.state_decays  # Jamba's default context
 
 
+@pytest.mark.parametrize("T", [1, 15, 16, 17, 300])
+def test_the_selective_scan_forms_agree_under_strong_decays(T):
+    """The chunk form (chunks of 16) and the one-token step against the naive loop in float64, with decays from
+    ~1 to exp(-400) per step (dt up to ~20, A down to -20): lengths around the chunk and many chunks; float32 within
+    1e-5 of the float64 reference, relative to its scale."""
+    from edgelin.ops.selective_scan import chunk_selective_scan, naive_selective_scan, selective_scan_step
+
+    gen = torch.Generator().manual_seed(T)
+    Bt, inner, N = 2, 6, 5
+    x, b, c = torch.randn(Bt, T, inner, generator=gen), torch.randn(Bt, T, N, generator=gen), torch.randn(Bt, T, N, generator=gen)
+    dt = torch.nn.functional.softplus(3 * torch.randn(Bt, T, inner, generator=gen))
+    A, h0 = -20 * torch.rand(inner, N, generator=gen), torch.randn(Bt, inner, N, generator=gen)
+    args64 = [t.double() for t in (x, dt, A, b, c, h0)]
+    y_ref, h_ref = naive_selective_scan(*args64)
+    y, h = chunk_selective_scan(*args64, chunk_size=16)
+    assert max_abs(y, y_ref) <= 1e-10 * y_ref.abs().max() and max_abs(h, h_ref) <= 1e-10 * h_ref.abs().max()
+    y, h = chunk_selective_scan(x, dt, A, b, c, h0, chunk_size=16)
+    assert max_abs(y.double(), y_ref) <= 1e-5 * y_ref.abs().max() and max_abs(h.double(), h_ref) <= 1e-5 * h_ref.abs().max()
+    y, h = selective_scan_step(*(t[:, :1] for t in args64[:2]), args64[2], *(t[:, :1] for t in args64[3:5]), args64[5])
+    y1, h1 = naive_selective_scan(*(t[:, :1] for t in args64[:2]), args64[2], *(t[:, :1] for t in args64[3:5]), args64[5])
+    assert max_abs(y, y1) <= 1e-12 and max_abs(h, h1) <= 1e-12
+
+
 @pytest.mark.parametrize("case_id", ["falcon-bias-conv3-untied", "jamba-attn1"])
 def test_protocol_forms_and_pieces(case_id, tmp_path_factory):
     """The protocol; the naive form (a per-token loop, conv included) against the chunk form in float64; prefill in
@@ -90,6 +113,8 @@ def test_protocol_forms_and_pieces(case_id, tmp_path_factory):
 def test_export_matches_transformers(tmp_path_factory):
     """Both ONNX graphs of Jamba (Mamba-1 layers with their norms, attention, MLPs) against transformers, and
     validate against transformers itself (greedy ids included)."""
+    import onnx
+
     from edgelin.exporters import export
     from edgelin.validate import validate
 
@@ -97,6 +122,8 @@ def test_export_matches_transformers(tmp_path_factory):
     out = tmp_path_factory.mktemp("jamba-export") / "export"
     summary = export(folder, out, check=False).summary()
     assert "per position of context" in summary, summary
+    ops = {node.op_type for node in onnx.load(str(out / "prefill.onnx"), load_external_data=False).graph.node}
+    assert not ops & {"Loop", "Scan"}, ops  # the chunked scan is unrolled: no loop node in the prefill graph
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")
     assert report.passed, report.table()
