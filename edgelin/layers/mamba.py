@@ -79,7 +79,8 @@ class MambaMixer(nn.Module):
 
     def state_layout(self) -> dict[str, tuple]:
         o = self.o
-        return {"S": (("batch", o.inner, o.state_size), "float32", 0.0), "conv": (("batch", o.inner, o.conv_kernel), "float32", 0.0)}
+        return {"S": (("batch", o.inner, o.state_size), "float32", 0.0),
+                "conv": (("batch", o.inner, o.conv_kernel), "float32", 0.0)}
 
     def _conv(self, x: torch.Tensor, window: torch.Tensor, form: str) -> tuple[torch.Tensor, torch.Tensor]:
         """silu(conv(x)) [B, T, I] and the new window; the naive form steps the window token by token."""
@@ -92,7 +93,8 @@ class MambaMixer(nn.Module):
         return torch.cat(outs, dim=1), window
 
     def forward(
-        self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None, lengths: torch.Tensor | None = None
+        self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None,
+        lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, State]:
         check_form(self, form, lengths)
         o = self.o

@@ -18,7 +18,10 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from testkit import hf_oracle, max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
-from testkit.stateful import edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import (
+    edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree,
+    protocol_and_naive_agree,
+)
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -40,7 +43,8 @@ CASES = {  # id -> (model_type, config)
     "jamba-attn1": ("jamba", {
         "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_experts": 4, "expert_layer_period": 4, "expert_layer_offset": 3, "attn_layer_period": 3,
-        "attn_layer_offset": 1, "mamba_d_state": 8, "mamba_d_conv": 3, "mamba_expand": 2, "mamba_dt_rank": 4, "mamba_proj_bias": True,
+        "attn_layer_offset": 1, "mamba_d_state": 8, "mamba_d_conv": 3, "mamba_expand": 2, "mamba_dt_rank": 4,
+        "mamba_proj_bias": True,
     }),
 }
 _RESULTS: dict[str, tuple] = {}
@@ -48,7 +52,8 @@ _RESULTS: dict[str, tuple] = {}
 
 def oracle(case_id: str, tmp_path_factory):
     model_type, config = CASES[case_id]
-    return hf_oracle.cached(_RESULTS, case_id, model_type, config, tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS, vocab=VOCAB)
+    return hf_oracle.cached(_RESULTS, case_id, model_type, config, tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS,
+                            vocab=VOCAB)
 
 
 def test_registry_lists_mamba_and_its_relatives():
@@ -66,12 +71,14 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
         assert (block.mlp is None) is (family != "jamba")  # Mamba's blocks hold the mixer alone
         if block.attn.kind == "attention":
             assert block.attn.rotary == 0  # Jamba's attention has no position encoding
-            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL and rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
+            for name in ("key", "value"):
+                assert rel(state[f"{i}.{name}"], ref[f"{i}.{name}"]) <= STATE_REL
             continue
         assert (block.attn.o.bcdt_norm, hasattr(block.attn, "dt_layernorm")) == {
             "mamba": (None, False), "falcon_mamba": ("fixed", True), "jamba": ("learned", True)}[family]
         for name, theirs in (("S", "recurrent"), ("conv", "conv")):  # the same layouts: [B, I, N] and [B, I, K]
-            assert state[f"{i}.{name}"].shape == ref[f"{i}.{theirs}"].shape and rel(state[f"{i}.{name}"], ref[f"{i}.{theirs}"]) <= STATE_REL
+            got, want = state[f"{i}.{name}"], ref[f"{i}.{theirs}"]
+            assert got.shape == want.shape and rel(got, want) <= STATE_REL
     assert model.max_positions == (262144 if family == "jamba" else None) and model.state_decays  # Jamba's default context
 
 

@@ -62,7 +62,8 @@ def load(path: str | Path) -> CausalLM:
                             f"(expert_layer_period {period}, expert_layer_offset {offset}); edgelin imports dense Jamba models "
                             f"(num_experts 1) only")
     heads, kv_heads, head_dim = attention_heads(f, hidden)
-    attention = AttentionOptions(d_model=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rotary_dim=0, norm_eps=eps)
+    attention = AttentionOptions(d_model=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rotary_dim=0,
+                                 norm_eps=eps)
     mamba = MambaOptions(
         d_model=hidden, inner=f.integer("mamba_expand") * hidden, state_size=f.integer("mamba_d_state"),
         dt_rank=time_step_rank(f, "mamba_dt_rank", hidden), conv_kernel=f.integer("mamba_d_conv"),
@@ -82,7 +83,8 @@ def load(path: str | Path) -> CausalLM:
     pairs = [
         ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.final_layernorm.", "norm."),
         (".input_layernorm.", ".attn_norm."), (".pre_ff_layernorm.", ".mlp_norm."),
-        (".feed_forward.gate_proj.", ".mlp.gate."), (".feed_forward.up_proj.", ".mlp.up."), (".feed_forward.down_proj.", ".mlp.down."),
+        (".feed_forward.gate_proj.", ".mlp.gate."), (".feed_forward.up_proj.", ".mlp.up."),
+        (".feed_forward.down_proj.", ".mlp.down."),
         (".mamba.", ".attn."), (".self_attn.", ".attn."),
     ]
     if tie:

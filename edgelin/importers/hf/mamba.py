@@ -50,12 +50,14 @@ def _load(path: str | Path, family: str, fields: dict[str, Any]) -> CausalLM:
     hidden, expand = f.integer("hidden_size"), f.integer("expand")
     falcon = family == "falcon_mamba"
     options = MambaOptions(
-        d_model=hidden, inner=expand * hidden, state_size=f.integer("state_size"), dt_rank=time_step_rank(f, "time_step_rank", hidden),
+        d_model=hidden, inner=expand * hidden, state_size=f.integer("state_size"),
+        dt_rank=time_step_rank(f, "time_step_rank", hidden),
         conv_kernel=f.integer("conv_kernel"), conv_bias=f.flag("use_conv_bias"), bias=f.flag("use_bias"),
         bcdt_norm="fixed" if falcon else None, bcdt_eps=f.number("mixer_rms_eps") if falcon else 1e-6,
     )
     f.flag("residual_in_fp32")
-    eps, tie, vocab, n_layers = f.number("layer_norm_epsilon"), f.flag("tie_word_embeddings"), f.integer("vocab_size"), f.integer("num_hidden_layers")
+    eps, tie = f.number("layer_norm_epsilon"), f.flag("tie_word_embeddings")
+    vocab, n_layers = f.integer("vocab_size"), f.integer("num_hidden_layers")
 
     def make() -> CausalLM:
         return CausalLM(
@@ -66,7 +68,8 @@ def _load(path: str | Path, family: str, fields: dict[str, Any]) -> CausalLM:
 
     older = [] if falcon else [("backbone.embedding.", "embed.")]  # the older name MambaModel's load hook renames
     pairs = [
-        ("backbone.embeddings.", "embed."), *older, ("backbone.layers.", "blocks."), ("backbone.norm_f.", "norm."), (".mixer.", ".attn."), (".norm.", ".attn_norm."),
+        ("backbone.embeddings.", "embed."), *older, ("backbone.layers.", "blocks."), ("backbone.norm_f.", "norm."),
+        (".mixer.", ".attn."), (".norm.", ".attn_norm."),
     ]
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))
