@@ -17,7 +17,7 @@ from edgelin import parity, upstream
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from edgelin.importers.fields import check_fields
-from edgelin.importers.hf.olmo_hybrid import FIELDS, read_layer_types
+from edgelin.importers.hf.olmo_hybrid import FIELDS, read_layer_types, read_rope
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 
 from testkit import hf_oracle
@@ -154,3 +154,16 @@ def test_default_layer_types_follow_olmo_hybrid_config(tmp_path):
     lin, att = "linear_attention", "full_attention"
     assert read_layer_types(f, 8) == [lin, lin, lin, att, lin, lin, lin, att]
     assert read_layer_types(f, 3) == [lin, lin, att]
+
+
+@pytest.mark.parametrize("fields, theta", [
+    ({}, 10000.0),  # rope_parameters absent or null: transformers 5.24 fills in the default RoPE, theta 10000
+    ({"rope_parameters": None}, 10000.0),
+    ({"rope_parameters": {"rope_type": "default"}}, 10000.0),
+    ({"rope_theta": 5e5}, 5e5),  # the older top-level field
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 2e4, "partial_rotary_factor": 0.5}}, 2e4),  # factor: no effect
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": None}}, None),  # no position encoding
+])
+def test_rope_fields_read_as_transformers_does(fields, theta, tmp_path):
+    f = check_fields(fields, defaults=FIELDS, refused={}, importer="hf/olmo_hybrid", where=tmp_path / "config.json")
+    assert read_rope(f) == theta
