@@ -130,7 +130,8 @@ class Zamba2Hybrid(nn.Module):
             self._shared = _Reference(shared)
         width, kv_width = 2 * o.d_model, o.num_kv_heads * o.head_dim
         if o.attention_adapters and kv_width != width:
-            raise ValueError(f"attention adapters write 2 d_model ({width}) features; k and v have {kv_width} (num_kv_heads < num_heads)")
+            raise ValueError(f"attention adapters write 2 d_model ({width}) features; k and v have {kv_width} "
+                             "(num_kv_heads < num_heads): use adapters without grouped heads")
         rank = o.adapter_rank
         self.q_adapter = adapter(width, rank, width) if o.attention_adapters else None
         self.k_adapter = adapter(width, rank, width) if o.attention_adapters else None
@@ -165,7 +166,8 @@ class Zamba2Hybrid(nn.Module):
         a, cache = block.self_attn(h, cache, form=form, chunk_size=chunk_size, deltas=deltas)  # [B, T, d]
         a = block.pre_ff_layernorm(a)
         m = self.linear(block.feed_forward(a, self.mlp_adapter(a)))  # [B, T, d]
-        y, ssm = self.mamba(self.input_layernorm(x + m), {"S": state["S"], "conv": state["conv"]}, form=form, chunk_size=chunk_size)
+        ssm = {"S": state["S"], "conv": state["conv"]}
+        y, ssm = self.mamba(self.input_layernorm(x + m), ssm, form=form, chunk_size=chunk_size)
         return y, {**ssm, **cache}
 
 

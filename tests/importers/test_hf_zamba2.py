@@ -29,14 +29,14 @@ BATCH, PROMPT, STEPS = 2, 150, 20
 VOCAB = 97
 TINY = {"vocab_size": VOCAB, "hidden_size": 32, "num_attention_heads": 4, "mamba_d_state": 8, "intermediate_size": 40}
 CASES = {  # id -> (config, hybrid layer -> the first hybrid layer using its shared block)
-    # two shared blocks used in turn by hybrid layers 1, 3, 4 (4 reuses 1's); adapters on q, k, v and the MLP; RoPE;
+    # two shared blocks used in turn by hybrid layers 1, 2, 3 (3 reuses 1's); adapters on q, k, v and the MLP; RoPE;
     # 8 Mamba heads in 2 groups; exact GELU; tied embeddings. time_step_min (dt's lower clamp, and the low end of dt's
     # init) below every dt: transformers clamps in its prefill only (the clamp: test_dt_is_clamped_below_...)
     "blocks2-adapters-rope": ({
-        **TINY, "num_hidden_layers": 5, "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+        **TINY, "num_hidden_layers": 4, "layers_block_type": ["mamba", "hybrid", "hybrid", "hybrid"],
         "num_mem_blocks": 2, "use_shared_attention_adapter": True, "adapter_rank": 4, "use_mem_rope": True,
         "n_mamba_heads": 8, "mamba_ngroups": 2, "time_step_min": 1e-5,
-    }, {1: 1, 3: 3, 4: 1}),
+    }, {1: 1, 2: 2, 3: 1}),
     # the first and last layers hybrid, one num_mem_blocks, but untied embeddings: transformers then ties nothing, so
     # each hybrid layer has a block of its own; grouped heads (4 / 2 KV), no RoPE, no attention adapters (the MLP's
     # only); biases (add_bias_linear); SiLU; 4 Mamba heads of 16, one group, a conv of 3; long context
@@ -102,13 +102,13 @@ def test_shared_weights_are_held_once(tmp_path_factory, tmp_path, refused):
     assert sum(".shared.self_attn.q_proj." in n for n in names) == 2  # two blocks, three uses
     assert len(names) == len({id(t) for t in model.state_dict().values()})
     tensors = load_file(folder / "model.safetensors")
-    copies = {k.replace("model.layers.1.", "model.layers.4.", 1): v.clone() for k, v in tensors.items() if k.startswith("model.layers.1.shared_transformer.")}
+    copies = {k.replace("model.layers.1.", "model.layers.3.", 1): v.clone() for k, v in tensors.items() if k.startswith("model.layers.1.shared_transformer.")}
     assert copies and not set(copies) & set(tensors)
     full = edited_copy(folder, tmp_path / "full")
     save_file({**tensors, **copies}, full / "model.safetensors")
     with torch.no_grad():
         assert torch.equal(load_checkpoint(full)(prompt[:, :30])[0], model(prompt[:, :30])[0])
-    name = "model.layers.4.shared_transformer.self_attn.q_proj.weight"
+    name = "model.layers.3.shared_transformer.self_attn.q_proj.weight"
     save_file({**tensors, **copies, name: copies[name] + 1.0}, full / "model.safetensors")
     refused(full, "model.layers.1.shared_transformer.self_attn.q_proj.weight", name, "differ")
 
@@ -124,7 +124,7 @@ def test_protocol_forms_and_pieces(tmp_path_factory):
     pieces_and_steps_agree(model, ids, (1, 7, 9))
 
 
-@pytest.mark.slow  # one export of a 5-layer model and validate's transformers run
+@pytest.mark.slow  # one export of a 4-layer model and validate's transformers run
 def test_export_matches_transformers(tmp_path_factory):
     """Both ONNX graphs against transformers, validate against transformers itself (greedy ids included), and the
     shared blocks' weights stored once in weights.data though both of block 0's uses read them."""
@@ -142,7 +142,7 @@ def test_export_matches_transformers(tmp_path_factory):
     assert report.passed, report.table()
     data = (out / "weights.data").read_bytes()
     model = load_checkpoint(folder)
-    for shared in (model.blocks[1].attn.shared, model.blocks[3].attn.shared):
+    for shared in (model.blocks[1].attn.shared, model.blocks[2].attn.shared):
         for w in (shared.self_attn.q_proj.weight, shared.feed_forward.gate_up_proj.weight):
             w = w.detach().numpy()
             assert data.count(w.tobytes()) + data.count(np.ascontiguousarray(w.T).tobytes()) == 1
@@ -170,8 +170,8 @@ def test_a_misread_field_departs_at_the_first_hybrid_layer(tmp_path_factory, tmp
 
 @pytest.mark.parametrize("changes, field, fragment", [
     ({"hidden_act": "relu"}, "hidden_act", "'gelu', 'silu'"),
-    ({"layers_block_type": ["mamba", "attention", "mamba", "hybrid", "hybrid"]}, "layers_block_type", "'hybrid' layers"),
-    ({"num_hidden_layers": 4}, "num_hidden_layers", "lists 5 layers"),
+    ({"layers_block_type": ["mamba", "attention", "hybrid", "hybrid"]}, "layers_block_type", "'hybrid' layers"),
+    ({"num_hidden_layers": 5}, "num_hidden_layers", "lists 4 layers"),
     ({"layers_block_type": None}, "num_hidden_layers", "lists 54 layers"),  # Zamba2Config's default pattern: 54 layers
     ({"n_mamba_heads": 6}, "n_mamba_heads", "must divide mamba_expand x hidden_size"),
     ({"mamba_ngroups": 3}, "mamba_ngroups", "must divide n_mamba_heads (8)"),

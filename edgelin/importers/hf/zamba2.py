@@ -29,7 +29,8 @@ from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
 
 # transformers' default layers_block_type (Zamba2-2.7B's 54 layers)
-DEFAULT_LAYERS = ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 3 + ["hybrid"] + ["mamba"] * 2
+DEFAULT_LAYERS = (["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 3 + ["hybrid"]
+                  + ["mamba"] * 2)
 LAYER_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "hybrid": "hybrid"}
 LONG_CONTEXT = 16384  # transformers' max_position_embeddings under use_long_context (it changes nothing else)
 GATED_NORM_EPS = 1e-5  # transformers' Zamba2MambaMixer's gated RMSNorm, whatever rms_norm_eps says
@@ -83,19 +84,22 @@ def load(path: str | Path) -> CausalLM:
     attn_heads = f.integer("num_attention_heads")
     kv_heads = f.integer("num_key_value_heads", optional=True) or attn_heads
     if (2 * hidden) % attn_heads:
-        raise f.fail("num_attention_heads", f"must divide 2 x hidden_size ({2 * hidden}): the shared attention's heads are 2 hidden / heads wide")
+        raise f.fail("num_attention_heads", f"must divide 2 x hidden_size ({2 * hidden}): the shared attention's heads are "
+                     "2 hidden / heads wide")
     if attn_heads % kv_heads:
         raise f.fail("num_key_value_heads", f"must divide num_attention_heads ({attn_heads}), got {kv_heads}")
     adapters = f.flag("use_shared_attention_adapter")
     if adapters and kv_heads != attn_heads:
         raise f.unsupported("use_shared_attention_adapter", f"is true with num_key_value_heads {kv_heads} < num_attention_heads "
-                            f"{attn_heads}; transformers' adapters are 2 x hidden_size wide and fit k and v only without grouped heads")
+                            f"{attn_heads}; transformers' adapters are 2 x hidden_size wide and fit k and v only without "
+                            "grouped heads")
     rope = f.flag("use_mem_rope")
     # the whole head rotates: transformers' default RoPE ignores partial_rotary_factor
     theta, _ = read_rope(f, 2 * hidden // attn_heads, importer="hf/zamba2", default_theta=10000.0)
     n_blocks = f.integer("num_mem_blocks")
     shared = SharedBlockOptions(
-        d_model=hidden, num_heads=attn_heads, num_kv_heads=kv_heads, mlp_hidden=f.integer("intermediate_size", optional=True) or 4 * hidden,
+        d_model=hidden, num_heads=attn_heads, num_kv_heads=kv_heads,
+        mlp_hidden=f.integer("intermediate_size", optional=True) or 4 * hidden,
         norm_eps=eps, rope_theta=theta, rope=rope, activation=activation, mlp_bias=bias, adapter_rank=f.integer("adapter_rank"),
         attention_adapters=adapters,
     )
@@ -144,12 +148,14 @@ def renames(n_layers: int, hybrid: list[int], block: list[int], lists: list[tupl
         owner.setdefault(block[j], h)
     pairs = [(f"model.layers.{h}.shared_transformer.", f"shared.{block[j]}.") for j, h in enumerate(hybrid)]
     for j, h in enumerate(hybrid):
-        pairs += [(f"shared.{block[j]}.{old}.{j}.{k}.weight", f"blocks.{h}.attn.{new}.{k}.weight") for old, new in lists for k in (0, 1)]
+        pairs += [(f"shared.{block[j]}.{old}.{j}.{k}.weight", f"blocks.{h}.attn.{new}.{k}.weight")
+                  for old, new in lists for k in (0, 1)]
     pairs += [(f"shared.{b}.", f"blocks.{h}.attn.shared.") for b, h in owner.items()]
     for i in range(n_layers):
         at = f"model.layers.{i}."
         if i in hybrid:
-            pairs += [(at + "linear.", f"blocks.{i}.attn.linear."), (at + "mamba_decoder.input_layernorm.", f"blocks.{i}.attn.input_layernorm."),
+            pairs += [(at + "linear.", f"blocks.{i}.attn.linear."),
+                      (at + "mamba_decoder.input_layernorm.", f"blocks.{i}.attn.input_layernorm."),
                       (at + "mamba_decoder.mamba.norm.", f"blocks.{i}.attn.mamba.gate_norm_"),
                       (at + "mamba_decoder.mamba.", f"blocks.{i}.attn.mamba.")]
         else:
