@@ -130,6 +130,18 @@ def test_fused_export_matches_transformers(tmp_path_factory):
     fused_export_vs_reference(folder, out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
 
 
+def upstream_comparison(folder, prompt, steps, ref: upstream.Upstream):
+    """(the import's prefill logits within the fp32 upstream budget of transformers', where its layers first depart,
+    its greedy ids) for ``folder``'s import against transformers' float64 run ``ref`` (edgelin.upstream)."""
+    budget = parity.BUDGETS["fp32"]["upstream"]
+    model = load_checkpoint(folder)
+    prefill, decode, greedy, hidden = upstream.import_outputs(model, prompt, steps, ref.greedy.shape[1])
+    where = upstream.first_departure(model, hidden, ref.hidden, budget["rel_l2"])
+    pairs = ((prefill, ref.prefill), (decode, ref.decode))
+    agrees = all(parity.within(parity.errors(mine, theirs), budget) for mine, theirs in pairs)
+    return agrees, where, greedy
+
+
 def test_a_misread_field_departs_at_its_layer(tmp_path_factory, monkeypatch):
     """transformers' own run (float64, edgelin.upstream) agrees with the import at every layer; the window read as 8
     (an importer bug) departs first at the attention layer, 2."""
@@ -137,20 +149,12 @@ def test_a_misread_field_departs_at_its_layer(tmp_path_factory, monkeypatch):
     rng = np.random.default_rng(0)
     prompt, steps = rng.integers(0, 97, (2, 40)), rng.integers(0, 97, (2, 4))
     ref = upstream.run(folder, "transformers", prompt, steps, greedy=4)
-    budget = parity.BUDGETS["fp32"]["upstream"]
-
-    def compare():
-        model = load_checkpoint(folder)
-        prefill, decode, greedy, hidden = upstream.import_outputs(model, prompt, steps, ref.greedy.shape[1])
-        where = upstream.first_departure(model, hidden, ref.hidden, budget["rel_l2"])
-        return parity.within(parity.errors(prefill, ref.prefill), budget), where, greedy
-
-    agrees, where, greedy = compare()
+    agrees, where, greedy = upstream_comparison(folder, prompt, steps, ref)
     assert agrees and where.startswith("every layer's output agrees"), where
     assert greedy.tolist() == ref.greedy.tolist()
     real = fields.Fields.get
     monkeypatch.setattr(fields.Fields, "get", lambda self, name: 8 if name == "attention_window_size" else real(self, name))
-    agrees, where, _ = compare()
+    agrees, where, _ = upstream_comparison(folder, prompt, steps, ref)
     assert not agrees and where.startswith("first departs at layer 2 (attention)"), where
 
 
