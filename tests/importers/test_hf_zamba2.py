@@ -102,6 +102,8 @@ def test_shared_weights_are_held_once(tmp_path_factory, tmp_path, refused):
     names = list(model.state_dict())
     assert sum(".shared.self_attn.q_proj." in n for n in names) == 2  # two blocks, three uses
     assert len(names) == len({id(t) for t in model.state_dict().values()})
+    copy = model.with_chunk_size(8)  # a deep copy: its uses share its own block
+    assert copy.blocks[3].attn.block is copy.blocks[1].attn.shared is not model.blocks[1].attn.shared
     tensors = load_file(folder / "model.safetensors")
     copies = {k.replace("model.layers.1.", "model.layers.3.", 1): v.clone() for k, v in tensors.items() if k.startswith("model.layers.1.shared_transformer.")}
     assert copies and not set(copies) & set(tensors)
