@@ -220,8 +220,8 @@ def _join_shapes(found: dict[str, tuple[int, ...]], joins: tuple[RowJoin, ...], 
             shapes = [tuple(found.pop(n)) for n in names]
             odd = next((n for n, shape in zip(names, shapes) if len(shape) != len(shapes[0]) or shape[1:] != shapes[0][1:]), None)
             if odd is not None:
-                raise CheckpointError(f"{where}: tensor {odd} has shape {shapes[names.index(odd)]}, its rows cannot follow {first}'s "
-                                      f"{shapes[0]}")
+                raise CheckpointError(f"{where}: tensor {odd} has shape {shapes[names.index(odd)]}, its rows cannot follow "
+                                      f"{first}'s {shapes[0]}")
             found[target] = (sum(shape[0] for shape in shapes), *shapes[0][1:])
             joined[target] = names
     return joined

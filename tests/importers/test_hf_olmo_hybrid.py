@@ -72,10 +72,11 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
     for i, (block, kind) in enumerate(zip(model.blocks, kinds)):
         if kind == "full_attention":  # post-norm; transformers' cache [B, Hkv, P, D], keys after the norm and RoPE
             assert block.attn.kind == "attention" and block.placement == "post"
-            assert block.attn.rotary == (0 if "rope_theta" in cfg["rope_parameters"] and cfg["rope_parameters"]["rope_theta"] is None
-                                         else block.attn.o.head_dim)
+            nope = "rope_theta" in cfg["rope_parameters"] and cfg["rope_parameters"]["rope_theta"] is None
+            assert block.attn.rotary == (0 if nope else block.attn.o.head_dim)
             assert state[f"{i}.key"].shape == ref[f"{i}.key"].shape
-            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL and rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
+            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL
+            assert rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
             assert state[f"{i}.pos"].tolist() == [PROMPT + STEPS] * BATCH
             continue
         # pre-norm Gated DeltaNet: recurrent state [B, Nv, K, V] (the same layout); transformers' one conv window
@@ -114,7 +115,8 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
-    fused_export_vs_reference(folder, tmp_path / "fused", prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
+    fused_export_vs_reference(folder, tmp_path / "fused", prompt, steps, ref["prefill"], ref["decode"], MAX_ABS,
+                              against="transformers")
 
     fp32 = parity.BUDGETS["fp32"]["upstream"]
     misread = edited_copy(folder, tmp_path / "misread", linear_allow_neg_eigval=False)
@@ -145,7 +147,8 @@ def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_p
 
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("olmo_hybrid-gqa-rope", tmp_path_factory)
-    refused(edited_copy(folder, tmp_path / "ckpt", linear_conv_kernel_dim=3), "model.layers.0.linear_attn.conv1d.k.weight", "(16, 1, 4)")
+    ckpt = edited_copy(folder, tmp_path / "ckpt", linear_conv_kernel_dim=3)
+    refused(ckpt, "model.layers.0.linear_attn.conv1d.k.weight", "(16, 1, 4)")  # the k rows of q_conv1d | k_conv1d | v_conv1d
 
 
 def test_default_layer_types_follow_olmo_hybrid_config(tmp_path):

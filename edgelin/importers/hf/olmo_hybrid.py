@@ -15,8 +15,9 @@
   (widths H D and H_kv D) before the heads are split and RoPE applied, grouped heads, scale head_dim^-0.5, biases on
   q, k, v and o with ``attention_bias``
 - RoPE by halves over the whole head with theta^(-2i / head_dim) (transformers' OlmoHybridRotaryEmbedding ignores a
-  ``partial_rotary_factor``); no position encoding at all (NoPE) when ``rope_parameters`` has ``rope_theta: null``,
-  as the released checkpoints; only the default rope_type
+  ``partial_rotary_factor``); no position encoding at all (NoPE) when ``rope_parameters`` has ``rope_theta: null``;
+  theta 10000 when ``rope_parameters`` is null or absent (transformers 5.24 fills in its default); only the default
+  rope_type
 - the final RMSNorm ``model.norm``; plain RMSNorms x / rms(x) * w with ``rms_norm_eps``; head_dim is ``head_dim`` if
   the config has one, else hidden_size / num_attention_heads
 
@@ -67,9 +68,11 @@ def read_layer_types(f: Fields, n_layers: int) -> list[str]:
         if "full_attention" not in kinds:
             kinds[-1] = "full_attention"
     if not isinstance(kinds, list) or len(kinds) != n_layers or any(k not in LAYER_KINDS for k in kinds):
-        raise f.fail("layer_types", f"must list {n_layers} entries, each 'linear_attention' or 'full_attention'; got {str(kinds)[:80]}")
+        raise f.fail("layer_types", f"must list {n_layers} entries, each 'linear_attention' or 'full_attention'; "
+                                    f"got {str(kinds)[:80]}")
     if set(kinds) != set(LAYER_KINDS):
-        raise f.fail("layer_types", "must hold at least one 'linear_attention' and one 'full_attention' layer, as transformers requires")
+        raise f.fail("layer_types", "must hold at least one 'linear_attention' and one 'full_attention' layer, "
+                                    "as transformers requires")
     return kinds
 
 
@@ -82,10 +85,12 @@ def read_rope(f: Fields) -> float | None:
         raise f.fail("rope_parameters", f"must be an object or null, got {str(params)[:60]}")
     unknown = sorted(set(params) - ROPE_KEYS)
     if unknown:
-        raise f.fail("rope_parameters", f"has the key {unknown[0]!r}, unknown to edgelin's {FAMILY} importer; it may change the model")
+        raise f.fail("rope_parameters", f"has the key {unknown[0]!r}, unknown to edgelin's {FAMILY} importer; "
+                                        "it may change the model")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "default":
-        raise f.unsupported("rope_parameters", f"has rope_type {kind!r}; edgelin supports 'default' (RoPE scaling is not supported)")
+        raise f.unsupported("rope_parameters", f"has rope_type {kind!r}; edgelin supports 'default' "
+                                               "(RoPE scaling is not supported)")
     if "rope_theta" in params and params["rope_theta"] is None:
         return None  # NoPE: transformers' model builds no rotary embedding
     theta = params.get("rope_theta", f.get("rope_theta"))
@@ -103,7 +108,8 @@ def delta_options(f: Fields, hidden: int, heads: int) -> DeltaOptions:
         raise f.fail("linear_num_value_heads", f"must be a multiple of linear_num_key_heads ({k_heads}), got {v_heads}")
     k_dim = f.integer("linear_key_head_dim", optional=True) or int(0.75 * hidden / k_heads)
     if k_dim < 1:
-        raise f.fail("linear_key_head_dim", f"is null and 0.75 hidden_size / linear_num_key_heads is {0.75 * hidden / k_heads}; set it")
+        raise f.fail("linear_key_head_dim", f"is null and 0.75 hidden_size / linear_num_key_heads is "
+                                            f"{0.75 * hidden / k_heads}; set it")
     v_dim = f.integer("linear_value_head_dim", optional=True) or 2 * k_dim
     return DeltaOptions(
         gated=True, num_heads=k_heads, num_v_heads=v_heads, head_k_dim=k_dim, head_v_dim=v_dim, short_conv=True,
@@ -171,7 +177,7 @@ def load(path: str | Path) -> CausalLM:
         (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".mlp_norm."),
         (".linear_attn.conv1d.q.", ".attn.q_conv1d."), (".linear_attn.conv1d.k.", ".attn.k_conv1d."),
         (".linear_attn.conv1d.v.", ".attn.v_conv1d."),  # conv_split's parts
-        (".linear_attn.", ".attn."), (".self_attn.", ".attn."),  # q/k/v/a/b/g/o_proj, A_log, dt_bias, o_norm, q/k_norm: same names
+        (".linear_attn.", ".attn."), (".self_attn.", ".attn."),  # their q/k/v/a/b/g/o_proj, A_log, ...: the same names
         (".mlp.gate_proj.", ".mlp.gate."), (".mlp.up_proj.", ".mlp.up."), (".mlp.down_proj.", ".mlp.down."),
     ]
     if tie:
