@@ -3,8 +3,7 @@
 Its recurrent blocks keep their state on the modules (``conv1d_state`` [B, lru_width, W - 1] and the RG-LRU's
 ``recurrent_states`` [B, lru_width]); only the local attention layers use the DynamicCache. The cache made here
 remembers the model so that ``cache_tensors`` reads both. Decode steps are given their positions, as transformers'
-generate does (without them the model counts positions from the cache's first attention layer, and a stack of
-recurrent blocks only would restart at 0: the RG-LRU resets its state at position 0).
+generate does (without them the model counts them from its cache's first attention layer).
 """
 
 from __future__ import annotations
