@@ -17,7 +17,9 @@ iff 0 <= a_j <= pos_b + t and, with a window, pos_b + t - a_j < W. Queries of a 
 against the cache (grouped heads are never expanded).
 
 RoPE rotates halves (GPT-NeoX / fla / transformers' rotate_half), at absolute positions, over the first
-``rotary_dim`` features of each head (partial rotary), with inv_freq = theta^(-2i / rotary_dim) in float32.
+``rotary_dim`` features of each head (partial rotary), with inv_freq = theta^(-2i / rotary_dim) in float32;
+``proportional_rope`` (transformers' "proportional" type) instead rotates the whole head by halves with
+inv_freq = theta^(-2i / head_dim) for i < rotary_dim / 2 and 0 for the rest (those pairs pass unchanged).
 Options: biases on q/k/v (``qkv_bias``), per-head RMSNorms on q and k before RoPE (``qk_norm``; with a unit
 offset, x / rms(x) * (1 + w), by ``unit_offset_norm`` as Qwen3.5's), and Qwen's output gate (``output_gate``:
 o * sigmoid(W_g x) before o_proj; ``packed_gate``: W_g's rows inside q_proj, per head [q_h | gate_h], as Qwen3.5
@@ -61,6 +63,8 @@ class AttentionOptions:
     head_gate: bool = False  # an output gate of one value per head: g_proj d_model -> H (LFM3's use_attention_gate)
     qk_norm_whole: bool = False  # with qk_norm: the norms span the whole q / k projection, not each head (OLMo)
     o_bias: bool = False  # a bias on o_proj
+    out_dim: int | None = None  # o_proj's output width; None: d_model (Zamba2's shared attention reads 2 d_model, writes d_model)
+    proportional_rope: bool = False  # the whole head rotated: theta^(-2i / head_dim) for i < rotary_dim / 2, 0 after (LFM3)
 
 
 def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
@@ -117,14 +121,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(o.d_model, o.num_kv_heads * o.head_dim, bias=o.qkv_bias)
         if o.head_gate and o.output_gate:
             raise ValueError("an attention layer has one output gate: per element (output_gate) or per head (head_gate)")
-        self.o_proj = nn.Linear(o.num_heads * o.head_dim, o.d_model, bias=o.o_bias)
+        self.o_proj = nn.Linear(o.num_heads * o.head_dim, o.d_model if o.out_dim is None else o.out_dim, bias=o.o_bias)
         gate_width = o.num_heads if o.head_gate else o.num_heads * o.head_dim
         self.g_proj = nn.Linear(o.d_model, gate_width, bias=False) if (o.output_gate and not packed) or o.head_gate else None
         norm = UnitOffsetRMSNorm if o.unit_offset_norm else RMSNorm
         whole = o.qk_norm_whole
         self.q_norm = norm(o.head_dim * (o.num_heads if whole else 1), o.norm_eps) if o.qk_norm else None
         self.k_norm = norm(o.head_dim * (o.num_kv_heads if whole else 1), o.norm_eps) if o.qk_norm else None
-        self.register_buffer("inv_freq", rope_inv_freq(rotary, o.rope_theta), persistent=False)  # [rotary / 2]
+        inv_freq = rope_inv_freq(rotary, o.rope_theta)  # [rotary / 2]
+        if o.proportional_rope and 0 < rotary < o.head_dim:  # [head_dim / 2]: a zero frequency leaves its pair as it is
+            inv_freq = torch.cat([rope_inv_freq(o.head_dim, o.rope_theta)[: rotary // 2], torch.zeros((o.head_dim - rotary) // 2)])
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def state_layout(self) -> dict[str, tuple]:
         o = self.o
@@ -148,8 +155,10 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None,
-        lengths: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None, deltas: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, State]:
+        """``deltas``: (dq [B, T, H D], dk, dv [B, T, H_kv D]) added to the q, k, v projections of ``x`` (the per-use
+        adapters of an attention whose weights several layers share: Zamba2's shared block)."""
         check_form(self, form, lengths)
         o = self.o
         B, T, _ = x.shape
@@ -161,9 +170,12 @@ class Attention(nn.Module):
             q, gate = q.reshape(B, T, o.num_heads * o.head_dim), gate.reshape(B, T, o.num_heads * o.head_dim)
         elif self.g_proj is not None:
             gate = self.g_proj(x)  # [B, T, H D]
+        if deltas is not None:
+            q = q + deltas[0]
         q = self._rope(self._heads(q, o.num_heads, self.q_norm), positions)  # [B, H, T, D]
-        k = self._rope(self._heads(self.k_proj(x), o.num_kv_heads, self.k_norm), positions)  # [B, Hkv, T, D]
-        v = self._heads(self.v_proj(x), o.num_kv_heads, None)  # [B, Hkv, T, D]
+        k, v = (self.k_proj(x), None) if deltas is None else (self.k_proj(x) + deltas[1], self.v_proj(x) + deltas[2])
+        k = self._rope(self._heads(k, o.num_kv_heads, self.k_norm), positions)  # [B, Hkv, T, D]
+        v = self._heads(self.v_proj(x) if v is None else v, o.num_kv_heads, None)  # [B, Hkv, T, D]
         past = state["key"].shape[2]
         keys = torch.cat([state["key"], k], dim=2)  # [B, Hkv, P + T, D]
         values = torch.cat([state["value"], v], dim=2)  # [B, Hkv, P + T, D]
