@@ -11,21 +11,30 @@ and chunk on a single value column. The forms here are specialised to it:
 
 - ``naive_selective_scan``: the recurrence above, one token at a time (the reference; run it in float64).
 - ``selective_scan_step``: exactly one token (the decode graph).
-- ``chunk_selective_scan``: the prefill graph, no loop over time: the I x N elementwise recurrences
-  h_t = exp(g_t) h_{t-1} + u_t (g = dt A <= 0, u = dt B x) are edgelin.ops.diagonal's chunked scan over I N channels
-  (inside each chunk a Hillis-Steele scan in log2(C) unrolled steps, across chunks a chunk-level decay matrix of
-  window sums; every exp is of a sum of g <= 0, never of a positive number), then y_t = h_t C_t.
+- ``chunk_selective_scan``: the prefill graph, no Loop or Scan node, any T. The I x N elementwise recurrences
+  h_t = a_t h_{t-1} + u_t (a = exp(g), g = dt A <= 0, u = dt B x) are cut into short chunks of L = ``UNROLL`` (8)
+  steps, zero-padded (g = 0 and u = 0 change nothing). All short chunks advance together through L - 1 unrolled steps
+  on [B, n, I N] slices: each short chunk's state from a zero start and its decay from its start (running products of
+  factors in (0, 1]). The state each short chunk starts from is the chunk-level recurrence
+  S_m = exp(sum of chunk m's g) S_{m-1} + (its local end state), itself a diagonal recurrence over n = T / L items,
+  run by edgelin.ops.diagonal's chunked scan (chunks of ``chunk_size`` items: a log-depth scan inside, a decay matrix
+  of window sums across). Every exp is of g or of a sum of g (<= 0), never of a positive number or a difference of
+  running sums. Then h = local + decay * start and y_t = h_t C_t.
 
-Memory of the chunk form per batch row, in elements: a few [T, I, N] tensors (every position's state, the scan's
-operands) and the chunk-level decay [n + 1, n + 1, I, N] (n = T / C, quadratic in the number of chunks, as every
-chunk form in edgelin.ops); work O(T I N log C). Long prompts are prefilled in pieces by the runtime.
+Cost, per batch row: about a dozen passes over [T, I, N] tensors (the log-depth scan over all T steps would take
+~50, and its ONNX Runtime prefill was 2.5x slower at hidden 256, T = 512), plus the diagonal scan over T / L items
+(its chunk-level decay [n / C + 1, n / C + 1, I N] is quadratic in T / (L C), tiny for prompts of a few thousand
+tokens, which the runtime prefills in pieces). Memory: a few [T, I, N] tensors (every position's state).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from edgelin.ops.diagonal import chunk_diagonal_scan
+
+UNROLL = 8  # the short chunks' length (module docstring)
 
 
 def _check(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor, c: torch.Tensor, h0: torch.Tensor) -> None:
@@ -66,18 +75,31 @@ def selective_scan_step(
 
 
 def chunk_selective_scan(
-    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor, c: torch.Tensor, h0: torch.Tensor, chunk_size: int = 64
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, b: torch.Tensor, c: torch.Tensor, h0: torch.Tensor, chunk_size: int = 64,
+    *, unroll: int = UNROLL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked parallel form (module docstring): the same shapes as ``naive_selective_scan``. The I x N
-    recurrences are edgelin.ops.diagonal's chunked scan over I N channels; C is contracted after it."""
+    """The chunked parallel form (module docstring): the same shapes as ``naive_selective_scan``; ``unroll``: the
+    length L of the short chunks stepped through in the graph, ``chunk_size``: edgelin.ops.diagonal's chunk over them."""
     _check(x, dt, A, b, c, h0)
     Bt, T, inner = x.shape
-    N = A.shape[1]
-    g = (dt[..., None] * A).reshape(Bt, T, inner * N)  # [B, T, I N]: the log-decay of each step, <= 0
-    u = ((dt[..., None] * b[:, :, None, :]) * x[..., None]).reshape(Bt, T, inner * N)  # [B, T, I N]: what each step adds
-    h, last = chunk_diagonal_scan(g, u, h0.reshape(Bt, inner * N), chunk_size=chunk_size)  # [B, T, I N], [B, I N]
-    y = (h.reshape(Bt, T, inner, N) * c[:, :, None, :]).sum(-1)  # [B, T, I]
-    return y, last.reshape(Bt, inner, N)
+    N, L = A.shape[1], unroll
+    M = inner * N
+    n = (T + L - 1) // L
+    pad = n * L - T
+    g = F.pad((dt[..., None] * A).reshape(Bt, T, M), (0, 0, 0, pad)).reshape(Bt, n, L, M)  # [B, n, L, I N]: log-decays, <= 0
+    u = ((dt[..., None] * b[:, :, None, :]) * x[..., None]).reshape(Bt, T, M)  # [B, T, I N]: what each step adds
+    u = F.pad(u, (0, 0, 0, pad)).reshape(Bt, n, L, M)  # [B, n, L, I N]: padded steps neither decay nor add
+    a = g.exp()  # [B, n, L, I N], in (0, 1]
+    local, decay = [u[:, :, 0]], [a[:, :, 0]]
+    for t in range(1, L):  # every short chunk at once, one position at a time: L - 1 unrolled steps on [B, n, I N]
+        local.append(a[:, :, t] * local[-1] + u[:, :, t])
+        decay.append(a[:, :, t] * decay[-1])
+    local, decay = torch.stack(local, dim=2), torch.stack(decay, dim=2)  # [B, n, L, I N]: state from zero, decay from the start
+    # the state after each short chunk: S_m = exp(sum of its g) S_{m-1} + its local end state, a diagonal scan over n items
+    ends, last = chunk_diagonal_scan(g.sum(2), local[:, :, -1], h0.reshape(Bt, M), chunk_size=chunk_size)  # [B, n, I N], [B, I N]
+    starts = torch.cat([h0.reshape(Bt, 1, M), ends[:, :-1]], dim=1)  # [B, n, I N]: the state each short chunk starts from
+    h = (local + decay * starts[:, :, None]).reshape(Bt, n * L, inner, N)[:, :T]  # [B, T, I, N]: every position's state
+    return (h * c[:, :, None, :]).sum(-1), last.reshape(Bt, inner, N)  # [B, T, I], [B, I, N]
 
 
 SCAN_FORMS = {"naive": naive_selective_scan, "chunk": chunk_selective_scan, "step": selective_scan_step}
