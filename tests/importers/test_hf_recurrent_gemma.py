@@ -105,20 +105,39 @@ def test_the_chunked_scan_is_safe_at_long_range():
             assert max_abs(last.double(), ref_last) <= tol * ref_last.abs().max()
 
 
+def exported(tmp_path_factory):
+    """(the portable export of the window-24, soft-cap-4 case, its export summary), made once per session."""
+    if "export" not in _RESULTS:
+        from edgelin.exporters import export
+
+        folder, *_ = oracle("rg-griffin-window-softcap", tmp_path_factory)
+        out = tmp_path_factory.mktemp("recurrent-gemma-export") / "export"
+        _RESULTS["export"] = out, export(folder, out, check=False).summary()
+    return _RESULTS["export"]
+
+
 @pytest.mark.slow  # one export of a 3-layer hybrid and validate's upstream run
 def test_export_matches_transformers(tmp_path_factory):
-    from edgelin.exporters import export
     from edgelin.validate import validate
 
     folder, prompt, steps, ref = oracle("rg-griffin-window-softcap", tmp_path_factory)
-    out = tmp_path_factory.mktemp("recurrent-gemma-export") / "export"
-    summary = export(folder, out, check=False).summary()
+    out, summary = exported(tmp_path_factory)
     said = re.search(r"([\d,]+) bytes \+ ([\d,]+) bytes per position of context \(([\d,]+) bytes at 4,096", summary)
     fixed, per, at_4096 = (int(n.replace(",", "")) for n in said.groups())
     assert at_4096 == fixed + per * CASES["rg-griffin-window-softcap"]["attention_window_size"], summary  # the cache stops at W
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
+
+
+@pytest.mark.slow  # the export above, in node
+def test_the_javascript_runtime_runs_the_export(tmp_path_factory, tmp_path):
+    """runtime/web/edgelin.mjs in node (onnxruntime-node) runs both graphs against the export's golden outputs."""
+    from testkit.node import javascript_check
+
+    out, _ = exported(tmp_path_factory)
+    report = javascript_check(out, tmp_path)
+    assert report["passed"] and len(report["results"]) == 2, report
 
 
 @pytest.mark.slow  # a second export
