@@ -117,24 +117,43 @@ def test_protocol_forms_and_pieces(case_id, tmp_path_factory):
     pieces_and_steps_agree(model, ids, (1, 63, 65))
 
 
+def exported(tmp_path_factory):
+    """(the portable export of the Mamba case, its export summary), made once per session."""
+    if "export" not in _RESULTS:
+        from edgelin.exporters import export
+
+        folder, *_ = oracle("mamba", tmp_path_factory)
+        out = tmp_path_factory.mktemp("mamba-export") / "export"
+        _RESULTS["export"] = out, export(folder, out, check=False).summary()
+    return _RESULTS["export"]
+
+
 @pytest.mark.slow  # one export: ~40 s on a loaded 2-core machine
 def test_export_matches_transformers(tmp_path_factory):
     """Both ONNX graphs of Mamba against transformers (no Loop or Scan node in the prefill graph: the chunked scan
     is unrolled), and validate against transformers itself (greedy ids included)."""
     import onnx
 
-    from edgelin.exporters import export
     from edgelin.validate import validate
 
     folder, prompt, steps, ref = oracle("mamba", tmp_path_factory)
-    out = tmp_path_factory.mktemp("mamba-export") / "export"
-    summary = export(folder, out, check=False).summary()
+    out, summary = exported(tmp_path_factory)
     assert "constant in sequence length" in summary, summary
     ops = {node.op_type for node in onnx.load(str(out / "prefill.onnx"), load_external_data=False).graph.node}
     assert not ops & {"Loop", "Scan"}, ops
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")
     assert report.passed, report.table()
+
+
+@pytest.mark.slow  # the export above, in node
+def test_the_javascript_runtime_runs_the_export(tmp_path_factory, tmp_path):
+    """runtime/web/edgelin.mjs in node (onnxruntime-node) runs both graphs against the export's golden outputs."""
+    from testkit.node import javascript_check
+
+    out, _ = exported(tmp_path_factory)
+    report = javascript_check(out, tmp_path)
+    assert report["passed"] and len(report["results"]) == 2, report
 
 
 @pytest.mark.slow  # one export of a 3-layer model
