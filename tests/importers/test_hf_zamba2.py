@@ -128,10 +128,12 @@ def test_protocol_forms_and_pieces(tmp_path_factory):
 
 
 @pytest.mark.slow  # one export of a 4-layer model and validate's transformers run
-def test_export_matches_transformers(tmp_path_factory):
-    """Both ONNX graphs against transformers, validate against transformers itself (greedy ids included), and the
-    shared blocks' weights stored once in weights.data though both of block 0's uses read them."""
+def test_export_matches_transformers(tmp_path_factory, tmp_path):
+    """Both ONNX graphs against transformers, validate against transformers itself (greedy ids included), the
+    JavaScript runtime on the export, and the shared blocks' weights stored once in weights.data though both of block
+    0's uses read them."""
     import onnx
+    from testkit.node import javascript_check
 
     from edgelin.exporters import export
     from edgelin.validate import validate
@@ -143,6 +145,8 @@ def test_export_matches_transformers(tmp_path_factory):
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
+    report = javascript_check(out, tmp_path)  # runtime/web/edgelin.mjs in node (onnxruntime-node): both graphs vs golden
+    assert report["passed"] and len(report["results"]) == 2, report
     data = (out / "weights.data").read_bytes()
     model = load_checkpoint(folder)
     for shared in (model.blocks[1].attn.shared, model.blocks[2].attn.shared):
@@ -150,6 +154,7 @@ def test_export_matches_transformers(tmp_path_factory):
             w = w.detach().numpy()
             assert data.count(w.tobytes()) + data.count(np.ascontiguousarray(w.T).tobytes()) == 1
     proto = onnx.load(str(out / "prefill.onnx"), load_external_data=False)
+    assert not {node.op_type for node in proto.graph.node} & {"Loop", "Scan"}
     spots = [tuple(e.value for e in t.external_data if e.key in ("offset", "length")) for t in proto.graph.initializer if t.external_data]
     assert len(spots) > len(set(spots))  # initializers of several uses pointing at the same bytes
 
