@@ -19,8 +19,8 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from testkit import hf_oracle, max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
-from testkit.stateful import (edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree,
-                              protocol_and_naive_agree)
+from testkit.stateful import (edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference,
+                              pieces_and_steps_agree, protocol_and_naive_agree)
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -43,18 +43,20 @@ CASES = {  # id -> (config, hybrid layer -> the first hybrid layer using its sha
     # only); biases (add_bias_linear); SiLU; 4 Mamba heads of 16, one group, a conv of 3; long context
     "untied-gqa-bias-silu": ({
         **TINY, "num_hidden_layers": 3, "layers_block_type": ["hybrid", "linear_attention", "hybrid"], "num_key_value_heads": 2,
-        "add_bias_linear": True, "hidden_act": "silu", "adapter_rank": 8, "n_mamba_heads": 4, "mamba_ngroups": 1, "mamba_d_conv": 3,
+        "add_bias_linear": True, "hidden_act": "silu", "adapter_rank": 8, "n_mamba_heads": 4, "mamba_ngroups": 1,
+        "mamba_d_conv": 3,
         "tie_word_embeddings": False, "use_long_context": True, "rms_norm_eps": 1e-6, "time_step_min": 1e-5,
     }, {0: 0, 2: 2}),
 }
 # the clamp at work: dt drawn in [0.05, 0.06] and perturbed (about half below 0.05), clamped below at 0.05
-DT_FLOOR = {**TINY, "num_hidden_layers": 2, "layers_block_type": ["mamba", "hybrid"], "time_step_min": 0.05, "time_step_max": 0.06}
+DT_FLOOR = {**TINY, "num_hidden_layers": 2, "layers_block_type": ["mamba", "hybrid"], "time_step_min": 0.05,
+            "time_step_max": 0.06}
 _RESULTS: dict[str, tuple] = {}
 
 
 def oracle(case_id: str, tmp_path_factory):
-    return hf_oracle.cached(_RESULTS, case_id, "zamba2", CASES[case_id][0], tmp_path_factory, batch=BATCH, prompt=PROMPT, steps=STEPS,
-                            vocab=VOCAB)
+    return hf_oracle.cached(_RESULTS, case_id, "zamba2", CASES[case_id][0], tmp_path_factory, batch=BATCH, prompt=PROMPT,
+                            steps=STEPS, vocab=VOCAB)
 
 
 def test_registry_lists_zamba2():
@@ -74,7 +76,8 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
         assert state[f"{i}.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
         if i in owners:  # each use keeps its own KV cache
             for name in ("key", "value"):
-                assert state[f"{i}.{name}"].shape == ref[f"{i}.{name}"].shape and rel(state[f"{i}.{name}"], ref[f"{i}.{name}"]) <= STATE_REL
+                mine, theirs = state[f"{i}.{name}"], ref[f"{i}.{name}"]
+                assert mine.shape == theirs.shape and rel(mine, theirs) <= STATE_REL
             assert block.attn.block is model.blocks[owners[i]].attn.block  # the same module, registered in its first use only
             assert ("shared" in block.attn._modules) is (owners[i] == i)
         else:
@@ -86,8 +89,8 @@ def test_dt_is_clamped_below_at_time_step_min(tmp_path_factory, tmp_path):
     """Zamba2's mixers clamp dt below at ``time_step_min``: with the clamp at work the prefill matches transformers',
     and the same weights without the clamp (time_step_min 0) do not. (transformers' one-token step does not clamp,
     edgelin's does: the decode is not compared here.)"""
-    folder, prompt, _, ref = hf_oracle.cached(_RESULTS, "dt-floor", "zamba2", DT_FLOOR, tmp_path_factory, batch=BATCH, prompt=PROMPT,
-                                              steps=1, vocab=VOCAB)
+    folder, prompt, _, ref = hf_oracle.cached(_RESULTS, "dt-floor", "zamba2", DT_FLOOR, tmp_path_factory, batch=BATCH,
+                                              prompt=PROMPT, steps=1, vocab=VOCAB)
     with torch.no_grad():
         clamped = max_abs(load_checkpoint(folder)(prompt)[0], ref["prefill"])
         unclamped = max_abs(load_checkpoint(edited_copy(folder, tmp_path / "ckpt", time_step_min=0.0))(prompt)[0], ref["prefill"])
@@ -105,7 +108,8 @@ def test_shared_weights_are_held_once(tmp_path_factory, tmp_path, refused):
     copy = model.with_chunk_size(8)  # a deep copy: its uses share its own block
     assert copy.blocks[3].attn.block is copy.blocks[1].attn.shared is not model.blocks[1].attn.shared
     tensors = load_file(folder / "model.safetensors")
-    copies = {k.replace("model.layers.1.", "model.layers.3.", 1): v.clone() for k, v in tensors.items() if k.startswith("model.layers.1.shared_transformer.")}
+    copies = {k.replace("model.layers.1.", "model.layers.3.", 1): v.clone() for k, v in tensors.items()
+              if k.startswith("model.layers.1.shared_transformer.")}
     assert copies and not set(copies) & set(tensors)
     full = edited_copy(folder, tmp_path / "full")
     save_file({**tensors, **copies}, full / "model.safetensors")
@@ -155,7 +159,8 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
             assert data.count(w.tobytes()) + data.count(np.ascontiguousarray(w.T).tobytes()) == 1
     proto = onnx.load(str(out / "prefill.onnx"), load_external_data=False)
     assert not {node.op_type for node in proto.graph.node} & {"Loop", "Scan"}
-    spots = [tuple(e.value for e in t.external_data if e.key in ("offset", "length")) for t in proto.graph.initializer if t.external_data]
+    spots = [tuple(e.value for e in t.external_data if e.key in ("offset", "length"))
+             for t in proto.graph.initializer if t.external_data]
     assert len(spots) > len(set(spots))  # initializers of several uses pointing at the same bytes
 
 
@@ -180,7 +185,8 @@ def test_a_misread_field_departs_at_the_first_hybrid_layer(tmp_path_factory, tmp
     ref = upstream.run(folder, "transformers", prompt, steps, greedy=1)
     bound = parity.BUDGETS["fp32"]["upstream"]["rel_l2"]
     for checkpoint, said in ((folder, "every layer's output agrees"),
-                             (edited_copy(folder, tmp_path / "ckpt", use_mem_rope=False), "first departs at layer 1 (zamba2/hybrid)")):
+                             (edited_copy(folder, tmp_path / "ckpt", use_mem_rope=False),
+                              "first departs at layer 1 (zamba2/hybrid)")):
         model = load_checkpoint(checkpoint)
         prefill, *_, hidden = upstream.import_outputs(model, prompt, steps, 1)
         assert upstream.first_departure(model, hidden, ref.hidden, bound).startswith(said)
@@ -207,5 +213,6 @@ def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_p
 
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("blocks2-adapters-rope", tmp_path_factory)
-    refused(edited_copy(folder, tmp_path / "ckpt", adapter_rank=5), "feed_forward.gate_up_proj_adapter_list.0.0.weight", "(4, 32)")
+    refused(edited_copy(folder, tmp_path / "ckpt", adapter_rank=5), "feed_forward.gate_up_proj_adapter_list.0.0.weight",
+            "(4, 32)")
 
