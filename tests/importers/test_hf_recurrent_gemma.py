@@ -17,7 +17,7 @@ import torch
 from edgelin import parity, upstream
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS, fields
-from edgelin.ops.diagonal import chunk_diagonal_scan, naive_diagonal_scan
+from edgelin.ops.diagonal import blocked_diagonal_scan, chunk_diagonal_scan, naive_diagonal_scan
 from testkit import hf_oracle, max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.stateful import (edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference,
@@ -91,16 +91,18 @@ def test_protocol_forms_and_pieces(tmp_path_factory):
 
 
 def test_the_chunked_scan_is_safe_at_long_range():
-    """The chunk form of h_t = exp(g_t) h_{t-1} + u_t against the per-token loop in float64 and float32, with decays
-    from none to exp(-60) per step over 600 steps (a cumulative log-decay of ~-18000): finite and equal."""
+    """The chunk forms of h_t = exp(g_t) h_{t-1} + u_t (the prefill graph's blocked one and the scan it runs over its
+    blocks) against the per-token loop in float64 and float32, with decays from none to exp(-60) per step over 600
+    steps (a cumulative log-decay of ~-18000): finite and equal."""
     gen = torch.Generator().manual_seed(0)
     B, T, D = 2, 600, 5
     g = -torch.rand(B, T, D, generator=gen, dtype=torch.float64) * torch.tensor([0.0, 1e-3, 0.1, 5.0, 60.0], dtype=torch.float64)
     u, h0 = torch.randn(B, T, D, generator=gen, dtype=torch.float64), torch.randn(B, D, generator=gen, dtype=torch.float64)
     ref, ref_last = naive_diagonal_scan(g, u, h0)
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-5)):
-        for C in (1, 7, 64):
-            h, last = chunk_diagonal_scan(g.to(dtype), u.to(dtype), h0.to(dtype), chunk_size=C)
+        for scan, C in ((chunk_diagonal_scan, 1), (chunk_diagonal_scan, 7), (chunk_diagonal_scan, 64), (blocked_diagonal_scan, 4),
+                        (blocked_diagonal_scan, 64)):
+            h, last = scan(g.to(dtype), u.to(dtype), h0.to(dtype), chunk_size=C)
             assert torch.isfinite(h).all() and max_abs(h.double(), ref) <= tol * ref.abs().max()
             assert max_abs(last.double(), ref_last) <= tol * ref_last.abs().max()
 
