@@ -18,6 +18,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from edgelin.importers.fields import check_fields
 from edgelin.importers.hf.olmo_hybrid import FIELDS, read_layer_types, read_rope
+from testkit import max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 
 from testkit import hf_oracle
@@ -170,3 +171,36 @@ def test_default_layer_types_follow_olmo_hybrid_config(tmp_path):
 def test_rope_fields_read_as_transformers_does(fields, theta, tmp_path):
     f = check_fields(fields, defaults=FIELDS, refused={}, importer="hf/olmo_hybrid", where=tmp_path / "config.json")
     assert read_rope(f) == theta
+
+
+def test_other_weight_layouts_load_the_same_model(tmp_path_factory, tmp_path):
+    """The conv over [q | k | v] as three tensors of their own widths (transformers re-saves it in three equal
+    row-chunks, which is what the oracle's folder holds), and as transformers' one in-memory ``conv1d`` with the
+    in-memory norm names: the same model."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder, prompt, _, ref = oracle("olmo_hybrid-gqa-rope", tmp_path_factory)
+    tensors = load_file(folder / "model.safetensors")
+    widths = (16, 16, 24)  # 2 key heads x 8, twice; 4 value heads x 6
+    layouts = {"widths": {}, "in-memory": {}}
+    for name, t in tensors.items():
+        if name.endswith(".linear_attn.q_conv1d.weight"):
+            prefix = name[: -len("q_conv1d.weight")]
+            conv = torch.cat([tensors[prefix + f"{p}_conv1d.weight"] for p in "qkv"])
+            assert [tensors[prefix + f"{p}_conv1d.weight"].shape[0] for p in "qkv"] != list(widths)  # equal chunks
+            layouts["widths"].update({prefix + f"{p}_conv1d.weight": part for p, part in zip("qkv", conv.split(widths))})
+            layouts["in-memory"][prefix + "conv1d.weight"] = conv
+        elif "_conv1d." not in name:
+            layouts["widths"][name] = t
+            # transformers' renaming on load, in every layer (an attention layer's post-attention norm included)
+            renamed = name.replace("attention_layer_norm", "input_layernorm")
+            layouts["in-memory"][renamed.replace("feedforward_layer_norm", "post_attention_layernorm")] = t
+    for layout, weights in layouts.items():
+        out = tmp_path / layout
+        out.mkdir()
+        shutil.copy(folder / "config.json", out / "config.json")
+        save_file({k: v.contiguous() for k, v in weights.items()}, out / "model.safetensors", metadata={"format": "pt"})
+        with torch.no_grad():
+            assert max_abs(load_checkpoint(out)(prompt)[0], ref["prefill"]) <= MAX_ABS, layout
