@@ -81,11 +81,11 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
 
 def test_protocol_forms_and_pieces(tmp_path_factory):
     """The protocol; the naive forms (the RG-LRU's per-token loop with transformers' reset, attention's per-query loop)
-    against the chunk form in float64 over several chunks of 8; prefill in pieces (1 token: shorter than the conv
-    window; C - 1; C + 1) and token by token against one prefill."""
+    against the chunk form in float64 at chunk 8 (70 tokens: 9 blocks of 8 steps, the scan over them in 2 chunks);
+    prefill in pieces (1 token: shorter than the conv window; C - 1; C + 1) and token by token against one prefill."""
     folder, *_ = oracle("rg-attn-first-lru48-untied", tmp_path_factory)
     model = load_checkpoint(folder).with_chunk_size(8)
-    ids = torch.randint(0, 97, (2, 43), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 97, (2, 70), generator=torch.Generator().manual_seed(1))
     protocol_and_naive_agree(model, "hf/recurrent_gemma", ids)
     pieces_and_steps_agree(model, ids[:, :17], (1, 7, 9))
 
