@@ -104,9 +104,13 @@ def test_protocol_forms_and_pieces(tmp_path_factory):
 
 @pytest.mark.slow  # a portable and a fused export of a 3-layer hybrid, validate against transformers
 def test_export_matches_transformers(tmp_path_factory, tmp_path):
-    """Both graphs against transformers; validate passes, transformers included; ``--ops fused`` (a LinearAttention
-    node per Gated DeltaNet layer, a CausalConvWithState node per conv) within the same budget; and a checkpoint
-    whose linear_allow_neg_eigval is not what the import read departs at layer 0, the first Gated DeltaNet layer."""
+    """Both graphs against transformers; validate passes, transformers included; no Loop or Scan, and the JavaScript
+    runtime (node) matches the export's golden outputs; ``--ops fused`` (a LinearAttention node per Gated DeltaNet
+    layer, a CausalConvWithState node per conv) within the same budget; and a checkpoint whose linear_allow_neg_eigval
+    is not what the import read departs at layer 0, the first Gated DeltaNet layer."""
+    import onnx
+    from testkit.node import javascript_check
+
     from edgelin.exporters import export
     from edgelin.validate import validate
 
@@ -116,6 +120,11 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
+    for graph in ("prefill", "decode"):  # no Loop or Scan: the delta rule's chunk form is MatMuls and CumSums
+        nodes = onnx.load(str(out / f"{graph}.onnx"), load_external_data=False).graph.node
+        assert not {n.op_type for n in nodes} & {"Loop", "Scan"}, graph
+    report = javascript_check(out, tmp_path)  # runtime/web/edgelin.mjs in node (onnxruntime-node): both graphs vs golden
+    assert report["passed"] and len(report["results"]) == 2, report
     fused_export_vs_reference(folder, tmp_path / "fused", prompt, steps, ref["prefill"], ref["decode"], MAX_ABS,
                               against="transformers")
 
