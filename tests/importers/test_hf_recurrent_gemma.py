@@ -196,7 +196,7 @@ def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_p
 
 
 def test_fields_transformers_does_not_read_change_nothing(tmp_path_factory, tmp_path):
-    """Initialisation scales, dropout and released configs' embeddings_scale_by_sqrt_dim change nothing in transformers'
+    """Initialisation scales, dropout and older configs' embeddings_scale_by_sqrt_dim change nothing in transformers'
     model, so nothing here; the older top-level RoPE fields are read as transformers reads them."""
     folder, prompt, _, ref = oracle("rg-griffin-window-softcap", tmp_path_factory)
     out = edited_copy(folder, tmp_path / "ckpt", w_init_variance_scale=3.0, final_w_init_variance_scale=3.0,

@@ -44,7 +44,7 @@ FIELDS: dict[str, Any] = {  # RecurrentGemmaConfig's fields and defaults (transf
 UNREAD_FIELDS = (
     "w_init_variance_scale", "final_w_init_variance_scale",  # the initial weights' scales
     "attention_dropout",  # dropout in training; edgelin runs inference
-    "embeddings_scale_by_sqrt_dim",  # in released configs; transformers' model scales the embeddings whatever it says
+    "embeddings_scale_by_sqrt_dim",  # older configs; transformers' model scales the embeddings whatever it says
 )
 ACTIVATIONS = ("gelu_pytorch_tanh",)
 BLOCK_TYPES = ("recurrent", "attention")
