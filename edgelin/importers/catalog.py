@@ -71,6 +71,22 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Nemotron-H", TRANSFORMERS, ("nemotron_h",), ("NemotronHForCausalLM",),
                 ("Mamba2 (SSD)", "softmax attention (no position encoding)", "MLP-only layers"), "edgelin.importers.hf.nemotron_h",
                 ("load",), "dense layers only"),
+    ModelFamily("LFM3", TRANSFORMERS, ("lfm3",), ("Lfm3ForCausalLM",),
+                ("gated short conv", "softmax attention (full and sliding-window, a gate per head)"), "edgelin.importers.hf.lfm3",
+                ("load",)),
+    ModelFamily("OLMo-hybrid", TRANSFORMERS, ("olmo_hybrid",), ("OlmoHybridForCausalLM",),
+                ("gated delta rule + short convs", "post-norm softmax attention"), "edgelin.importers.hf.olmo_hybrid", ("load",)),
+    ModelFamily("Falcon-H1", TRANSFORMERS, ("falcon_h1",), ("FalconH1ForCausalLM",),
+                ("softmax attention and Mamba2 (SSD) in parallel",), "edgelin.importers.hf.falcon_h1", ("load",)),
+    ModelFamily("Zamba2", TRANSFORMERS, ("zamba2",), ("Zamba2ForCausalLM",),
+                ("Mamba2 (SSD)", "a shared attention block with per-use LoRA adapters"), "edgelin.importers.hf.zamba2", ("load",)),
+    ModelFamily("RecurrentGemma", TRANSFORMERS, ("recurrent_gemma",), ("RecurrentGemmaForCausalLM",),
+                ("RG-LRU + temporal conv", "local (sliding-window) softmax attention"), "edgelin.importers.hf.recurrent_gemma",
+                ("load",)),
+    ModelFamily("Mamba, Falcon-Mamba", TRANSFORMERS, ("mamba", "falcon_mamba"), ("MambaForCausalLM", "FalconMambaForCausalLM"),
+                ("Mamba-1 selective scan",), "edgelin.importers.hf.mamba", ("load", "load_falcon_mamba")),
+    ModelFamily("Jamba", TRANSFORMERS, ("jamba",), ("JambaForCausalLM",), ("Mamba-1 selective scan", "softmax attention (no position encoding)"),
+                "edgelin.importers.hf.jamba", ("load",), "dense MLPs only"),
 )
 
 
@@ -103,24 +119,12 @@ _VL = "it is a vision-language model, and edgelin exports text models; none of i
 
 # model_type -> (framework, what blocks it). The transformers names are transformers 5.24's; the fla ones fla 0.6's.
 KNOWN: dict[tuple[str, str], Known] = {
-    (TRANSFORMERS, "lfm3"): Known("LFM3", TRANSFORMERS, "sliding-window attention with a sigmoid output gate and sandwich norms", "an LFM2 / LFM2.5 checkpoint (model_type lfm2)"),
     (TRANSFORMERS, "lfm2_moe"): Known("LFM2-MoE", TRANSFORMERS, _MOE, "a dense LFM2 / LFM2.5 checkpoint (model_type lfm2)"),
     (TRANSFORMERS, "lfm2_vl"): Known("LFM2-VL", TRANSFORMERS, "", "the text-only LFM2 / LFM2.5 checkpoint (model_type lfm2)",
                                      reason="it is a vision-language checkpoint; edgelin reads LFM2's text model from an lfm2 "
                                             "folder, not from inside a VL one"),
     (TRANSFORMERS, "qwen3_5_moe"): Known("Qwen3.5-MoE", TRANSFORMERS, _MOE, "a dense Qwen3.5 checkpoint (model_type qwen3_5)"),
     (TRANSFORMERS, "qwen3_5_moe_text"): Known("Qwen3.5-MoE", TRANSFORMERS, _MOE, "a dense Qwen3.5 checkpoint (model_type qwen3_5_text)"),
-    (TRANSFORMERS, "olmo_hybrid"): Known("OLMo-hybrid", TRANSFORMERS, "post-norm attention layers with whole-projection q/k norms "
-                                         "beside Gated DeltaNet layers with separate q/k/v convs", "Qwen3.5 (Gated DeltaNet with attention)"),
-    (TRANSFORMERS, "falcon_h1"): Known("Falcon-H1", TRANSFORMERS, "attention and Mamba2 in parallel inside one layer, with μP multipliers",
-                                       "Bamba or Granite-4.0-H (Mamba2 and attention in separate layers)"),
-    (TRANSFORMERS, "zamba2"): Known("Zamba2", TRANSFORMERS, "a shared attention block reused at several depths with per-use LoRA adapters",
-                                    "Mamba2 or Bamba"),
-    (TRANSFORMERS, "recurrent_gemma"): Known("RecurrentGemma", TRANSFORMERS, "the RG-LRU recurrence with its temporal conv, beside local attention"),
-    (TRANSFORMERS, "mamba"): Known("Mamba", TRANSFORMERS, "Mamba-1's selective scan (a decay per channel and state element)",
-                                   "Mamba2 (model_type mamba2)"),
-    (TRANSFORMERS, "falcon_mamba"): Known("Falcon-Mamba", TRANSFORMERS, "Mamba-1's selective scan", "Mamba2 (model_type mamba2)"),
-    (TRANSFORMERS, "jamba"): Known("Jamba", TRANSFORMERS, "Mamba-1 layers (and mixture-of-experts MLPs)", "Bamba (Mamba2 and attention)"),
     (TRANSFORMERS, "kimi_linear"): Known("Kimi Linear", TRANSFORMERS, "Kimi Delta Attention (a per-channel gated delta rule), MLA attention "
                                          "and mixture-of-experts MLPs", "Qwen3-Next (a gated delta rule with attention)"),
     (TRANSFORMERS, "minimax"): Known("MiniMax", TRANSFORMERS, "lightning attention with mixture-of-experts MLPs"),

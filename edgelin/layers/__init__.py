@@ -6,6 +6,10 @@ its lowering hooks; the ops they run are in edgelin.ops (a naive reference besid
     gated.py             gated linear attention: RetNet's fixed decay, GLA's per-channel gate   kind "fla/gated"
     delta.py             the delta rule with fla's conventions (DeltaNet, Gated DeltaNet)      kind "fla/delta"
     mamba2.py            Mamba2's SSD recurrence                                                kind "mamba2"
+    mamba.py             Mamba-1's selective scan (a decay per channel and state element)      kind "mamba"
+    rg_lru.py            RecurrentGemma's recurrent block: temporal conv + RG-LRU              kind "rg_lru"
+    parallel.py          several mixers on one input, their outputs summed (Falcon-H1)        kind "parallel"
+    shared_block.py      Zamba2's hybrid layer: a shared attention+MLP block, then Mamba2       kind "zamba2/hybrid"
     short_conv.py        short causal convolutions, LFM2's gated short conv                    kind "short_conv"
     mlp.py               MLPs, and a layer that is only an MLP (Nemotron-H's)                   kind "mlp"
     feature_maps.py, norms.py, heads.py: pieces the kinds share

@@ -64,7 +64,8 @@ FLA_FIELDS = {"fuse_norm": True, "fuse_cross_entropy": True, "use_l2warp": False
 
 
 @pytest.mark.parametrize("config, fragments", [
-    pytest.param({"model_type": "lfm3", "conv_L_cache": 7}, ["transformers' LFM3", "'lfm3'", "sandwich norms", "nearest family it exports is an LFM2"], id="lfm3"),
+    pytest.param({"model_type": "kimi_linear"}, ["transformers' Kimi Linear", "'kimi_linear'", "MLA attention", "nearest family it exports is Qwen3-Next"],
+                 id="kimi-linear"),
     pytest.param({"model_type": "lfm2_moe", "num_experts": 32}, ["LFM2-MoE", "mixture-of-experts MLPs", "model_type lfm2"], id="moe"),
     pytest.param({"model_type": "qwen3_5_moe_text"}, ["Qwen3.5-MoE", "mixture-of-experts"], id="qwen-moe"),
     pytest.param({"model_type": "lfm2_vl", "vision_config": {}}, ["LFM2-VL", "vision-language"], id="vision-language"),

@@ -70,7 +70,7 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
     config, owners = CASES[case_id]
     for i, block in enumerate(model.blocks):
         mamba = block.attn if i not in owners else block.attn.mamba
-        assert block.attn.kind == ("zamba2/hybrid" if i in owners else "mamba2") and block.mlp is None
+        assert mamba.kind == "mamba2" and block.attn.kind == ("zamba2/hybrid" if i in owners else "mamba2") and block.mlp is None
         S = ref[f"{i}.recurrent"].transpose(-1, -2)  # transformers: [B, H, P, N]; edgelin: [B, H, N, P]
         assert state[f"{i}.S"].shape == S.shape and rel(state[f"{i}.S"], S) <= STATE_REL
         assert state[f"{i}.conv"].shape == ref[f"{i}.conv"].shape and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL

@@ -36,6 +36,7 @@ HF_TINY_QWEN = {
     "linear_num_value_heads": 4, "num_hidden_layers": 4,
 }
 MAMBA = {"vocab_size": 97, "hidden_size": 32, "state_size": 8, "num_hidden_layers": 2, "expand": 2}
+IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # special tokens inside the tiny vocabulary
 
 
 def misread(field: str, value):
@@ -108,6 +109,38 @@ CASES = {
     "gla": ("fla", "gla", {"use_short_conv": True}, misread("norm_eps", 0.5), "layer 0"),
     "delta_net": ("fla", "delta_net", {}, misread("allow_neg_eigval", True), "layer 0"),
     "gated_deltanet": ("fla", "gated_deltanet", {"head_dim": 16}, misread("norm_eps", 0.5), "layer 0"),
+    # Jamba (dense): Mamba-1, attention, Mamba-1; the attention's KV heads read as 4 (of 2): layer 1 departs
+    "jamba": ("transformers", "jamba", {
+        "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_experts": 1, "attn_layer_period": 3, "attn_layer_offset": 1, "mamba_d_state": 8,
+        "mamba_d_conv": 3, "mamba_expand": 2}, misread("rms_norm_eps", 0.5), "layer 0 (mamba)"),
+    "mamba": ("transformers", "mamba", MAMBA, misread("layer_norm_epsilon", 0.5), "layer 0 (mamba)"),
+    # Falcon-Mamba: its weightless dt/B/C norms' epsilon misread
+    "falcon_mamba": ("transformers", "falcon_mamba", {**MAMBA, "mixer_rms_eps": 1e-4}, misread("mixer_rms_eps", 0.5), "layer 0 (mamba)"),
+    # LFM3: conv, sliding attention (window 40 < the prompt), full attention; the window read one longer
+    "lfm3": ("transformers", "lfm3", {
+        **IDS, "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "head_dim": 16,
+        "num_key_value_heads": 2, "num_hidden_layers": 3, "sliding_window": 40,
+        "layer_types": ["conv", "sliding_attention", "full_attention"]}, misread("sliding_window", 41), "layer 1 (attention)"),
+    # OLMo-hybrid: Gated DeltaNet, post-norm attention, Gated DeltaNet; beta's range (allow_neg_eigval) misread
+    "olmo_hybrid": ("transformers", "olmo_hybrid", {
+        **IDS, "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention"], "num_key_value_heads": 2,
+        "linear_allow_neg_eigval": True}, misread("linear_allow_neg_eigval", False), "layer 0 (fla/delta)"),
+    # Falcon-H1: attention beside Mamba2 in each layer; the Mamba2 norm's order (mamba_norm_before_gate) misread
+    "falcon_h1": ("transformers", "falcon_h1", {
+        **IDS, "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "mamba_d_state": 8,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_rms_norm": True,
+        "mamba_norm_before_gate": True}, misread("mamba_norm_before_gate", False), "layer 0 (parallel)"),
+    # Zamba2: Mamba2, then two hybrid layers on one shared block; its RoPE (use_mem_rope) read as off
+    "zamba2": ("transformers", "zamba2", {
+        **IDS, "vocab_size": 97, "hidden_size": 32, "num_attention_heads": 4, "mamba_d_state": 8, "intermediate_size": 40,
+        "num_hidden_layers": 3, "layers_block_type": ["mamba", "hybrid", "hybrid"], "use_mem_rope": True, "n_mamba_heads": 8,
+        "mamba_ngroups": 2, "time_step_min": 1e-5}, misread("use_mem_rope", False), "layer 1 (zamba2/hybrid)"),
+    # RecurrentGemma: recurrent, recurrent, local attention (window 24); the window read as 8
+    "recurrent_gemma": ("transformers", "recurrent_gemma", {
+        **IDS, "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "attention_window_size": 24}, misread("attention_window_size", 8), "layer 2 (attention)"),
 }
 _RUNS: dict[str, tuple] = {}
 

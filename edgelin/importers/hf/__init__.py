@@ -11,6 +11,8 @@ at load time) in ``edgelin.importers.hf.qwen3_next``, ``lfm2`` (LFM2 and LFM2.5:
 
 from __future__ import annotations
 
+import math
+
 from edgelin.importers.fields import Fields
 from edgelin.layers.mamba2 import Mamba2Options
 
@@ -81,6 +83,11 @@ def read_time_step_limit(f: Fields) -> tuple[float, float]:
     return float(limit[0]), float(limit[1])
 
 
+def time_step_rank(f: Fields, name: str, hidden: int) -> int:
+    """Mamba-1's dt rank (field ``name``): an integer, or "auto" for ceil(hidden_size / 16) (transformers' rule)."""
+    return math.ceil(hidden / 16) if f.get(name) == "auto" else f.integer(name)
+
+
 def mixer_renames(module: str) -> list[tuple[str, str]]:
     """transformers' Mamba2 mixer module (``mixer``, Bamba's and Granite's ``mamba``) -> the skeleton's mixer."""
     return [(f".{module}.norm.", ".attn.gate_norm_"), (f".{module}.", ".attn.")]  # gate_norm_weight: the gated norm
@@ -110,4 +117,4 @@ def mamba_options(f: Fields, hidden: int, *, d_ssm: int | None = None, **options
     )
 
 
-__all__ = ["ROPE_KEYS", "attention_heads", "declare_context", "mamba_options", "mixer_renames", "read_rope", "read_time_step_limit"]
+__all__ = ["ROPE_KEYS", "attention_heads", "declare_context", "mamba_options", "mixer_renames", "read_rope", "read_time_step_limit", "time_step_rank"]

@@ -19,8 +19,7 @@ from typing import Any
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import check_fields
-from edgelin.importers.hf import attention_heads, declare_context
-from edgelin.importers.hf.mamba import time_step_rank
+from edgelin.importers.hf import attention_heads, declare_context, time_step_rank
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.layers.mamba import MambaMixer, MambaOptions

@@ -7,13 +7,13 @@ without a weight on dt (before dt_proj), B and C, with epsilon ``mixer_rms_eps``
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
-from edgelin.importers.fields import Fields, check_fields
+from edgelin.importers.fields import check_fields
+from edgelin.importers.hf import time_step_rank
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.layers.mamba import MambaMixer, MambaOptions
 from edgelin.protocol import DEFAULT_CHUNK
@@ -35,11 +35,6 @@ FALCON_FIELDS: dict[str, Any] = {
     **FIELDS, "mixer_rms_eps": 1e-6,
     "use_falcon_mambapy": False,  # the older name of use_mambapy (a training-time scan choice)
 }
-
-
-def time_step_rank(f: Fields, name: str, hidden: int) -> int:
-    """dt's rank: an integer, or "auto" for ceil(hidden_size / 16) (transformers' rule)."""
-    return math.ceil(hidden / 16) if f.get(name) == "auto" else f.integer(name)
 
 
 def _load(path: str | Path, family: str, fields: dict[str, Any]) -> CausalLM:
