@@ -1,13 +1,14 @@
 """Train one of the bench's hidden-256 transformers checkpoints for a few minutes on the bundled corpus: a checkpoint
 with trained weights, whose logits have a trained model's margins, for judging the reduced precisions.
 
-    python scripts/train_hf_tiny.py FAMILY OUT [--seconds 240] [--seed 0]
+    python scripts/train_hf_tiny.py FAMILY OUT [--seconds 240] [--seed 0] [--length 256]
 
 FAMILY is one of ``edgelin.bench.checkpoints.FAMILIES``. The model is built and saved by transformers' own
 classes (``edgelin.bench.checkpoints.build_checkpoint``), then trained with transformers' PyTorch paths (triton and fla
 hidden, as on a CPU-only device) on the training split of models/corpus.py's code documents (the first 3 MB),
-tokenised by the checkpoint's own byte-level BPE: AdamW, lr 2e-3, batch 8 x 256 tokens, until ``--seconds`` have
-passed; saved to OUT with its tokenizer files. Prints the loss every 25 steps. OUT must not exist.
+tokenised by the checkpoint's own byte-level BPE: AdamW, lr 2e-3, batch 8 x ``--length`` (256) tokens, until
+``--seconds`` have passed (transformers' PyTorch Mamba-1 scan trains in time quadratic in the length: 2 steps in 150 s
+at 256, so Mamba is trained at 64); saved to OUT with its tokenizer files. Prints the loss every 25 steps. OUT must not exist.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--seconds", type=float, default=240.0, help="training time (default 240)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--length", type=int, default=256, help="tokens per training sequence (default 256)")
     args = ap.parse_args()
     if args.out.exists():
         sys.exit(f"{args.out} exists; choose a new folder")
@@ -51,7 +53,7 @@ def main() -> None:
         ids = torch.tensor(Tokenizer.from_file(str(src / "tokenizer.json")).encode(text).ids)
         print(f"{args.family}: {len(ids):,} training tokens", flush=True)
         opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
-        batch, length, step, t0 = 8, 256, 0, time.perf_counter()
+        batch, length, step, t0 = 8, args.length, 0, time.perf_counter()
         model.train()
         while time.perf_counter() - t0 < args.seconds:
             starts = torch.randint(0, len(ids) - length, (batch,))

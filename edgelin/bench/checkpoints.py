@@ -1,11 +1,14 @@
 """The Hugging Face checkpoints the bench builds with transformers' own classes, and their checked export.
 
 One small model per importer family (``FAMILIES``: Qwen3.5, Qwen3-Next with dense MLPs, LFM2, Mamba2, Bamba,
-Granite-4.0-H, Nemotron-H), each of the bundled model's weight size (hidden 256, 4 layers) in its family's layer
-pattern. ``build_checkpoint`` makes one in a subprocess (``python -m edgelin.bench --hf-build SPEC``, triton and fla
-hidden so that transformers takes its PyTorch paths, as on a CPU-only device): random weights perturbed so the logits
-spread (``perturb``), saved with a byte-level BPE tokenizer (``byte_level_tokenizer``). The llamacpp section measures
-LFM2 and Mamba2, the transformers section every family; scripts/ use them too.
+Granite-4.0-H, Nemotron-H; then LFM3, OLMo-hybrid, Falcon-H1, Zamba2, RecurrentGemma and Mamba, which no plan's
+``hf_models`` names, so that the test suite builds none of them), each of the bundled model's weight size (hidden
+256, 4 layers) in its family's layer pattern (the later six with their special token ids inside the vocabulary).
+``build_checkpoint`` makes one in a subprocess (``python -m edgelin.bench --hf-build SPEC``, triton and fla hidden so
+that transformers takes its PyTorch paths, as on a CPU-only device): random weights perturbed so the logits spread
+(``perturb``), saved with a byte-level BPE tokenizer (``byte_level_tokenizer``). The llamacpp section measures LFM2
+and Mamba2, the transformers section the models its plan's ``hf_models`` names; scripts/ (hf_product_check,
+precision_floor, train_hf_tiny) take any of them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ _QWEN = {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num
 _MAMBA_HYBRID = {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
                  "mamba_n_heads": 8, "mamba_n_groups": 1, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2,
                  "tie_word_embeddings": False}
+_SPECIAL = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # inside VOCAB (some configs' defaults are not)
 FAMILIES = {  # name -> (transformers model_type, config): the bundled model's weight size, each family's layer pattern
     "qwen3_5": ("qwen3_5_text", _QWEN),
     "qwen3_next": ("qwen3_next", {**_QWEN, "num_experts": 0}),
@@ -41,6 +45,32 @@ FAMILIES = {  # name -> (transformers model_type, config): the bundled model's w
     "nemotron_h": ("nemotron_h", {"vocab_size": VOCAB, "hidden_size": 256, "hybrid_override_pattern": "M-M-*-", "intermediate_size": 768,
                                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "mamba_num_heads": 8,
                                   "mamba_head_dim": 64, "ssm_state_size": 64, "n_groups": 1, "conv_kernel": 4}),
+    # the families below are in no plan's hf_models (bench.plan): the test suite builds none of them; scripts/ and the
+    # transformers section (when a plan names them) do
+    "lfm3": ("lfm3", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "sliding_window": 128,
+                      "layer_types": ["conv", "sliding_attention", "full_attention", "conv"], "use_sandwich_norm": True,
+                      "use_attention_gate": True, "tie_word_embeddings": False, **_SPECIAL}),  # a window shorter than validate's texts
+    "olmo_hybrid": ("olmo_hybrid", {**_QWEN, "layer_types": ["linear_attention"] * 3 + ["full_attention"], **_SPECIAL}),
+    "falcon_h1": ("falcon_h1", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "mamba_d_ssm": 512,
+                                "mamba_n_heads": 8, "mamba_n_groups": 1, "mamba_d_state": 64, "mamba_d_conv": 4,
+                                "mamba_rms_norm": True, "tie_word_embeddings": False, **_SPECIAL,
+                                # every μP multiplier away from 1 (the importer folds them into the weights)
+                                "embedding_multiplier": 2.0, "lm_head_multiplier": 0.5, "attention_in_multiplier": 1.3,
+                                "attention_out_multiplier": 0.8, "key_multiplier": 1.5, "ssm_in_multiplier": 0.6,
+                                "ssm_out_multiplier": 1.4, "ssm_multipliers": [0.5, 1.5, 0.7, 1.3, 0.9], "mlp_multipliers": [1.2, 0.75]}),
+    "zamba2": ("zamba2", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                          "layers_block_type": ["mamba", "hybrid", "mamba", "hybrid"], "num_mem_blocks": 1,  # one shared block
+                          "use_shared_attention_adapter": True, "adapter_rank": 16, "use_mem_rope": True,
+                          "num_attention_heads": 4, "n_mamba_heads": 8, "mamba_ngroups": 1, "mamba_d_state": 64,
+                          "tie_word_embeddings": True, **_SPECIAL}),  # tied, as transformers shares the block only then
+    "recurrent_gemma": ("recurrent_gemma", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 1536,  # MLP of 768
+                                            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                            "block_types": ["recurrent", "recurrent", "attention"], "attention_window_size": 128,
+                                            "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}),
+    "mamba": ("mamba", {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "state_size": 16, "expand": 2,
+                        "conv_kernel": 4}),  # transformers' defaults: tied, dt rank auto
 }
 
 
