@@ -30,12 +30,25 @@ def _import_leaving_logging_alone(module: str):
 
 def untied_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
     """The MatMul with a constant float [K, N] weight that computes the logits output (an untied head), or None (a
-    tied head reads the embedding transposed; a model whose logits come otherwise)."""
+    tied head reads the embedding transposed; a model whose logits come otherwise). Followed back from the logits
+    through reshapes and casts, a constant scale (Granite's logits_scaling: a Div) and a soft cap c tanh(x / c)
+    (RecurrentGemma's: Div, Tanh, Mul)."""
     inits = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
+
+    def constant(name: str) -> bool:
+        return name in inits or (name in producer and producer[name].op_type == "Constant")
+
     node = producer.get("logits")  # the exporter names it so (exporters/graphs.py: LOGITS)
-    while node is not None and node.op_type in ("Identity", "Reshape", "Cast", "Squeeze", "Unsqueeze"):
-        node = producer.get(node.input[0])
+    while node is not None:
+        if node.op_type in ("Identity", "Reshape", "Cast", "Squeeze", "Unsqueeze", "Tanh"):
+            node = producer.get(node.input[0])
+        elif node.op_type in ("Mul", "Div") and constant(node.input[1]):
+            node = producer.get(node.input[0])
+        elif node.op_type == "Mul" and constant(node.input[0]):
+            node = producer.get(node.input[1])
+        else:
+            break
     if node is None or node.op_type != "MatMul" or node.input[1] not in inits:
         return None
     w = inits[node.input[1]]

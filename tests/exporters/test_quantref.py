@@ -137,6 +137,33 @@ def test_an_int4_exports_untied_head_is_stored_as_the_table(embedding, head_bits
     assert rel_l2(got, _run(out, x)) <= 1e-5
 
 
+@pytest.mark.parametrize("tail", ["soft cap", "scale", "scale first"])
+def test_an_untied_head_is_found_behind_a_soft_cap_or_a_constant_scale(tail):
+    """A head whose logits pass through RecurrentGemma's soft cap c tanh(x / c) or a constant scale (Granite's
+    logits_scaling, either operand order) is the head int4 stores as the table; a MatMul behind anything else
+    (here an Add of two graph values) is not taken for it."""
+    from edgelin.exporters.precision import untied_head
+
+    K, N = 64, 40
+    w = numpy_helper.from_array(np.ones((K, N), np.float32), "W")
+    c = numpy_helper.from_array(np.array(30.0, np.float32), "c")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["z"], name="head")]
+    if tail == "soft cap":
+        nodes += [helper.make_node("Div", ["z", "c"], ["u"]), helper.make_node("Tanh", ["u"], ["t"]),
+                  helper.make_node("Mul", ["t", "c"], ["logits"])]
+    elif tail == "scale":
+        nodes += [helper.make_node("Div", ["z", "c"], ["logits"])]
+    else:
+        nodes += [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(0.5, np.float32))),
+                  helper.make_node("Mul", ["k", "z"], ["logits"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "T", K])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "T", N])], [w, c])
+    assert untied_head(graph).name == "head"
+    graph.node[-1].input[:] = ["z", "x"] if tail != "scale first" else ["x", "z"]  # the other operand is not a constant
+    graph.node[-1].op_type = "Add"
+    assert untied_head(graph) is None
+
+
 def test_what_has_a_quantised_reference():
     assert quantref.arithmetic(_manifest("int8", "block")).startswith("8-bit weights in blocks of 32")
     assert quantref.arithmetic(_manifest("int8", "channel")).startswith("7-bit weights per output channel")
