@@ -15,6 +15,7 @@ import torch
 from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from testkit import hf_oracle, max_abs
+from testkit.node import javascript_check
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.stateful import (edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference,
                               pieces_and_steps_agree, protocol_and_naive_agree)
@@ -141,6 +142,8 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
+    report = javascript_check(out, tmp_path)  # runtime/web/edgelin.mjs in node (onnxruntime-node): both graphs vs golden
+    assert report["passed"] and len(report["results"]) == 2, report
 
 
 def test_fused_export_matches_transformers(tmp_path_factory):

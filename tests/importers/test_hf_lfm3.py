@@ -22,6 +22,7 @@ from edgelin.importers.hf.lfm3 import FIELDS, read_layer_types
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 
 from testkit import hf_oracle
+from testkit.node import javascript_check
 from testkit.stateful import (
     edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference, pieces_and_steps_agree,
     protocol_and_naive_agree,
@@ -112,6 +113,9 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
     export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
+    # the JavaScript runtime in node: a windowed KV cache (its own past dim) beside a full one, both graphs vs golden
+    report = javascript_check(out, tmp_path)
+    assert report["passed"] and len(report["results"]) == 2, report
     fused = tmp_path / "fused"
     fused_export_vs_reference(folder, fused, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
 
