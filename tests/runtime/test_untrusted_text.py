@@ -62,13 +62,14 @@ def _template(source: str, seconds: float = 5.0):
 
 @pytest.mark.parametrize("source, match", list(RUNAWAY.values()), ids=list(RUNAWAY))
 def test_a_runaway_template_is_one_line_naming_it(source, match):
-    """Each would end in RecursionError, MemoryError, OverflowError or a process killed or hung before."""
-    start = time.perf_counter()
+    """Each would end in RecursionError, MemoryError, OverflowError or a process killed or hung before. Refused
+    before the runaway work: the CPU time this process spends (not the wall clock, which a loaded machine stretches)."""
+    start = time.process_time()
     with pytest.raises(EdgelinError) as caught:
         _template(source).render(CONVERSATION)
     message = str(caught.value)
     assert "\n" not in message and "test/tokenizer_config.json" in message and match in message, message
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 @pytest.mark.parametrize("source", [
@@ -113,11 +114,11 @@ def test_a_failing_template_is_one_line_naming_it_whatever_fails():
 
 def test_a_template_that_compiles_constants_is_bounded_while_it_compiles():
     """jinja2 evaluates constant output when it compiles a template: that runs the template's code too."""
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the work done before the refusal
     template = _template("{{ 'x' | center(10**12) }}{{ 'y' * 10**13 }}")  # MemoryError in the constructor before
     with pytest.raises(EdgelinError, match="centred text"):
         template.render(CONVERSATION)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_ordinary_templates_render_as_before():
