@@ -19,7 +19,7 @@ from edgelin.checkpoint import load_checkpoint
 from edgelin.importers import IMPORTERS
 from testkit import hf_oracle, max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
-from testkit.stateful import (edited_copy, export_vs_reference, fused_export_vs_reference, import_vs_reference,
+from testkit.stateful import (edited_copy, export_vs_reference, import_vs_reference,
                               pieces_and_steps_agree, protocol_and_naive_agree)
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
@@ -162,16 +162,6 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
     spots = [tuple(e.value for e in t.external_data if e.key in ("offset", "length"))
              for t in proto.graph.initializer if t.external_data]
     assert len(spots) > len(set(spots))  # initializers of several uses pointing at the same bytes
-
-
-@pytest.mark.slow  # one export of a 3-layer model
-def test_fused_export_matches_transformers(tmp_path_factory):
-    """``--ops fused``: every Mamba2 recurrence (the plain layer's and each hybrid layer's) as ONNX Runtime's
-    LinearAttention node and its conv as CausalConvWithState, in both graphs; the hybrid layers' attention stays
-    portable; both graphs against transformers' logits within the portable export's budget."""
-    folder, prompt, steps, ref = oracle("untied-gqa-bias-silu", tmp_path_factory)
-    out = tmp_path_factory.mktemp("zamba2-fused") / "export"
-    fused_export_vs_reference(folder, out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
 
 
 def test_a_misread_field_departs_at_the_first_hybrid_layer(tmp_path_factory, tmp_path):
