@@ -19,6 +19,26 @@ from edgelin.layers.mamba2 import Mamba2Options
 ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 
 
+def rope_object(
+    f: Fields, params: object, *, importer: str, types: tuple[str, ...], where: str = "", extra_keys: tuple[str, ...] = ()
+) -> str:
+    """Check one object of RoPE parameters (``rope_parameters``, or one of its per-layer-type entries): an object, no
+    key unknown to edgelin (``ROPE_KEYS`` and ``extra_keys``), a rope_type among ``types``. Returns the rope_type.
+    ``where`` names the entry in the messages (LFM3's "['full_attention'] ")."""
+    if not isinstance(params, dict):
+        raise f.fail("rope_parameters", f"{where}must be an object, got {str(params)[:60]}")
+    unknown = sorted(set(params) - ROPE_KEYS - set(extra_keys))
+    if unknown:
+        raise f.fail("rope_parameters", f"{where}has the key {unknown[0]!r}, unknown to edgelin's {importer} importer; "
+                                        "it may change the model")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in types:
+        said = " and ".join(repr(t) for t in types if t != "mrope")  # mrope: Qwen3.5's multimodal sections, text as default
+        raise f.unsupported("rope_parameters", f"{where}has rope_type {kind!r}; edgelin supports {said} "
+                                               "(RoPE scaling is not supported)")
+    return kind
+
+
 def read_rope(
     f: Fields, head_dim: int, *, importer: str, default_theta: float, default_factor: float = 1.0, extra_keys: tuple[str, ...] = ()
 ) -> tuple[float, int]:
@@ -26,14 +46,7 @@ def read_rope(
     ``partial_rotary_factor`` and ``rope_scaling``. Only the default RoPE (no scaling); ``extra_keys``: keys the
     family accepts without effect on text (Qwen3.5's multimodal sections)."""
     params = f.data.get("rope_parameters") or f.data.get("rope_scaling") or {}  # (fields a family lacks are refused before)
-    if not isinstance(params, dict):
-        raise f.fail("rope_parameters", f"must be an object, got {str(params)[:60]}")
-    unknown = sorted(set(params) - ROPE_KEYS - set(extra_keys))
-    if unknown:
-        raise f.fail("rope_parameters", f"has the key {unknown[0]!r}, unknown to edgelin's {importer} importer; it may change the model")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", "mrope"):
-        raise f.unsupported("rope_parameters", f"has rope_type {kind!r}; edgelin supports 'default' (RoPE scaling is not supported)")
+    rope_object(f, params, importer=importer, types=("default", "mrope"), extra_keys=extra_keys)
     theta = params.get("rope_theta", f.data.get("rope_theta"))
     factor = params.get("partial_rotary_factor", f.data.get("partial_rotary_factor"))
     theta = default_theta if theta is None else theta
@@ -117,4 +130,5 @@ def mamba_options(f: Fields, hidden: int, *, d_ssm: int | None = None, **options
     )
 
 
-__all__ = ["ROPE_KEYS", "attention_heads", "declare_context", "mamba_options", "mixer_renames", "read_rope", "read_time_step_limit", "time_step_rank"]
+__all__ = ["ROPE_KEYS", "attention_heads", "declare_context", "mamba_options", "mixer_renames", "read_rope", "read_time_step_limit",
+           "rope_object", "time_step_rank"]

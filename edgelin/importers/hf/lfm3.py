@@ -25,7 +25,7 @@ from typing import Any
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf import attention_heads, declare_context
+from edgelin.importers.hf import attention_heads, declare_context, rope_object
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.layers.short_conv import GatedShortConv
@@ -44,7 +44,6 @@ DEFAULT_ROPE = {  # Lfm3Config's rope_parameters when the config has none
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
     "full_attention": {"rope_type": "proportional", "rope_theta": 1_000_000.0, "partial_rotary_factor": 0.5},
 }
-ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "factor"}
 
 
 def read_layer_types(f: Fields, n_layers: int) -> list[str]:
@@ -68,16 +67,8 @@ def read_layer_rope(f: Fields, kind: str, head_dim: int) -> tuple[float, int, bo
         raise f.fail("rope_parameters", f"must map each attention layer type ({', '.join(ATTENTION_KINDS)}) to its RoPE "
                                         f"parameters, as Lfm3Config writes it; {kind!r} has none in {str(params)[:80]}")
     entry = params[kind]
-    if not isinstance(entry, dict):
-        raise f.fail("rope_parameters", f"[{kind!r}] must be an object, got {str(entry)[:60]}")
-    unknown = sorted(set(entry) - ROPE_KEYS)
-    if unknown:
-        raise f.fail("rope_parameters", f"[{kind!r}] has the key {unknown[0]!r}, unknown to edgelin's hf/lfm3 importer; "
-                                        "it may change the model")
-    rope_type = entry.get("rope_type", entry.get("type", "default"))
-    if rope_type not in ("default", "proportional"):
-        raise f.unsupported("rope_parameters", f"[{kind!r}] has rope_type {rope_type!r}; edgelin supports 'default' and "
-                                               "'proportional' (RoPE scaling is not supported)")
+    rope_type = rope_object(f, entry, importer="hf/lfm3", types=("default", "proportional"), where=f"[{kind!r}] ",
+                            extra_keys=("factor",))
     theta = entry.get("rope_theta")
     factor = entry.get("partial_rotary_factor", 1.0) if rope_type == "proportional" else 1.0  # the default type ignores it
     for name, value in (("rope_theta", theta), ("partial_rotary_factor", factor)):

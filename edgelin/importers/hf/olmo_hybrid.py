@@ -34,7 +34,7 @@ from typing import Any
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf import attention_heads, declare_context
+from edgelin.importers.hf import attention_heads, declare_context, rope_object
 from edgelin.importers.weights import Renamer, RowJoin, RowSplit, load_checkpoint_weights
 from edgelin.layers import LayerSizes
 from edgelin.layers.attention import Attention, AttentionOptions
@@ -55,7 +55,6 @@ FIELDS: dict[str, Any] = {  # OlmoHybridConfig's fields and defaults (transforme
 FAMILY = "hf/olmo_hybrid"
 LAYER_KINDS = ("linear_attention", "full_attention")
 DEFAULT_THETA = 10000.0  # transformers' default rope_theta, filled in when rope_parameters has none
-ROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 O_NORM_EPS = 1e-5  # the Gated DeltaNet output norm's eps in transformers' model (OlmoHybridRMSNormGated(eps=1e-5))
 
 
@@ -81,16 +80,7 @@ def read_rope(f: Fields) -> float | None:
     the older top-level ``rope_theta`` when rope_parameters has none. Only the default rope_type."""
     params = f.get("rope_parameters")
     params = {} if params is None else params
-    if not isinstance(params, dict):
-        raise f.fail("rope_parameters", f"must be an object or null, got {str(params)[:60]}")
-    unknown = sorted(set(params) - ROPE_KEYS)
-    if unknown:
-        raise f.fail("rope_parameters", f"has the key {unknown[0]!r}, unknown to edgelin's {FAMILY} importer; "
-                                        "it may change the model")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        raise f.unsupported("rope_parameters", f"has rope_type {kind!r}; edgelin supports 'default' "
-                                               "(RoPE scaling is not supported)")
+    rope_object(f, params, importer=FAMILY, types=("default",))
     if "rope_theta" in params and params["rope_theta"] is None:
         return None  # NoPE: transformers' model builds no rotary embedding
     theta = params.get("rope_theta", f.get("rope_theta"))
