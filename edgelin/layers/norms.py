@@ -1,8 +1,10 @@
-"""RMSNorms as the families compute them: plain, zero-centred (an offset from 1), or without a learned weight."""
+"""RMSNorms as the families compute them: plain, zero-centred (an offset from 1), or without a learned weight; and
+LayerNorm (with or without a bias) with the same constructor."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -30,6 +32,27 @@ class UnitOffsetRMSNorm(RMSNorm):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
 
 
+class LayerNorm(nn.Module):
+    """(x - mean(x)) / sqrt(var(x) + eps) * weight + bias over the last dim (biased variance: torch's and fla's
+    LayerNorm); the constructor of ``RMSNorm``, so either is a skeleton's ``norm=``. One LayerNormalization node."""
+
+    def __init__(self, dim: int, eps: float, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class BiaslessLayerNorm(LayerNorm):
+    """``LayerNorm`` without the bias (fla's ``norm_bias: false``)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__(dim, eps, bias=False)
+
+
 def fixed_norm(norm: RMSNorm) -> RMSNorm:
     """``norm`` without a learned weight (a fixed 1, not in any checkpoint): an fla norm without elementwise_affine."""
     dim = norm.weight.shape[0]
@@ -38,4 +61,4 @@ def fixed_norm(norm: RMSNorm) -> RMSNorm:
     return norm
 
 
-__all__ = ["RMSNorm", "UnitOffsetRMSNorm", "fixed_norm"]
+__all__ = ["BiaslessLayerNorm", "LayerNorm", "RMSNorm", "UnitOffsetRMSNorm", "fixed_norm"]
