@@ -20,7 +20,8 @@ import torch
 from edgelin.exporters import traces
 from edgelin.exporters.graphs import graph_spec
 from edgelin.exporters.write import GRAPH_FILES
-from edgelin.ops import fused
+from edgelin.layers.moe import moe_layers
+from edgelin.ops import fused, moe
 from edgelin.ops.delta import sequence_bound
 
 
@@ -51,6 +52,8 @@ def export_graph(
     """
     inputs, outputs = names
     table = fused.translation_table() if ops == "fused" else None
+    if moe_layers(module):
+        table = {**(table or {}), **moe.translation_table()}  # each expert's rows only (edgelin.ops.moe)
     with _quiet(), torch.no_grad(), fused.lowering(ops), _tracer_settings(), _rewriter_prefilter():
         program = torch.onnx.export(
             module.eval(), example, input_names=inputs, output_names=outputs,
