@@ -59,6 +59,8 @@ CLASSES = {
     "gla": ("GLAConfig", "GLAForCausalLM"),
     "delta_net": ("DeltaNetConfig", "DeltaNetForCausalLM"),
     "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM"),
+    "kda": ("KDAConfig", "KDAForCausalLM"),
+    "gated_deltaproduct": ("GatedDeltaProductConfig", "GatedDeltaProductForCausalLM"),
 }
 
 
