@@ -53,11 +53,15 @@ def dplr_state_layout(*, n_heads: int, key_dim: int, value_dim: int) -> dict[str
 def _prologue(q, k, v, a, b, w, initial_state, scale, lengths):
     """Checks shapes; returns (q scaled, k, a, b, w, S0) in q's dtype with w = a = b = k = 0 on padding."""
     if q.dim() != 4 or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"q must be [B, H, T, K] and v [B, H, T, V] with the same B, H, T; got q {list(q.shape)}, v {list(v.shape)}")
+        raise ValueError(
+            f"q must be [B, H, T, K] and v [B, H, T, V] with the same B, H, T; got q {list(q.shape)}, v {list(v.shape)}"
+        )
     B, H, T, K = q.shape
     for name, x in (("k", k), ("a", a), ("b", b), ("w (log-decay)", w)):
         if not x.is_floating_point() or tuple(x.shape) != (B, H, T, K):
-            raise ValueError(f"{name} must be a float tensor of shape [B, H, T, K] = [{B}, {H}, {T}, {K}]; got {x.dtype} {list(x.shape)}")
+            raise ValueError(
+                f"{name} must be a float tensor of shape [B, H, T, K] = [{B}, {H}, {T}, {K}]; got {x.dtype} {list(x.shape)}"
+            )
     k, a, b, w = (x.to(q.dtype) for x in (k, a, b, w))
     if lengths is not None:
         real = padding_mask(lengths, T)[:, None, :, None]  # [B, 1, T, 1]
