@@ -67,6 +67,8 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 "dense MLPs only"),
     ModelFamily("LFM2, LFM2.5", TRANSFORMERS, ("lfm2",), ("Lfm2ForCausalLM",), ("gated short conv", "softmax attention"),
                 "edgelin.importers.hf.lfm2", ("load",)),
+    ModelFamily("LFM2-MoE", TRANSFORMERS, ("lfm2_moe",), ("Lfm2MoeForCausalLM",),
+                ("gated short conv", "softmax attention", "mixture-of-experts MLP"), "edgelin.importers.hf.lfm2_moe", ("load",)),
     ModelFamily("Mamba2", TRANSFORMERS, ("mamba2",), ("Mamba2ForCausalLM",), ("Mamba2 (SSD)",), "edgelin.importers.hf.mamba2", ("load",)),
     ModelFamily("Bamba", TRANSFORMERS, ("bamba",), ("BambaForCausalLM",), ("Mamba2 (SSD)", "softmax attention"),
                 "edgelin.importers.hf.bamba", ("load",)),
@@ -125,7 +127,6 @@ _VL = "it is a vision-language model, and edgelin exports text models; none of i
 
 # model_type -> (framework, what blocks it). The transformers names are transformers 5.24's; the fla ones fla 0.6's.
 KNOWN: dict[tuple[str, str], Known] = {
-    (TRANSFORMERS, "lfm2_moe"): Known("LFM2-MoE", TRANSFORMERS, _MOE, "a dense LFM2 / LFM2.5 checkpoint (model_type lfm2)"),
     (TRANSFORMERS, "lfm2_vl"): Known("LFM2-VL", TRANSFORMERS, "", "the text-only LFM2 / LFM2.5 checkpoint (model_type lfm2)",
                                      reason="it is a vision-language checkpoint; edgelin reads LFM2's text model from an lfm2 "
                                             "folder, not from inside a VL one"),
