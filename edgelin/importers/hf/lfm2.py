@@ -23,6 +23,7 @@ from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import attention_heads, declare_context, read_rope
 from edgelin.importers.weights import Renamer, load_checkpoint_weights
 from edgelin.protocol import DEFAULT_CHUNK
+from edgelin.layers.mlp import SwiGLU
 from edgelin.layers.short_conv import GatedShortConv
 from edgelin.skeleton import CausalLM
 
@@ -39,7 +40,7 @@ UNREAD_FIELDS = (
     "block_dim", "conv_dim", "conv_dim_out", "block_mlp_init_scale", "block_out_init_scale", "block_use_xavier_init",
     "conv_use_xavier_init", "block_use_swiglu", "block_norm_eps", "num_heads", "theta", "use_pos_enc",
 )
-MOE = "mixture-of-experts layers (the lfm2_moe model type); edgelin exports dense MLPs only"
+MOE = "mixture-of-experts layers: an LFM2-MoE checkpoint says model_type lfm2_moe (Lfm2MoeForCausalLM), which edgelin reads"
 REFUSED_FIELDS = {"num_experts": MOE, "num_experts_per_tok": MOE, "moe_intermediate_size": MOE, "num_dense_layers": MOE}
 LAYER_KINDS = ("conv", "full_attention")
 
@@ -73,19 +74,15 @@ def read_layer_types(f: Fields, n_layers: int) -> list[str]:
     return kinds
 
 
-def load(path: str | Path) -> CausalLM:
-    """An ``lfm2`` checkpoint folder (Lfm2ForCausalLM)."""
-    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
-    path, source = ckpt.path, ckpt.config
-    defaults = {**FIELDS, **{name: None for name in UNREAD_FIELDS}}
-    f = check_fields(source, defaults=defaults, refused=REFUSED_FIELDS, importer="hf/lfm2", where=path / CONFIG_FILE)
+def build(f: Fields, source: dict[str, Any], kinds: list[str], *, family: str, mlp_hidden: int, mlp=SwiGLU) -> tuple:
+    """(a function that builds the model, the renames) from the checked config ``f`` with layer kinds ``kinds``:
+    LFM2's, or a variant's that reads the same fields (LFM2-MoE's, with its ``mlp`` per layer: CausalLM's)."""
     hidden, n_layers, eps = f.integer("hidden_size"), f.integer("num_hidden_layers"), f.number("norm_eps")
     heads, kv_heads, head_dim = attention_heads(f, hidden)
-    theta, rotary = read_rope(f, head_dim, importer="hf/lfm2", default_theta=1e6)
-    kinds = read_layer_types(f, n_layers)
+    theta, rotary = read_rope(f, head_dim, importer=family, default_theta=1e6)
     legacy_tie = f.get("tie_embedding")
     tie = f.flag("tie_embedding") if legacy_tie is not None else f.flag("tie_word_embeddings")
-    vocab, mlp, bias, taps = f.integer("vocab_size"), mlp_width(f), f.flag("conv_bias"), f.integer("conv_L_cache")
+    vocab, bias, taps = f.integer("vocab_size"), f.flag("conv_bias"), f.integer("conv_L_cache")
     attention = AttentionOptions(
         d_model=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rope_theta=theta, rotary_dim=rotary,
         qk_norm=True, norm_eps=eps,
@@ -94,8 +91,8 @@ def load(path: str | Path) -> CausalLM:
     def make() -> CausalLM:
         model = CausalLM(
             lambda i: Attention(attention) if kinds[i] == "full_attention" else GatedShortConv(hidden, taps, bias=bias),
-            n_layers=n_layers, vocab_size=vocab, d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie,
-            chunk_size=DEFAULT_CHUNK, config={"family": "hf/lfm2", "chunk_size": DEFAULT_CHUNK, "source_config": source},
+            n_layers=n_layers, vocab_size=vocab, d_model=hidden, mlp_hidden=mlp_hidden, norm_eps=eps, tie_embeddings=tie,
+            chunk_size=DEFAULT_CHUNK, config={"family": family, "chunk_size": DEFAULT_CHUNK, "source_config": source}, mlp=mlp,
         )
         return declare_context(model, source, "full_attention" in kinds)
 
@@ -109,7 +106,18 @@ def load(path: str | Path) -> CausalLM:
     ]
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))  # a tied checkpoint may hold either copy
+    return make, pairs
+
+
+def load(path: str | Path) -> CausalLM:
+    """An ``lfm2`` checkpoint folder (Lfm2ForCausalLM)."""
+    ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
+    path, source = ckpt.path, ckpt.config
+    defaults = {**FIELDS, **{name: None for name in UNREAD_FIELDS}}
+    f = check_fields(source, defaults=defaults, refused=REFUSED_FIELDS, importer="hf/lfm2", where=path / CONFIG_FILE)
+    kinds = read_layer_types(f, f.integer("num_hidden_layers"))
+    make, pairs = build(f, source, kinds, family="hf/lfm2", mlp_hidden=mlp_width(f))
     return load_checkpoint_weights(ckpt, make, Renamer(pairs))
 
 
-__all__ = ["FIELDS", "UNREAD_FIELDS", "load", "mlp_width"]
+__all__ = ["FIELDS", "UNREAD_FIELDS", "build", "load", "mlp_width", "read_layer_types"]
