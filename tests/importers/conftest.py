@@ -61,6 +61,7 @@ CLASSES = {
     "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM"),
     "kda": ("KDAConfig", "KDAForCausalLM"),
     "gated_deltaproduct": ("GatedDeltaProductConfig", "GatedDeltaProductForCausalLM"),
+    "rwkv7": ("RWKV7Config", "RWKV7ForCausalLM"),
 }
 
 
@@ -98,8 +99,9 @@ def load(folder: Path, *, fused: bool = False):
 
     fused=False also runs fla's RMSNorm and SwiGLU in PyTorch instead of its fused kernels (fuse_norm,
     fuse_swiglu: the same math; the interpreter makes each kernel launch slow)."""
-    model_type = json.loads((Path(folder) / "config.json").read_text())["model_type"]
-    overrides = {} if fused else {"fuse_norm": False, "fuse_swiglu": False}
+    config = json.loads((Path(folder) / "config.json").read_text())
+    model_type = config["model_type"]
+    overrides = {} if fused else {name: False for name in ("fuse_norm", "fuse_swiglu") if name in config}  # RWKV-7 has no fuse_swiglu
     if model_type != "linear_attn":  # there fuse_norm also renames the output norm (g_norm_swish_gate): keep it
         overrides.pop("fuse_norm", None)
     model_class = getattr(_fla(), CLASSES[model_type][1])
