@@ -12,6 +12,8 @@ what this process hides or patches to make the framework run on a CPU (below) ne
                 device functions not re-patching the language inside a kernel (``interpret_on_cpu``); models load with
                 attn_mode="fused_recurrent" (fla's chunk kernels do not run in the interpreter) and, where the
                 config has them, fuse_norm / fuse_swiglu off (the same math in PyTorch: far fewer kernel launches).
+                RWKV-7's layer calls its chunk kernel for 64 tokens or more whatever attn_mode says: it is pointed
+                at fla's fused_recurrent DPLR kernel instead (``rwkv7_recurrent``).
 
 SPEC (JSON): {"framework", "checkpoint", "prompt": [[ids]] (B x T), "steps": [[ids]] (B x N), "greedy": k,
 "threads", "out"[, "dtype"]}; ``dtype`` (transformers only; default "float64"): "float16" runs the model as a user
@@ -165,6 +167,26 @@ def interpret_on_cpu() -> None:
     interpreter._patch_lang = once_per_kernel
 
 
+def rwkv7_recurrent() -> None:
+    """Make fla's RWKV7Attention run its recurrence on fla's ``fused_recurrent_rwkv7`` kernel (the DPLR recurrence
+    token by token, which the interpreter runs) where it would call ``chunk_rwkv7`` (64 tokens or more, whatever
+    attn_mode says; that kernel fails in the interpreter). The chunk kernel's own options (safe_gate, lower_bound,
+    chunk_size) choose how it computes, not what: they are dropped. Idempotent."""
+    import importlib
+
+    layer = importlib.import_module("fla.layers.rwkv7")
+    if getattr(layer.chunk_rwkv7, "recurrent", False):
+        return
+    fused_recurrent_rwkv7 = importlib.import_module("fla.ops.rwkv7").fused_recurrent_rwkv7
+
+    def recurrent(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_state=True, cu_seqlens=None, **_how):
+        return fused_recurrent_rwkv7(r, w, k, v, a, b, scale=scale, initial_state=initial_state,
+                                     output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+    recurrent.recurrent = True  # type: ignore[attr-defined]
+    layer.chunk_rwkv7 = recurrent
+
+
 def _load_fla(folder: str):
     import transformers
 
@@ -172,6 +194,9 @@ def _load_fla(folder: str):
 
     interpret_on_cpu()
     config = transformers.AutoConfig.from_pretrained(folder)
+    rwkv7 = getattr(config, "model_type", "") == "rwkv7"
+    if rwkv7:
+        rwkv7_recurrent()
     options = {"attn_mode": "fused_recurrent"} if hasattr(config, "attn_mode") else {}
     faster = {name: False for name in ("fuse_norm", "fuse_swiglu") if getattr(config, name, False)}
     try:
@@ -183,6 +208,8 @@ def _load_fla(folder: str):
     options.update(faster)
     off = [name for name in ("fuse_norm", "fuse_swiglu") if options.get(name) is False]
     how = "fla's kernels in Triton's interpreter (fused_recurrent" + "".join(f", {name} off" for name in off) + ")"
+    if rwkv7:
+        how += "; RWKV-7's chunk kernel replaced by fla's fused_recurrent_rwkv7"
     return model, config, how
 
 
