@@ -92,6 +92,10 @@ class Family:
     make_layer: Callable[[Any, Common], nn.Module]
     renames: Callable[[Any], list[tuple[str, str]]] = field(default=lambda options: [])
     chunk_size: int = DEFAULT_CHUNK  # the prefill chunk it exports with (per-feature decays want a smaller one)
+    read_common: Callable[[Fields], Common] = Common.read  # the shared sizes (a family with its own MLP reads its own)
+    # extra arguments of the skeleton (edgelin.skeleton.CausalLM: norm, mlp, embed_norm) from the options
+    skeleton: Callable[[Any, Common], dict[str, Any]] = field(default=lambda options, common: {})
+    indexed: bool = False  # make_layer takes the layer index as a third argument
 
 
 ATTN_KEYS = {"layers": None, "num_heads": None, "num_kv_heads": None, "qkv_bias": False, "window_size": None, "rope_theta": 10000.0}
@@ -143,10 +147,13 @@ def read_attn_spec(f: Fields, common: Common, spec: dict[str, Any], taken: set[i
 
 def build(family: Family, source: dict[str, Any], options: Any, common: Common, attn: dict[int, AttentionOptions]) -> CausalLM:
     model = CausalLM(
-        lambda i: Attention(attn[i]) if i in attn else family.make_layer(options, common),
+        lambda i: Attention(attn[i]) if i in attn else (
+            family.make_layer(options, common, i) if family.indexed else family.make_layer(options, common)
+        ),
         n_layers=common.num_layers, vocab_size=common.vocab_size, d_model=common.hidden_size,
         mlp_hidden=common.mlp_hidden, norm_eps=common.norm_eps, tie_embeddings=common.tie_embeddings,
         chunk_size=family.chunk_size, config={"family": family.name, "chunk_size": family.chunk_size, "source_config": source},
+        **family.skeleton(options, common),
     )
     limit = source.get("max_position_embeddings")
     if attn and isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
@@ -167,7 +174,7 @@ def load_fla(path: str | Path, family: Family) -> CausalLM:
     path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults={**COMMON_FIELDS, **family.fields}, refused=REFUSED_FIELDS,
                      importer=family.name, where=path / CONFIG_FILE)
-    common = Common.read(f)
+    common = family.read_common(f)
     attn = read_attn(f, common)
     options = family.read(f, common)
     pairs = list(SKELETON_RENAMES)
