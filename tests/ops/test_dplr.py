@@ -4,12 +4,15 @@ step forms exported to ONNX and run in ONNX Runtime.
 
 Inputs: batch 2, H = 2, K = 8, V = 12 (K != V catches a transposed state), chunk C = 16, every sequence from a
 carried state (7 tokens through the naive form). Two kinds of rank-one part: RWKV-7's (a = -kk, b = kk * lr with
-kk a unit vector and lr in (0, 1) per channel) and a random one (a, b independent Gaussians of norm ~0.5). Two
-decays: RWKV-7's range (w = -exp(-0.5) sigmoid(x), in (-0.61, 0)) and a strong one (w = -exp(2x) clipped to
-[-30, 0], with ~20 % of the entries at -30 and ~20 % at -1e-6), so a chunk sees both extremes per channel.
+kk a unit vector and lr in (0, 1) per channel) and a random one (a, b independent directions of norm 0.5). Three
+decays: none (w = 0: the state lives longest), RWKV-7's range (w = -exp(-0.5) sigmoid(x), in (-0.61, 0)) and a
+strong one (w = -exp(2x) clipped to [-30, 0], with ~20 % of the entries at -30 and ~20 % at -1e-6), so a chunk sees
+both extremes per channel.
 
-Tolerances (relative error max|fast - naive| / max|naive| per tensor): float64 1e-12; float32 2e-6, ~10x the
-worst measured at these sizes (scripts/dplr_accuracy.py prints the table for K = V = 64).
+Tolerances (relative error max|fast - naive| / max|naive| per tensor): float64 1e-12; float32 5e-6. Measured at
+these sizes: <= 4e-7 everywhere but the random rank-one part without decay at T = 1000, whose transitions
+I + b a^T expand (the state grows ~250x): 6e-7 (chunk) and 1.5e-6 (recurrent). scripts/dplr_accuracy.py prints
+the table for K = V = 64.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ B, H, K, V, C = 2, 2, 8, 12, 16
 PREFIX = 7
 LENGTHS = (1, C - 1, C, C + 1, 1000)
 KINDS = ("rwkv7", "random")
-DECAYS = ("rwkv7", "strong")
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6}
+DECAYS = ("none", "rwkv7", "strong")
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 5e-6}
 
 
 def make_inputs(T: int, kind: str, decays: str, seed: int, batch: int = B):
@@ -56,7 +59,9 @@ def make_inputs(T: int, kind: str, decays: str, seed: int, batch: int = B):
         a, b = -kk, kk * rand(batch, H, T, K)
     else:
         a, b = 0.5 * F.normalize(randn(batch, H, T, K), dim=-1), 0.5 * F.normalize(randn(batch, H, T, K), dim=-1)
-    if decays == "rwkv7":
+    if decays == "none":
+        w = torch.zeros(batch, H, T, K, dtype=torch.float64)
+    elif decays == "rwkv7":
         w = -np.exp(-0.5) * torch.sigmoid(2 * randn(batch, H, T, K))
     else:
         r = rand(batch, H, T, K)
