@@ -4,10 +4,10 @@ naive loop, printed as markdown.
 Rank-one parts: RWKV-7's (a = -kk, b = kk * lr, kk a unit vector, lr in (0, 1) per channel) and a random one (a, b
 independent directions of norm 0.5). Decays: "none" is w = 0 (the state lives longest), "mild" is RWKV-7's range
 (w = -exp(-0.5) sigmoid(x), in (-0.61, 0)), "strong" has ~20 % of the entries at -30, ~20 % at -1e-6 and the rest
--exp(2x) clipped to [-30, 0]. q Gaussian, k Gaussian / sqrt(K), v Gaussian, from a carried initial state, batch 2. Each cell: the largest relative error
-max|fast - naive| / max|naive| of the outputs / of the final state, in float64 and float32 (inputs rounded to
-float32 first, compared with the float64 result on the float64 inputs). docs/DESIGN.md ("The generalised delta
-rule (RWKV-7)") quotes the table.
+-exp(2x) clipped to [-30, 0]. q Gaussian, k Gaussian / sqrt(K), v Gaussian, from a carried initial state, batch 2.
+Each cell: the largest relative error max|fast - naive| / max|naive| of the outputs / of the final state, in
+float64 and float32 (inputs rounded to float32 first, compared with the float64 result on the float64 inputs).
+docs/DESIGN.md ("The generalised delta rule (RWKV-7)") quotes the table.
 
     python scripts/dplr_accuracy.py [--dim 64] [--heads 2] [--chunk 16] [--lengths 1,15,16,17,1000,4000]
 
