@@ -1,4 +1,5 @@
-"""The delta rule (DeltaNet) and the gated delta rule (Gated DeltaNet) in four forms with one signature:
+"""The delta rule (DeltaNet), the gated delta rule (Gated DeltaNet, Kimi Delta Attention) and the delta product (Gated
+DeltaProduct) in four forms with one signature:
 
     fn(q, k, v, beta, *, g=None, initial_state=None, chunk_size=64, scale=1.0, qk_l2norm=False, lengths=None)
         -> (o, final_state)
@@ -12,7 +13,10 @@ The recurrence, per head, with the state S [K, V] (key-major, as edgelin's addit
     S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,     o_t = scale * S_t^T q_t
 
 alpha_t = exp(g_t) with g [B, H, T] a log-decay <= 0 per head per step (Gated DeltaNet); ``g=None`` is
-DeltaNet (alpha = 1) and takes no decay ops at all. beta [B, H, T] per head per step, in [0, 1] (sigmoid), or in
+DeltaNet (alpha = 1) and takes no decay ops at all. A g [B, H, T, K] decays each key channel (row of S) on its own
+(Kimi Delta Attention), the decay before the delta update, as fla's KDA:
+
+    S_t = (I - beta_t k_t k_t^T) diag(exp g_t) S_{t-1} + beta_t k_t v_t^T beta [B, H, T] per head per step, in [0, 1] (sigmoid), or in
 [0, 2] when the model allows negative eigenvalues (the caller doubles it; nothing here changes). With unit keys
 every factor (I - beta k k^T) has eigenvalues 1 and 1 - beta in [-1, 1]: the state cannot grow.
 
@@ -30,6 +34,14 @@ of its own tokens. The chunk form pads to a multiple of C the same way.
 
 The chunk form's math, its matrix inverse with MatMuls only and its measured accuracy are in docs/DESIGN.md
 ("The delta rule") and in ``chunk_delta_rule``'s docstring.
+
+The delta product (``DELTA_PRODUCT_FORMS``, fla's Gated DeltaProduct) takes n keys, values and betas per token,
+k [B, H, T, n, K], v [B, H, T, n, V], beta [B, H, T, n], and one gate per token g [B, H, T]:
+
+    S_t = exp(g_t) S_{t-1}, then for j = 1..n:  S_t = (I - beta_tj k_tj k_tj^T) S_t + beta_tj k_tj v_tj^T,   o_t = S_t^T q_t
+
+Its fast forms are the delta rule over the T n interleaved steps (the gate on each token's first step, its query on
+the last), with no new math; its naive form is a direct per-token loop of n explicit K x K factors.
 """
 
 from __future__ import annotations
@@ -99,15 +111,21 @@ def _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths):
             f"k {list(k.shape)}, v {list(v.shape)}"
         )
     B, H, T, K = q.shape
-    for name, x in (("beta", beta), ("g (log-decay)", g)):
-        if x is not None and (not x.is_floating_point() or tuple(x.shape) != (B, H, T)):
-            raise ValueError(f"{name} must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}]; got {x.dtype} {list(x.shape)}")
+    if beta is None or not beta.is_floating_point() or tuple(beta.shape) != (B, H, T):
+        got = "None" if beta is None else f"{beta.dtype} {list(beta.shape)}"
+        raise ValueError(f"beta must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}]; got {got}")
+    if g is not None and (not g.is_floating_point() or tuple(g.shape) not in ((B, H, T), (B, H, T, K))):
+        raise ValueError(
+            f"g (log-decay) must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}] (per head) or [B, H, T, K] = "
+            f"[{B}, {H}, {T}, {K}] (per key channel); got {g.dtype} {list(g.shape)}"
+        )
     beta = beta.to(q.dtype)
     g = None if g is None else g.to(q.dtype)
     if lengths is not None:
         real = padding_mask(lengths, T)[:, None, :]  # [B, 1, T]
         beta = torch.where(real, beta, 0.0)  # [B, H, T]: a padded step writes nothing ...
-        g = None if g is None else torch.where(real, g, 0.0)  # [B, H, T]: ... and forgets nothing
+        if g is not None:  # ... and forgets nothing
+            g = torch.where(real if g.dim() == 3 else real[..., None], g, 0.0)  # [B, H, T] or [B, H, T, K]
     if qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     if scale != 1.0:
@@ -127,14 +145,15 @@ def naive_delta_rule(
     v: torch.Tensor,  # [B, H, T, V]
     beta: torch.Tensor,  # [B, H, T]
     *,
-    g: torch.Tensor | None = None,  # [B, H, T] log-decay <= 0; None: DeltaNet
+    g: torch.Tensor | None = None,  # [B, H, T] or [B, H, T, K] log-decay <= 0; None: DeltaNet
     initial_state: State | None = None,
     chunk_size: int = 64,  # unused: same signature as every form
     scale: float = 1.0,
     qk_l2norm: bool = False,
     lengths: torch.Tensor | None = None,  # [B] int64 real tokens per row (right padding); None: all T
 ) -> tuple[torch.Tensor, State]:
-    """The recurrence as written, with the transition matrix alpha_t (I - beta_t k_t k_t^T) built explicitly
+    """The recurrence as written, with the transition matrix alpha_t (I - beta_t k_t k_t^T) (per-channel g:
+    (I - beta_t k_t k_t^T) diag(exp g_t)) built explicitly
     (K x K per step): slow on purpose, it shares no algebra with the fast forms. Run it in float64."""
     q, k, beta, g, S = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths)
     eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)  # [K, K]
@@ -142,8 +161,10 @@ def naive_delta_rule(
     for t in range(q.shape[2]):
         kt, bt = k[:, :, t], beta[:, :, t, None, None]  # [B, H, K], [B, H, 1, 1]
         transition = eye - bt * kt[..., :, None] * kt[..., None, :]  # [B, H, K, K]
-        if g is not None:
+        if g is not None and g.dim() == 3:
             transition = g[:, :, t, None, None].exp() * transition  # [B, H, K, K]
+        elif g is not None:  # per channel: decay first, then the delta update: (I - beta k k^T) diag(e^g)
+            transition = transition * g[:, :, t, None, :].exp()  # [B, H, K, K]: column c scaled by e^{g_c}
         S = transition @ S + bt * kt[..., :, None] * v[:, :, t, None, :]  # [B, H, K, V]
         outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))  # [B, H, V]
     return torch.stack(outs, dim=2), {"S": S}  # [B, H, T, V]
@@ -155,7 +176,7 @@ def delta_step(
     v: torch.Tensor,  # [B, H, 1, V]
     beta: torch.Tensor,  # [B, H, 1]
     *,
-    g: torch.Tensor | None = None,  # [B, H, 1] log-decay <= 0; None: DeltaNet
+    g: torch.Tensor | None = None,  # [B, H, 1] or [B, H, 1, K] log-decay <= 0; None: DeltaNet
     initial_state: State | None = None,
     chunk_size: int = 64,  # unused: same signature as every form
     scale: float = 1.0,
@@ -163,7 +184,8 @@ def delta_step(
     lengths: torch.Tensor | None = None,  # refused: one token per row
 ) -> tuple[torch.Tensor, State]:
     """Exactly one token: the decode graph. As ``recurrent_step``, every tensor keeps its token axis and the
-    products are MatMuls over [B, H, 1, .]:  S' = alpha S + k^T u,  u = beta (v - k (alpha S)),  o = q S'."""
+    products are MatMuls over [B, H, 1, .]:  S' = alpha S + k^T u,  u = beta (v - k (alpha S)),  o = q S'
+    (alpha S: the rows of S scaled by exp(g) per channel, or all of S by exp(g) per head)."""
     if q.shape[2] != 1:
         raise ValueError(f"delta_step takes one token, got a sequence of {q.shape[2]}")
     if lengths is not None:
@@ -173,7 +195,7 @@ def delta_step(
         o, S = fused.delta(q, k, v, beta, g, S)
         return o, {"S": S}
     if g is not None:
-        S = g.exp()[..., None] * S  # [B, H, 1, 1] x [B, H, K, V]
+        S = (g.exp()[..., None] if g.dim() == 3 else g.exp().transpose(-1, -2)) * S  # [B, H, 1 | K, 1] x [B, H, K, V]
     u = beta[..., None] * (v - k @ S)  # [B, H, 1, V]: what the state writes for this key
     S = S + k.transpose(-1, -2) * u  # [B, H, K, 1] x [B, H, 1, V] -> [B, H, K, V]
     return q @ S, {"S": S}  # [B, H, 1, V]
@@ -227,16 +249,16 @@ def unit_lower_inverse(M: torch.Tensor) -> torch.Tensor:
     return X.reshape(*lead, P, P)[..., :C, :C]  # [..., C, C]
 
 
-def scan_levels(n, chunk: int = 1) -> int:
-    """Levels of the scan across n chunks of ``chunk`` tokens: exactly enough in eager mode. When n is symbolic
+def scan_levels(n, chunk: int = 1, substeps: int = 1) -> int:
+    """Levels of the scan across n chunks of ``chunk`` steps: exactly enough in eager mode. When n is symbolic
     (an export with a dynamic sequence length) one graph serves every length up to the ``sequence_bound`` in
-    force (its tokens in chunks), or up to 2^MAX_SCAN_LEVELS chunks without one."""
+    force (its tokens, ``substeps`` steps each, in chunks), or up to 2^MAX_SCAN_LEVELS chunks without one."""
     if isinstance(n, int):
         return max(n - 1, 0).bit_length()
     if not _BOUNDS:
         return MAX_SCAN_LEVELS
     _BOUNDS[-1].used = True
-    return scan_levels(-(-_BOUNDS[-1].tokens // chunk))
+    return scan_levels(-(-_BOUNDS[-1].tokens * substeps // chunk))
 
 
 def chunk_states(
@@ -299,7 +321,7 @@ def chunk_delta_rule(
     v: torch.Tensor,  # [B, H, T, V]
     beta: torch.Tensor,  # [B, H, T]
     *,
-    g: torch.Tensor | None = None,  # [B, H, T] log-decay <= 0; None: DeltaNet
+    g: torch.Tensor | None = None,  # [B, H, T] or [B, H, T, K] log-decay <= 0; None: DeltaNet
     initial_state: State | None = None,
     chunk_size: int = 64,
     scale: float = 1.0,
@@ -326,11 +348,26 @@ def chunk_delta_rule(
     float64 9e-15 (o) / 2.6e-14 (S) at K = V = 64, 1.3e-14 / 1.7e-14 at 128; float32 7.1e-7 / 6.7e-7 at 64,
     6.2e-7 / 8.2e-7 at 128 (the recurrent form: 8.7e-7 / 1.5e-6). Adversarial: one key repeated with beta = 2
     (a reflection, nothing decays), float32 7e-6 (the recurrent form 3e-6).
+
+    A per-channel g [B, H, T, K] (Kimi Delta Attention: S_t = (I - beta_t k_t k_t^T) diag(exp g_t) S_{t-1} +
+    beta_t k_t v_t^T, the decay first) takes the same steps with the decays per channel c: b_ic the in-chunk
+    cumulative log-decay, Gamma_ijc = exp(L_ijc) from the masked window sums [.., C, C, K] (``relative_log_decay``),
+        M_ij = beta_i sum_c k_ic k_jc Gamma_ijc (j < i),   P_ij = sum_c q_ic k_jc Gamma_ijc (j <= i),
+        W = T (beta e^b * K),  Qe = Q * e^b - P W,  Kd_j = k_j * Gamma_{C-1, j},  A = diag(e^{b_C}) - Kd^T W
+    The [.., C, C, K] decays cost T C K elements per head: use a smaller chunk (edgelin's KDA import: C = 32).
     """
     q, k, beta, g, S0 = _prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm, lengths)
     if fused.active() and lengths is None:  # the fused lowering (edgelin.ops.fused); a ragged batch stays portable
         o, S = fused.delta(q, k, v, beta, g, S0)
         return o, {"S": S}
+    o, final = _chunk_core(q, k, v, beta, g, S0, chunk_size)
+    return o, {"S": final}
+
+
+def _chunk_core(q, k, v, beta, g, S0, chunk_size: int, substeps: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chunk_delta_rule`` after its prologue: q (scaled), k [B, H, T, K], v [B, H, T, V], beta [B, H, T], g [B, H, T]
+    or [B, H, T, K] or None, S0 [B, H, K, V] -> (o [B, H, T, V], final S [B, H, K, V]). ``substeps``: steps per
+    token of the caller's sequence (the scan's levels under an export's ``sequence_bound`` count steps)."""
     B, H, T, K = q.shape
     V = v.shape[-1]
     C = chunk_size
@@ -349,6 +386,14 @@ def chunk_delta_rule(
         M = torch.where(strict, bc * kk, 0.0)  # [B, H, n, C, C]
         P = torch.where(causal, qk, 0.0)  # [B, H, n, C, C]
         kb_decayed, qe, kd = bc * kc, qc, kc  # [B, H, n, C, K]
+    elif g.dim() == 4:  # per channel
+        gc = F.pad(g, (0, 0, 0, pad)).reshape(B, H, n, C, K)  # [B, H, n, C, K]
+        decay = relative_log_decay(gc, dim=3).exp()  # [B, H, n, C, C, K]: Gamma per channel, 0 above the diagonal
+        eb = gc.cumsum(3).exp()  # [B, H, n, C, K]: e^{b_i}
+        kj = kc[..., None, :, :]  # [B, H, n, 1, C, K]: key j
+        M = torch.where(strict, bc * (kc[..., :, None, :] * kj * decay).sum(-1), 0.0)  # [B, H, n, C, C]
+        P = (qc[..., :, None, :] * kj * decay).sum(-1)  # [B, H, n, C, C]: causal already
+        kb_decayed, qe, kd = bc * eb * kc, eb * qc, decay[..., -1, :, :] * kc  # [B, H, n, C, K]
     else:
         gc = F.pad(g, (0, pad)).reshape(B, H, n, C)  # [B, H, n, C]
         decay = relative_log_decay(gc, dim=3).exp()  # [B, H, n, C, C]: Gamma, 0 above the diagonal
@@ -363,11 +408,142 @@ def chunk_delta_rule(
     O0 = P @ U0  # [B, H, n, C, V]
     kdt = kd.transpose(-1, -2)  # [B, H, n, K, C]
     eye = torch.eye(K, dtype=q.dtype, device=q.device)  # [K, K]
+    # e^{b_C} I: eb [B, H, n, C, 1] per head, [B, H, n, C, K] per channel (the diagonal)
     A = (eye if g is None else eb[..., -1, :, None] * eye) - kdt @ W  # [B, H, n, K, K]
     Bm = kdt @ U0  # [B, H, n, K, V]
-    starts, final = chunk_states(A, Bm, S0, scan_levels(n, C), tokens=T, chunk=C)  # [B, H, n, K, V], [B, H, K, V]
+    levels = scan_levels(n, C, substeps)
+    starts, final = chunk_states(A, Bm, S0, levels, tokens=T, chunk=C)  # [B, H, n, K, V], [B, H, K, V]
     o = Qe @ starts + O0  # [B, H, n, C, V]
-    return o.reshape(B, H, n * C, V)[:, :, :T], {"S": final}  # [B, H, T, V]
+    return o.reshape(B, H, n * C, V)[:, :, :T], final  # [B, H, T, V]
+
+
+# ---- the delta product (Gated DeltaProduct): n Householder steps per token, one gate per token ----------------------
+
+
+def _product_prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm):
+    """Checks shapes; returns (q scaled (and normalised) [B, H, T, K], k (normalised) [B, H, T, n, K], beta, g, S0)."""
+    if q.dim() != 4 or k.dim() != 5 or k.shape[:3] != q.shape[:3] or k.shape[-1] != q.shape[-1] or v.dim() != 5 \
+            or v.shape[:4] != k.shape[:4]:
+        raise ValueError(
+            f"q must be [B, H, T, K], k [B, H, T, n, K] and v [B, H, T, n, V] with the same B, H, T, n; got q "
+            f"{list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+        )
+    B, H, T, n, K = k.shape
+    if not beta.is_floating_point() or tuple(beta.shape) != (B, H, T, n):
+        raise ValueError(f"beta must be a float tensor of shape [B, H, T, n] = [{B}, {H}, {T}, {n}]; got {beta.dtype} {list(beta.shape)}")
+    if g is not None and (not g.is_floating_point() or tuple(g.shape) != (B, H, T)):
+        raise ValueError(f"g (log-decay) must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}]; got {g.dtype} {list(g.shape)}")
+    if qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    if scale != 1.0:
+        q = q * scale
+    S0 = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state["S"]
+    if tuple(S0.shape) != (B, H, K, v.shape[-1]):
+        raise ValueError(f"initial_state['S'] must be [B, H, K, V] = [{B}, {H}, {K}, {v.shape[-1]}]; got {list(S0.shape)}")
+    return q, k, beta.to(q.dtype), None if g is None else g.to(q.dtype), S0
+
+
+def _interleave(q, k, v, beta, g):
+    """The product as the delta rule over T n steps: token t's steps t n ... t n + n - 1 take its keys, values and
+    betas in order, its gate on the first (0 on the others: no decay) and its query on the last (0 on the others).
+    -> (q, k [B, H, T n, K], v [B, H, T n, V], beta [B, H, T n], g [B, H, T n] or None)."""
+    B, H, T, n, K = k.shape
+    steps = lambda x: x.reshape(B, H, -1, *x.shape[4:])  # noqa: E731  [B, H, T, n, ...] -> [B, H, T n, ...]
+    qs = steps(F.pad(q[:, :, :, None, :], (0, 0, n - 1, 0)))  # [B, H, T n, K]
+    gs = None if g is None else steps(F.pad(g[..., None], (0, n - 1)))  # [B, H, T n]
+    return qs, steps(k), steps(v), steps(beta), gs
+
+
+def naive_delta_product(
+    q: torch.Tensor,  # [B, H, T, K]
+    k: torch.Tensor,  # [B, H, T, n, K]
+    v: torch.Tensor,  # [B, H, T, n, V]
+    beta: torch.Tensor,  # [B, H, T, n]
+    *,
+    g: torch.Tensor | None = None,  # [B, H, T] log-decay <= 0 per token; None: no gate (DeltaProduct)
+    initial_state: State | None = None,
+    chunk_size: int = 64,  # unused: same signature as every form
+    scale: float = 1.0,
+    qk_l2norm: bool = False,
+) -> tuple[torch.Tensor, State]:
+    """The delta product as written: per token, S_t = H_n ... H_1 (exp(g_t) S_{t-1}) + the writes, each Householder-like
+    factor (I - beta_j k_j k_j^T) built explicitly (K x K) with its write beta_j k_j v_j^T after it, o_t = S_t^T q_t.
+    Slow on purpose and shares no code with the fast forms (they run the delta rule over the interleaved steps).
+    Run it in float64."""
+    q, k, beta, g, S = _product_prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm)
+    eye = torch.eye(q.shape[-1], dtype=q.dtype, device=q.device)  # [K, K]
+    outs = []
+    for t in range(q.shape[2]):
+        if g is not None:
+            S = g[:, :, t, None, None].exp() * S  # [B, H, K, V]
+        for j in range(k.shape[3]):
+            kj, bj = k[:, :, t, j], beta[:, :, t, j, None, None]  # [B, H, K], [B, H, 1, 1]
+            factor = eye - bj * kj[..., :, None] * kj[..., None, :]  # [B, H, K, K]
+            S = factor @ S + bj * kj[..., :, None] * v[:, :, t, j, None, :]  # [B, H, K, V]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))  # [B, H, V]
+    return torch.stack(outs, dim=2), {"S": S}  # [B, H, T, V]
+
+
+def chunk_delta_product(
+    q, k, v, beta, *, g=None, initial_state=None, chunk_size=64, scale=1.0, qk_l2norm=False
+) -> tuple[torch.Tensor, State]:
+    """The delta product by the delta rule's chunk form over the T n interleaved steps (``_interleave``; C steps a
+    chunk), each token's output read at its last step. The fused lowering runs the same steps through one node."""
+    q, k, beta, g, S0 = _product_prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm)
+    B, H, T, n, K = k.shape
+    qs, ks, vs, bs, gs = _interleave(q, k, v, beta, g)
+    if fused.active():
+        o, S = fused.delta(qs, ks, vs, bs, gs, S0)  # [B, H, T n, V]
+    else:
+        o, S = _chunk_core(qs, ks, vs, bs, gs, S0, chunk_size, substeps=n)  # [B, H, T n, V]
+    return o.reshape(B, H, T, n, -1)[:, :, :, -1], {"S": S}  # [B, H, T, V]
+
+
+def delta_product_step(
+    q, k, v, beta, *, g=None, initial_state=None, chunk_size=64, scale=1.0, qk_l2norm=False
+) -> tuple[torch.Tensor, State]:
+    """Exactly one token (the decode graph): the gate, then the n steps of ``delta_step``'s update unrolled (n is a
+    fixed size of the layer: no loop in the graph), then o = q S."""
+    if q.shape[2] != 1:
+        raise ValueError(f"delta_product_step takes one token, got a sequence of {q.shape[2]}")
+    q, k, beta, g, S = _product_prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm)
+    n = k.shape[3]
+    if fused.active():
+        qs, ks, vs, bs, gs = _interleave(q, k, v, beta, g)
+        o, S = fused.delta(qs, ks, vs, bs, gs, S)  # [B, H, n, V]
+        return o[:, :, -1:], {"S": S}
+    if g is not None:
+        S = g.exp()[..., None] * S  # [B, H, 1, 1] x [B, H, K, V]
+    for j in range(n):
+        kj = k[:, :, :, j]  # [B, H, 1, K]
+        u = beta[:, :, :, j, None] * (v[:, :, :, j] - kj @ S)  # [B, H, 1, V]
+        S = S + kj.transpose(-1, -2) * u  # [B, H, K, V]
+    return q @ S, {"S": S}  # [B, H, 1, V]
+
+
+def recurrent_delta_product(
+    q, k, v, beta, *, g=None, initial_state=None, chunk_size=64, scale=1.0, qk_l2norm=False
+) -> tuple[torch.Tensor, State]:
+    """Any length, by ``delta_product_step`` token by token."""
+    state, outs = initial_state, []
+    for t in range(q.shape[2]):
+        step = slice(t, t + 1)
+        o, state = delta_product_step(
+            q[:, :, step], k[:, :, step], v[:, :, step], beta[:, :, step], g=None if g is None else g[:, :, step],
+            initial_state=state, scale=scale, qk_l2norm=qk_l2norm,
+        )
+        outs.append(o)
+    if not outs:
+        raise ValueError("recurrent_delta_product needs at least one token")
+    return torch.cat(outs, dim=2), state  # [B, H, T, V]
+
+
+DELTA_PRODUCT_FORMS = {
+    "naive": naive_delta_product,
+    "chunk": chunk_delta_product,
+    "recurrent": recurrent_delta_product,
+    "step": delta_product_step,  # exactly one token: the decode graph
+}
 
 
 DELTA_FORMS = {
@@ -380,16 +556,21 @@ DELTA_SEQUENCE_FORMS = ("naive", "chunk", "recurrent")
 
 __all__ = [
     "DELTA_FORMS",
+    "DELTA_PRODUCT_FORMS",
     "DELTA_SEQUENCE_FORMS",
     "DEFAULT_MAX_SEQUENCE",
     "MAX_SCAN_LEVELS",
     "SequenceBound",
+    "chunk_delta_product",
     "chunk_delta_rule",
     "chunk_states",
     "delta_state_layout",
+    "delta_product_step",
     "delta_step",
     "l2norm",
+    "naive_delta_product",
     "naive_delta_rule",
+    "recurrent_delta_product",
     "recurrent_delta_rule",
     "scan_levels",
     "sequence_bound",
