@@ -25,7 +25,7 @@ PRECISION_FLOORED = tuple(group for group, kind in KIND_OF.items() if kind in PR
 
 @dataclass
 class Check:
-    group: str  # structure | prefill | decode | graphs | golden | providers | long | behaviour
+    group: str  # structure | prefill | decode | graphs | golden | providers | long | behaviour | routing
     name: str
     status: str  # pass | fail | n/a
     max_abs: float | None = None

@@ -21,6 +21,7 @@ from edgelin.validate.behaviour import behaviour, greedy_agreement, heldout, hel
 from edgelin.validate.long import kv_cache, long_stream
 from edgelin.validate.prefill_decode import decode_vs_torch, graphs_agree, prefill_vs_torch, ragged_agrees
 from edgelin.validate.report import FAIL, NA, PASS, Check, Report
+from edgelin.validate.routing import routing_agreement
 from edgelin.validate.runtime_check import golden_outputs, provider_vs_cpu
 from edgelin.validate.structure import check_structure, contract_mismatch, resolve_checkpoint
 from edgelin.validate.upstream_checks import against_upstream, upstream_plan
@@ -175,6 +176,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         kv_cache(v, cpu, kv)
     say("behaviour ...")
     behaviour(v, cpu, k=32)
+    routing_agreement(v, cpu)  # a mixture-of-experts model: the graph's chosen experts vs PyTorch's
     say(f"precision ({manifest.precision}) vs fp32 PyTorch: greedy agreement, held-out bits/byte ...")
     text = heldout_text(manifest)
     greedy_agreement(v, cpu, text)
