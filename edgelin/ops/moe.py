@@ -6,6 +6,9 @@ Routing, per token (router logits l = W_r x [N, E]):
     choice   ids = top-k of (s + b) (b: a score-correction bias that only chooses, LFM2's expert_bias; else s)
     weights  w = s[ids]; renormalised w / (sum w + eps) if asked; times a routed scaling factor  [N, k]
 
+Exact ties: eagerly torch.topk chooses (as transformers does, which calls it), and it may take any of the tied
+experts; the graphs' ONNX TopK takes the lower index, as ``naive_route`` does. Only exactly equal scores differ.
+
 The experts: y = sum over the chosen e of w_e * down_e(silu(gate_e x) * up_e(x)), in expert order (as transformers
 adds them). ``expert_add`` is one expert's share: it runs the expert on the rows whose weight for it is not zero
 and adds the weighted rows into ``out``. Eagerly it is the torch operator ``edgelin::expert_add``; in the graphs
