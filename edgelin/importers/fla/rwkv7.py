@@ -66,8 +66,9 @@ class RWKV7Model:
 
 def read(f: Fields, common: Common) -> RWKV7Model:
     if f.get("attn") is not None:
-        raise f.unsupported("attn", "asks for softmax attention layers inside an RWKV-7 model (a hybrid), which edgelin "
-                                    "does not build for this family; export a model without 'attn'")
+        raise f.unsupported("attn", "asks for softmax attention layers inside an RWKV-7 model (a hybrid), which fla 0.6 "
+                                    "itself cannot run (its RWKV7Block unpacks four values from its Attention, which "
+                                    "returns three); export a model without 'attn'")
     f.choice("attn_mode", ATTN_MODES)
     hidden = common.hidden_size
     head_dim = f.integer("head_dim", optional=True)
