@@ -6,6 +6,7 @@ its lowering hooks; the ops they run are in edgelin.ops (a naive reference besid
     gated.py             gated linear attention: RetNet's fixed decay, GLA's per-channel gate   kind "fla/gated"
     delta.py             the delta rule with fla's conventions (DeltaNet, Gated DeltaNet)      kind "fla/delta"
     mamba2.py            Mamba2's SSD recurrence                                                kind "mamba2"
+    rwkv7.py             RWKV-7's time mix (DPLR recurrence) and its stateful channel mix (MLP) kind "fla/rwkv7"
     mamba.py             Mamba-1's selective scan (a decay per channel and state element)      kind "mamba"
     rg_lru.py            RecurrentGemma's recurrent block: temporal conv + RG-LRU              kind "rg_lru"
     parallel.py          several mixers on one input, their outputs summed (Falcon-H1)        kind "parallel"
