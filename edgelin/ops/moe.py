@@ -13,7 +13,7 @@ The experts: y = sum over the chosen e of w_e * down_e(silu(gate_e x) * up_e(x))
 adds them). ``expert_add`` is one expert's share: it runs the expert on the rows whose weight for it is not zero
 and adds the weighted rows into ``out``. Eagerly it is the torch operator ``edgelin::expert_add``; in the graphs
 ``translation_table`` makes each call a small group of standard ONNX nodes (NonZero, GatherND, three MatMuls on
-that expert's own constant weights, ScatterND with reduction "add"): the row count is data dependent inside it,
+that expert's own constant weights, a ScatterND of out[rows] + y): the row count is data dependent inside it,
 so an expert no token chose multiplies nothing, and a decode step reads only the chosen experts' weights. The
 torch side keeps static shapes, so torch.export traces it. ``naive_moe`` is the reference: a loop over tokens and
 their chosen experts (run it in float64).
@@ -116,8 +116,8 @@ def naive_route(logits: torch.Tensor, k: int, *, scoring: str, bias: torch.Tenso
 def translation_table() -> dict:
     """torch.onnx's ``custom_translation_table`` for ``expert_add``: per call, the rows routed to the expert
     (NonZero of its weight column), their inputs (GatherND), the expert's SwiGLU as MatMuls on its constant
-    weights (transposed to [D, I] / [I, D] initializers by the exporter's constant folding), the weight, and a
-    ScatterND with reduction "add" into ``out``."""
+    weights (transposed to [D, I] / [I, D] initializers by the exporter's constant folding), the weight, and
+    out[rows] + y written back into ``out`` (ScatterND)."""
     from onnxscript import opset18 as op
 
     def expert_add_nodes(out, x, weight, gate, up, down):
@@ -126,7 +126,9 @@ def translation_table() -> dict:
         g = op.MatMul(xe, op.Transpose(gate, perm=[1, 0]))
         h = op.Mul(op.Mul(g, op.Sigmoid(g)), op.MatMul(xe, op.Transpose(up, perm=[1, 0])))
         y = op.Mul(op.MatMul(h, op.Transpose(down, perm=[1, 0])), op.Unsqueeze(op.GatherND(weight, rows), [1]))
-        return op.ScatterND(out, rows, y, reduction="add")
+        # out[rows] += y as a plain ScatterND of out[rows] + y (the rows are distinct): ONNX Runtime's CPU kernel has
+        # no float16 reduction "add", a copy it has for every type
+        return op.ScatterND(out, rows, op.Add(op.GatherND(out, rows), y))
 
     return {torch.ops.edgelin.expert_add.default: expert_add_nodes}
 

@@ -128,7 +128,7 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
     report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
     assert report.passed, report.table()
     assert [c.status for c in report.checks if c.group == "routing"] == ["pass"], report.table()
-    report = javascript_check(out, tmp_path)  # NonZero, GatherND, ScatterND (add) and empty rows in onnxruntime-node
+    report = javascript_check(out, tmp_path)  # NonZero, GatherND, ScatterND and empty rows in onnxruntime-node
     assert report["passed"] and len(report["results"]) == 2, report
 
 
