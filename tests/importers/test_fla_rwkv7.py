@@ -111,7 +111,14 @@ def test_export_matches_fla(fla_oracle, tmp_path_factory, tmp_path):
 
 @pytest.fixture(scope="module")
 def base(fla_oracle, tmp_path_factory):
-    return fla_oracle.build(tmp_path_factory.mktemp("rwkv7-base") / "ckpt", model_type="rwkv7", **SMALL)
+    """fla's defaults at the tiny sizes, with ``strong`` decays and learning rates."""
+    from safetensors.torch import load_file, save_file
+
+    folder = fla_oracle.build(tmp_path_factory.mktemp("rwkv7-base") / "ckpt", model_type="rwkv7", **SMALL)
+    tensors = load_file(folder / "model.safetensors")
+    strong(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
 
 
 def test_registry_lists_rwkv7():
@@ -119,8 +126,9 @@ def test_registry_lists_rwkv7():
 
 
 def test_protocol_state_layout_and_naive_form(base):
-    """The protocol; the state layout (S per head [K, V]; the time mix's and the channel mix's token shifts); the chunk form at its chunk and at another, the recurrent loop and the naive DPLR loop give one
-    prefill's logits and state in float64 (2 chunks and 1 token, strong decays in the checkpoint's random LoRAs)."""
+    """The protocol; the state layout (S per head [K, V]; the time mix's and the channel mix's token shifts); the
+    chunk form at its chunk and at another, the recurrent loop and the naive DPLR loop give one prefill's logits and
+    state in float64 (2 chunks and 1 token; decays and learning rates at their ends, ``strong``)."""
     model = load_checkpoint(base)
     specs = {s.key: (s.shape, s.dtype) for s in model.state_specs()}
     assert specs == {

@@ -88,11 +88,12 @@ def read(f: Fields, common: Common) -> RWKV7Model:
         widths = [widths] * common.num_layers
     if (not isinstance(widths, list) or len(widths) != common.num_layers
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in widths)):
-        raise f.fail("value_dim", f"must be a positive integer, a list of {common.num_layers} of them, or null; got {value_dim!r}")
+        raise f.fail("value_dim", f"must be a positive integer, a list of {common.num_layers} of them, or null; "
+                                  f"got {value_dim!r}")
     if set(widths) != {hidden}:
-        raise f.unsupported("value_dim", f"is {value_dim!r}; edgelin imports RWKV-7 with values as wide as hidden_size ({hidden}) "
-                                         "only (fla 0.6 cannot build a model with wider values: its layer init fails), so "
-                                         "export a checkpoint with value_dim null or equal to hidden_size")
+        raise f.unsupported("value_dim", f"is {value_dim!r}; edgelin imports RWKV-7 with values as wide as hidden_size "
+                                         f"({hidden}) only (fla 0.6 cannot build a model with wider values: its layer init "
+                                         "fails), so export a checkpoint with value_dim null or equal to hidden_size")
     factor = head_dim / 64
     layer = RWKV7Options(
         hidden_size=hidden, num_heads=heads, head_dim=head_dim, value_dim=widths[0],
