@@ -62,6 +62,11 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("Qwen3.5", TRANSFORMERS, ("qwen3_5", "qwen3_5_text"), ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
                 ("gated delta rule + short conv", "gated softmax attention"), "edgelin.importers.hf.qwen3_5", ("load", "load_text"),
                 "text model only (a vision tower is left out, said in the manifest); dense MLPs only"),
+    ModelFamily("Qwen3.5-MoE", TRANSFORMERS, ("qwen3_5_moe", "qwen3_5_moe_text"),
+                ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
+                ("gated delta rule + short conv", "gated softmax attention", "mixture-of-experts MLP"),
+                "edgelin.importers.hf.qwen3_5_moe", ("load", "load_text"),
+                "text model only (a vision tower is left out, said in the manifest)"),
     ModelFamily("Qwen3-Next", TRANSFORMERS, ("qwen3_next",), ("Qwen3NextForCausalLM",),
                 ("gated delta rule + short conv", "gated softmax attention"), "edgelin.importers.hf.qwen3_next", ("load",),
                 "dense MLPs only"),
@@ -120,7 +125,6 @@ class Known:
         return self.reason or f"it has {self.blocker}, which edgelin does not implement yet"
 
 
-_MOE = "mixture-of-experts MLPs"
 _SOFTMAX_ONLY = ("it is a softmax-attention transformer with no linear layers, and edgelin exports linear-attention and "
                  "hybrid models (onnxruntime-genai and llama.cpp export this kind)")
 _VL = "it is a vision-language model, and edgelin exports text models; none of its importers reads this one's language model"
@@ -130,8 +134,6 @@ KNOWN: dict[tuple[str, str], Known] = {
     (TRANSFORMERS, "lfm2_vl"): Known("LFM2-VL", TRANSFORMERS, "", "the text-only LFM2 / LFM2.5 checkpoint (model_type lfm2)",
                                      reason="it is a vision-language checkpoint; edgelin reads LFM2's text model from an lfm2 "
                                             "folder, not from inside a VL one"),
-    (TRANSFORMERS, "qwen3_5_moe"): Known("Qwen3.5-MoE", TRANSFORMERS, _MOE, "a dense Qwen3.5 checkpoint (model_type qwen3_5)"),
-    (TRANSFORMERS, "qwen3_5_moe_text"): Known("Qwen3.5-MoE", TRANSFORMERS, _MOE, "a dense Qwen3.5 checkpoint (model_type qwen3_5_text)"),
     (TRANSFORMERS, "kimi_linear"): Known("Kimi Linear", TRANSFORMERS, "Kimi Delta Attention (a per-channel gated delta rule), MLA attention "
                                          "and mixture-of-experts MLPs", "Qwen3-Next (a gated delta rule with attention)"),
     (TRANSFORMERS, "minimax"): Known("MiniMax", TRANSFORMERS, "lightning attention with mixture-of-experts MLPs"),

@@ -67,7 +67,7 @@ FLA_FIELDS = {"fuse_norm": True, "fuse_cross_entropy": True, "use_l2warp": False
     pytest.param({"model_type": "kimi_linear"}, ["transformers' Kimi Linear", "'kimi_linear'", "MLA attention", "nearest family it exports is Qwen3-Next"],
                  id="kimi-linear"),
     pytest.param({"model_type": "minimax"}, ["MiniMax", "lightning attention with mixture-of-experts MLPs"], id="moe"),
-    pytest.param({"model_type": "qwen3_5_moe_text"}, ["Qwen3.5-MoE", "mixture-of-experts"], id="qwen-moe"),
+    pytest.param({"model_type": "bailing_hybrid"}, ["Ling hybrid", "mixture-of-experts"], id="ling-moe"),
     pytest.param({"model_type": "lfm2_vl", "vision_config": {}}, ["LFM2-VL", "vision-language"], id="vision-language"),
     pytest.param({"model_type": "rwkv6", **FLA_FIELDS}, ["flash-linear-attention's RWKV-6", "token shift", "GLA"], id="fla-rwkv6"),
     pytest.param({"model_type": "hgrn2", **FLA_FIELDS}, ["HGRN2", "state expansion"], id="fla-hgrn2"),
