@@ -15,7 +15,7 @@ from edgelin.importers.weights import load_checkpoint_weights
 from edgelin.skeleton import CausalLM
 
 
-MOE = "mixture-of-experts layers (the qwen3_5_moe model type); edgelin exports dense MLPs only"
+MOE = "mixture-of-experts layers: a Qwen3.5-MoE checkpoint says model_type qwen3_5_moe or qwen3_5_moe_text, which edgelin reads"
 
 
 REFUSED_FIELDS = {
@@ -31,29 +31,43 @@ WRAPPER_FIELDS: dict[str, Any] = {
 }
 
 
-def load_text(path: str | Path) -> CausalLM:
-    """A ``qwen3_5_text`` checkpoint folder (Qwen3_5ForCausalLM)."""
+def read_text(path: str | Path, *, fields: dict[str, Any] = TEXT_FIELDS, refused: dict[str, str] = REFUSED_FIELDS,
+              family: str = "hf/qwen3_5_text", variant=None) -> CausalLM:
+    """A text checkpoint folder of Qwen3.5's kind: ``fields`` and ``refused`` its config's, ``variant(f)`` the
+    further keyword arguments of ``build`` a variant reads from the checked config (Qwen3.5-MoE's MLPs)."""
     ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
     path, source = ckpt.path, ckpt.config
-    f = check_fields(source, defaults=TEXT_FIELDS, refused=REFUSED_FIELDS, importer="hf/qwen3_5_text", where=path / CONFIG_FILE)
-    make, rename = build(f, source=source, family="hf/qwen3_5_text")
+    f = check_fields(source, defaults=fields, refused=refused, importer=family, where=path / CONFIG_FILE)
+    make, rename = build(f, source=source, family=family, **(variant(f) if variant else {}))
     return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
 
 
-def load(path: str | Path) -> CausalLM:
-    """A ``qwen3_5`` checkpoint folder (Qwen3_5ForConditionalGeneration): its text model, without the vision tower."""
+def read_multimodal(path: str | Path, *, fields: dict[str, Any] = TEXT_FIELDS, refused: dict[str, str] = REFUSED_FIELDS,
+                    family: str = "hf/qwen3_5", variant=None) -> CausalLM:
+    """A vision-language checkpoint folder of Qwen3.5's kind: its text model (``read_text``'s arguments), without
+    the vision tower."""
     ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
     path, source = ckpt.path, ckpt.config
     where = path / CONFIG_FILE
-    wrapper = check_fields(source, defaults=WRAPPER_FIELDS, refused={}, importer="hf/qwen3_5", where=where)
+    wrapper = check_fields(source, defaults=WRAPPER_FIELDS, refused={}, importer=family, where=where)
     text = wrapper.get("text_config")
     if not isinstance(text, dict):
         raise wrapper.fail("text_config", "must be an object (the text model's config)")
-    f = check_fields(text, defaults=TEXT_FIELDS, refused=REFUSED_FIELDS, importer="hf/qwen3_5", where=where)
-    make, rename = build(f, tie=wrapper.flag("tie_word_embeddings"), source=source, family="hf/qwen3_5")
+    f = check_fields(text, defaults=fields, refused=refused, importer=family, where=where)
+    make, rename = build(f, tie=wrapper.flag("tie_word_embeddings"), source=source, family=family, **(variant(f) if variant else {}))
     model = load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
     model.config["left_out"] = "the vision tower (vision_config, model.visual.*): the export is the text model"
     return model
 
 
-__all__ = ["load", "load_text"]
+def load_text(path: str | Path) -> CausalLM:
+    """A ``qwen3_5_text`` checkpoint folder (Qwen3_5ForCausalLM)."""
+    return read_text(path)
+
+
+def load(path: str | Path) -> CausalLM:
+    """A ``qwen3_5`` checkpoint folder (Qwen3_5ForConditionalGeneration): its text model, without the vision tower."""
+    return read_multimodal(path)
+
+
+__all__ = ["WRAPPER_FIELDS", "load", "load_text", "read_multimodal", "read_text"]

@@ -22,6 +22,7 @@ from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.importers.fields import Fields
 from edgelin.layers import LayerSizes
 from edgelin.layers.delta import DeltaOptions, FlaDeltaAttention
+from edgelin.layers.mlp import SwiGLU
 from edgelin.importers.hf import declare_context, read_rope
 from edgelin.importers.weights import Renamer
 from edgelin.protocol import DEFAULT_CHUNK
@@ -61,9 +62,12 @@ def read_layer_types(f: Fields, n_layers: int) -> list[str]:
     return kinds
 
 
-def build(f: Fields, *, tie: bool | None = None, source: dict[str, Any], family: str) -> tuple:
+def build(f: Fields, *, tie: bool | None = None, source: dict[str, Any], family: str, mlp=SwiGLU, mlp_hidden: int | None = None,
+          renames: tuple[tuple[str, str], ...] = ()) -> tuple:
     """(a function that builds the model, the renames) from the checked text config ``f`` (Qwen3.5's fields, or a
-    family's that reads them the same way: Qwen3-Next's)."""
+    family's that reads them the same way: Qwen3-Next's). A mixture-of-experts variant gives the blocks' ``mlp``
+    (CausalLM's: a function of the layer index), their ``mlp_hidden`` (else ``intermediate_size``) and ``renames``
+    applied before the others."""
     f.choice("hidden_act", ("silu",))
     if f.flag("attention_bias"):
         raise f.fail("attention_bias", f"is true (biases on q/k/v/o); edgelin's {family} importer supports false only")
@@ -91,16 +95,19 @@ def build(f: Fields, *, tie: bool | None = None, source: dict[str, Any], family:
         qk_norm=True, output_gate=True, packed_gate=True, unit_offset_norm=True, norm_eps=eps,
     )
 
+    width = f.integer("intermediate_size") if mlp_hidden is None else mlp_hidden
+
     def make() -> CausalLM:
         model = CausalLM(
             lambda i: Attention(attention) if kinds[i] == "full_attention" else FlaDeltaAttention(delta, sizes),
-            n_layers=n_layers, vocab_size=f.integer("vocab_size"), d_model=hidden, mlp_hidden=f.integer("intermediate_size"), norm_eps=eps,
-            tie_embeddings=tie, chunk_size=DEFAULT_CHUNK, norm=UnitOffsetRMSNorm,
+            n_layers=n_layers, vocab_size=f.integer("vocab_size"), d_model=hidden, mlp_hidden=width, norm_eps=eps,
+            tie_embeddings=tie, chunk_size=DEFAULT_CHUNK, norm=UnitOffsetRMSNorm, mlp=mlp,
             config={"family": family, "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )
         return declare_context(model, f.data, "full_attention" in kinds)
 
     pairs = [
+        *renames,
         ("model.language_model.", "model."),  # the multimodal checkpoint's text model
         ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.norm.", "norm."),
         (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".mlp_norm."),
