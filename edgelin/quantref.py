@@ -17,7 +17,9 @@ Emulated (``arithmetic``), as exporters/precision.py writes the graphs:
     int8, scheme channel  every nn.Linear weight per output channel in 7 bits (``quantise_int8_columns``), its input
                         rounded per tensor to uint8 steps with a zero point (DynamicQuantizeLinear)
     int4                every nn.Linear weight in 4-bit blocks of 32 along K, symmetric (ONNX Runtime's own
-                        quantiser), its input rounded per block as for int8's block scheme
+                        quantiser), its input rounded per block as for int8's block scheme; the linears a layer
+                        names in ``eight_bit_linears`` (Mamba-1's out_proj) in 8-bit blocks as int8's block scheme,
+                        where the export recorded them (``manifest.extra["eight_bit_weights"]``)
     embedding           the token table as the export stores it (``manifest.extra["embedding"]``: int8, int4 or fp32,
                         blocks of 32 along d_model); a tied head reads the same dequantised table, its input rounded
                         per block where the table is quantised (MatMulNBits) and not where it stays fp32; an int4
@@ -52,7 +54,27 @@ def arithmetic(manifest: Manifest) -> str | None:
     weights = {"block": "8-bit weights in blocks of 32, activations rounded to int8 per block",
                "channel": "7-bit weights per output channel, activations rounded to uint8 per tensor",
                None: "4-bit weights in blocks of 32, activations rounded to int8 per block"}[scheme]
+    eight = _eight_bit_count(manifest)
+    if eight:
+        weights += f" ({eight} with outlier inputs in 8-bit blocks)"
     return f"{weights}; the embedding table in {embedding}"
+
+
+def _eight_bit_count(manifest: Manifest) -> int:
+    """How many weights an int4 export stored in 8-bit blocks because their layer asked (``eight_bit_linears``)."""
+    return int(manifest.extra.get("eight_bit_weights") or 0) if manifest.precision == "int4" else 0
+
+
+def eight_bit_linears(model: nn.Module) -> list[nn.Linear]:
+    """The linears an int4 export keeps in 8-bit blocks: those each layer names in its ``eight_bit_linears`` (a layer
+    whose projection reads inputs with outlier channels, where 4-bit weight rows cost most of the held-out loss)."""
+    found = []
+    for module in model.modules():
+        for name in getattr(module, "eight_bit_linears", ()):
+            linear = getattr(module, name, None)
+            if isinstance(linear, nn.Linear):
+                found.append(linear)
+    return found
 
 
 def round_blocks(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
@@ -142,10 +164,12 @@ def quantised_model(model: nn.Module, manifest: Manifest) -> nn.Module | None:
             own_head.weight.copy_(_table(own_head.weight, storage))
         if storage != "fp32" and own_head.weight.shape[1] % BLOCK == 0:
             own_head.register_forward_pre_hook(lambda _m, a: (round_blocks(a[0]),) + tuple(a[1:]))
+    eight = {id(m) for m in eight_bit_linears(q)} if _eight_bit_count(manifest) else set()
     for module in q.modules():
         if isinstance(module, nn.Linear) and module is not own_head:
+            stored = _int8_blocks if id(module) in eight else weights  # int4's 8-bit linears: MatMulNBits, 8 bits, block 32
             with torch.no_grad():
-                module.weight.copy_(torch.from_numpy(np.ascontiguousarray(weights(module.weight.detach().float().numpy().T).T)))
+                module.weight.copy_(torch.from_numpy(np.ascontiguousarray(stored(module.weight.detach().float().numpy().T).T)))
             module.register_forward_pre_hook(round_input)
     if isinstance(embed, nn.Embedding):
         table = _table(q.embed.weight, storage)
@@ -160,4 +184,4 @@ def quantised_model(model: nn.Module, manifest: Manifest) -> nn.Module | None:
     return q
 
 
-__all__ = ["BLOCK", "arithmetic", "quantised_model", "round_blocks", "round_tensor"]
+__all__ = ["BLOCK", "arithmetic", "eight_bit_linears", "quantised_model", "round_blocks", "round_tensor"]

@@ -16,21 +16,26 @@ from edgelin.runtime.manifest import Manifest
 
 
 def convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Callable[[str], None], embedding: str | None = None,
-                    int8_scheme: str | None = None) -> tuple[dict, dict]:
+                    int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset()) -> tuple[dict, dict]:
     """The checked fp32 graphs in ``tmp`` rewritten in ``precision`` (``int8_scheme``: as ``int8_scheme_choice``
-    resolved it); the manifest's extra fields record
+    resolved it; ``eight_bit``: int4's weights kept in 8-bit blocks, by digest); the manifest's extra fields record
     the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
-    nodes, op_types, kept = {}, {}, {}
+    nodes, op_types, kept, eight = {}, {}, {}, 0
     for graph, fname in GRAPH_FILES.items():
         if precision == "int8":  # the quantiser reads the file itself: no second copy of the weights in memory
             proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
         else:
-            proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding)
+            proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding,
+                                            eight_bit=eight_bit)
         tied_head_in_place(proto)
         save_graph(proto, tmp / fname)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), op_histogram(proto), note.kept
+        eight = max(eight, note.eight_bit)
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
+    if eight:  # validate's quantised reference stores the same linears in 8 bits (edgelin.quantref)
+        manifest.extra["eight_bit_weights"] = eight
+        say(f"{eight} weights whose layers read outlier inputs stored in 8-bit blocks")
     if precision == "int8":
         manifest.extra["int8_scheme"] = int8_scheme
     if precision in ("int8", "int4"):  # how the token table is stored: validate's quantised reference reads it

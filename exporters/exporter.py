@@ -31,6 +31,7 @@ from edgelin.exporters.check import (
 )
 from edgelin.exporters.convert import convert_graphs, op_histogram
 from edgelin.exporters.precision import check_precision, embedding_choice, int8_scheme_choice, state_dtypes
+from edgelin.exporters.precision.int4 import eight_bit_digests
 from edgelin.exporters.result import ExportResult
 from edgelin.exporters.source import resolve_source
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
@@ -39,6 +40,7 @@ from edgelin.exporters.weights import store_once, tied_head_in_place
 from edgelin.exporters.write import GRAPH_FILES, build_manifest, finalize_graph, publish_manifest
 from edgelin.ops import fused
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE
+from edgelin.quantref import eight_bit_linears
 from edgelin.runtime import golden
 from edgelin.runtime.files import check_output_dir, check_path, remove_created, remove_stale_temps, replace_dir, uninterrupted, work_dir, work_files, write_failure
 
@@ -185,6 +187,7 @@ def export(
         plan = golden.plan_for(manifest.vocab_size, protocol.chunk_size(model), manifest.min_sequence, max_positions=manifest.max_positions)
         gold = golden_run(model, manifest, plan)
         reference = smoke_reference(model, manifest) if check else None
+        eight_bit = eight_bit_digests(eight_bit_linears(model)) if precision == "int4" else frozenset()
         caller = None if checkpoint is not None else model  # the caller holds it anyway; a checkpoint's is loaded again if needed
         model = None  # not needed past here: an export from a checkpoint frees its weights before ONNX Runtime loads them
         manifest.extra["golden"] = write_golden(plan, gold, None, manifest, budget, tmp)
@@ -192,7 +195,8 @@ def export(
             say("checking the fp32 graphs (onnx.checker, full check) ...")
             for graph in GRAPH_FILES:
                 finalize_graph(tmp / GRAPH_FILES[graph], manifest.to_json(embedded=True), graph)
-            nodes, op_types = convert_graphs(tmp, precision, state_dtype, manifest, say, embedding=embedding, int8_scheme=int8_scheme)
+            nodes, op_types = convert_graphs(tmp, precision, state_dtype, manifest, say, embedding=embedding, int8_scheme=int8_scheme,
+                                             eight_bit=eight_bit)
         manifest = dataclasses.replace(manifest, weights=store_once(tmp, GRAPH_FILES))
         say(f"weights stored once: {manifest.weights['file']}, {manifest.weights['bytes'] / 1e6:,.1f} MB, shared by both graphs")
         say("checking the graphs (onnx.checker, full check) ...")

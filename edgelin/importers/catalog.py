@@ -97,9 +97,9 @@ FAMILIES: tuple[ModelFamily, ...] = (
                 ("load",)),
     ModelFamily("Mamba, Falcon-Mamba", TRANSFORMERS, ("mamba", "falcon_mamba"), ("MambaForCausalLM", "FalconMambaForCausalLM"),
                 ("Mamba-1 selective scan",), "edgelin.importers.hf.mamba", ("load", "load_falcon_mamba"),
-                "int4 fails validate's held-out budget on a trained model (docs/importers.md): prefer int8"),
+                "int4 keeps each out_proj in 8-bit blocks (docs/importers.md)"),
     ModelFamily("Jamba", TRANSFORMERS, ("jamba",), ("JambaForCausalLM",), ("Mamba-1 selective scan", "softmax attention (no position encoding)"),
-                "edgelin.importers.hf.jamba", ("load",), "dense MLPs only; int4 as Mamba's"),
+                "edgelin.importers.hf.jamba", ("load",), "dense MLPs only; int4 keeps the Mamba layers' out_proj in 8 bits"),
 )
 
 

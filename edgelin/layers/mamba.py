@@ -58,6 +58,10 @@ class MambaMixer(nn.Module):
     forms = ("chunk", "step", "naive")
     accepts_lengths = False
     bounded_state = True  # S decays (dt A < 0); the conv window holds activations
+    # Linears an int4 export keeps in 8-bit blocks (edgelin.quantref.eight_bit_linears): out_proj reads the scan's
+    # gated output un-normalised, whose few outlier channels (|x| up to ~1e4 against an RMS of ~1e2 on a Mamba trained
+    # for minutes) turn the 4-bit error of their weight rows into most of int4's held-out loss (docs/importers.md)
+    eight_bit_linears = ("out_proj",)
 
     def __init__(self, o: MambaOptions) -> None:
         super().__init__()

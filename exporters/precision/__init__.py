@@ -71,13 +71,16 @@ CONVERTERS: dict[str, Callable[..., tuple[onnx.ModelProto, Conversion]]] = {
 
 
 def convert(proto: onnx.ModelProto, precision: str, *, state_dtype: str = "float32", embedding: str | None = None,
-            int8_scheme: str | None = None) -> tuple[onnx.ModelProto, Conversion]:
+            int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
     """One fp32 graph (prefill or decode, as the exporter writes it) in ``precision``. ``embedding``: how an
     int8 or int4 export stores the token embedding and a tied head ("int8" by default, "int4", "fp32";
-    ``embedding_choice``). ``int8_scheme``: int8's weights, "channel" (the default) or "block" (INT8_SCHEMES)."""
+    ``embedding_choice``). ``int8_scheme``: int8's weights, "channel" (the default) or "block" (INT8_SCHEMES).
+    ``eight_bit``: int4 only, the digests of weights kept in 8-bit blocks (``convert_int4``)."""
     check_precision(precision, state_dtype)
     scheme = int8_scheme_choice(precision, int8_scheme)
-    extra = {"scheme": scheme} if scheme else {}
+    extra: dict = {"scheme": scheme} if scheme else {}
+    if precision == "int4" and eight_bit:
+        extra["eight_bit"] = eight_bit
     return CONVERTERS[precision](proto, state_dtype, embedding_choice(precision, embedding), **extra)
 
 

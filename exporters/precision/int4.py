@@ -3,8 +3,11 @@ head stored as the embedding table is, and the table and a tied head as ``tables
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
+
+import numpy as np
 
 import onnx
 from onnx import helper, numpy_helper
@@ -12,6 +15,7 @@ from onnx import helper, numpy_helper
 from edgelin.exporters.precision.common import (
     ACCURACY_LEVEL, EMBEDDING_BITS, FLOAT, INT4_BLOCK, MS_DOMAIN, TABLE_BLOCK, Conversion, quiet,
 )
+from edgelin.exporters.precision.int8 import _quantise_matmuls
 from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table, table_heads
 
 
@@ -82,16 +86,46 @@ def _quantise_untied_head(proto: onnx.ModelProto, embedding: str) -> str | None:
     return None
 
 
-def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8") -> tuple[onnx.ModelProto, Conversion]:
+def weight_digest(w: np.ndarray) -> str:
+    """The fingerprint by which a MatMul's weight [K, N] is found in a graph: sha256 of its float32 bytes (a
+    torch Linear's weight transposed, as the graph stores it)."""
+    return hashlib.sha256(np.ascontiguousarray(w, dtype=np.float32).tobytes()).hexdigest()
+
+
+def eight_bit_digests(linears) -> frozenset[str]:
+    """The ``weight_digest`` of each torch Linear of ``linears`` as the graph stores its weight (transposed, [K, N])."""
+    return frozenset(weight_digest(linear.weight.detach().float().numpy().T) for linear in linears)
+
+
+def _eight_bit_matmuls(graph: onnx.GraphProto, digests: frozenset[str]) -> list[str]:
+    """The MatMuls whose constant float [K, N] weight has one of ``digests`` (``weight_digest``)."""
+    if not digests:
+        return []
+    inits = {i.name: i for i in graph.initializer}
+    found = []
+    for node in graph.node:
+        w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        if w is not None and w.data_type == FLOAT and len(w.dims) == 2 and weight_digest(numpy_helper.to_array(w)) in digests:
+            found.append(node.name)
+    return found
+
+
+def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8",
+                 eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
+    """``eight_bit``: the ``weight_digest`` of each weight to store in 8-bit blocks instead (MatMulNBits, bits 8, as
+    int8's block scheme): the linears a layer names in ``eight_bit_linears`` (edgelin.quantref)."""
     MatMulNBitsQuantizer = _import_leaving_logging_alone("onnxruntime.quantization.matmul_nbits_quantizer").MatMulNBitsQuantizer  # noqa: N806
 
     exact_head = _quantise_untied_head(proto, embedding)
+    eight = _eight_bit_matmuls(proto.graph, eight_bit)
     with quiet():
         quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
-                                     accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=[exact_head] if exact_head else None)
+                                     accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=([exact_head] if exact_head else []) + eight or None)
         quant.process()
         out = quant.model.model
+    if eight:
+        _quantise_matmuls(out.graph, numpy_helper.to_array, "block", only=frozenset(eight))
     tables = quantise_embedding(out, embedding)
     why = {exact_head: "the head, stored as the embedding table is: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
-    note = Conversion("int4", kept=kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why))
+    note = Conversion("int4", kept=kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why), eight_bit=len(eight))
     return out, note

@@ -78,15 +78,17 @@ def quantise_int8_blocks(w: np.ndarray, block: int = INT8_BLOCK) -> tuple[np.nda
     return packed.reshape(N, blocks, block), scales.reshape(-1)
 
 
-def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto], np.ndarray], scheme: str = DEFAULT_INT8_SCHEME) -> None:
+def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto], np.ndarray], scheme: str = DEFAULT_INT8_SCHEME,
+                      only: frozenset[str] | None = None) -> None:
     """Each MatMul of ``graph`` whose weight (input 1) is a float [K, N] initializer -> int8. Scheme "channel":
     quantize_dynamic's pattern: DynamicQuantizeLinear of the activation (one per activation, shared by its
     MatMuls), MatMulInteger on the int8 weight, Cast, and a Mul by the two scales. Scheme "block": one MatMulNBits
     (``quantise_int8_blocks``). A weight is read (``read``) and quantised once; one that no other node reads is
-    dropped."""
+    dropped. ``only``: the names of the MatMuls to quantise (int4's 8-bit ones); None: every one."""
     inits = {t.name: t for t in graph.initializer}
     targets = [n for n in graph.node if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.input[1] in inits
-               and inits[n.input[1]].data_type == FLOAT and len(inits[n.input[1]].dims) == 2 and n.input[0] not in inits]
+               and inits[n.input[1]].data_type == FLOAT and len(inits[n.input[1]].dims) == 2 and n.input[0] not in inits
+               and (only is None or n.name in only)]
     if not targets:
         return
     taken = {v for n in graph.node for v in (*n.input, *n.output)} | set(inits) | {i.name for i in graph.input}

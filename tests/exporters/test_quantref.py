@@ -164,6 +164,60 @@ def test_an_untied_head_is_found_behind_a_soft_cap_or_a_constant_scale(tail):
     assert untied_head(graph) is None
 
 
+class _Outliers(torch.nn.Module):
+    """x -> proj_in -> out_proj: a layer that names out_proj in ``eight_bit_linears`` (as Mamba-1's does)."""
+
+    eight_bit_linears = ("out_proj",)
+
+    def __init__(self, K: int) -> None:
+        super().__init__()
+        self.proj_in = torch.nn.Linear(K, K, bias=False)
+        self.out_proj = torch.nn.Linear(K, K, bias=False)
+
+    def forward(self, x):
+        return self.out_proj(self.proj_in(x))
+
+
+def test_an_int4_export_keeps_a_layers_eight_bit_linears_in_8_bit_blocks():
+    """The linears a layer names in ``eight_bit_linears`` are found in the graph by their weights' bytes and stored as
+    8-bit blocks (MatMulNBits bits 8), the others in 4 bits; quantref's model computes the same once the manifest
+    records them, and 4 bits everywhere (measurably different) where it does not."""
+    from edgelin.exporters.precision.int4 import eight_bit_digests
+
+    K = 64
+    torch.manual_seed(0)
+    module = _Outliers(K).eval()
+    assert quantref.eight_bit_linears(torch.nn.Sequential(module)) == [module.out_proj]
+    weights = [module.proj_in.weight.detach().numpy().T.copy(), module.out_proj.weight.detach().numpy().T.copy()]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="first"), helper.make_node("MatMul", ["h", "W2"], ["y"], name="second")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "T", K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "T", K])],
+                              [numpy_helper.from_array(weights[0], "W1"), numpy_helper.from_array(weights[1], "W2")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    out, note = convert(proto, "int4", eight_bit=eight_bit_digests(quantref.eight_bit_linears(module)))
+    bits = {n.output[0]: next(a.i for a in n.attribute if a.name == "bits") for n in out.graph.node if n.op_type == "MatMulNBits"}
+    assert bits == {"h": 4, "y": 8} and note.eight_bit == 1
+    x = (np.random.default_rng(2).standard_normal((2, 5, K)) * 2).astype(np.float32)
+    recorded = _manifest("int4")
+    recorded.extra["eight_bit_weights"] = 1
+    assert "(1 with outlier inputs in 8-bit blocks)" in quantref.arithmetic(recorded)
+    with torch.no_grad():
+        got = quantref.quantised_model(module, recorded)(torch.from_numpy(x)).numpy()
+        all_four = quantref.quantised_model(module, _manifest("int4"))(torch.from_numpy(x)).numpy()
+    ref = _run(out, x)
+    assert rel_l2(got, ref) <= 1e-5
+    assert rel_l2(all_four, ref) > 100 * max(rel_l2(got, ref), 1e-7)
+
+
+def test_mamba_layers_name_their_out_proj_for_8_bits():
+    """Mamba-1's out_proj reads the scan's gated output, whose outlier channels cost most of int4's held-out loss
+    (docs/importers.md): the layer names it."""
+    from edgelin.layers.mamba import MambaMixer, MambaOptions
+
+    layer = MambaMixer(MambaOptions(d_model=32, inner=64, state_size=8, dt_rank=4, conv_kernel=4))
+    assert quantref.eight_bit_linears(layer) == [layer.out_proj]
+
+
 def test_what_has_a_quantised_reference():
     assert quantref.arithmetic(_manifest("int8", "block")).startswith("8-bit weights in blocks of 32")
     assert quantref.arithmetic(_manifest("int8", "channel")).startswith("7-bit weights per output channel")
