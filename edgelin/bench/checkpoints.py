@@ -1,9 +1,9 @@
 """The Hugging Face checkpoints the bench builds with transformers' own classes, and their checked export.
 
 One small model per importer family (``FAMILIES``: Qwen3.5, Qwen3-Next with dense MLPs, LFM2, Mamba2, Bamba,
-Granite-4.0-H, Nemotron-H; then LFM3, OLMo-hybrid, Falcon-H1, Zamba2, RecurrentGemma and Mamba, which no plan's
+Granite-4.0-H, Nemotron-H; then LFM3, OLMo-hybrid, Falcon-H1, Zamba2, RecurrentGemma, Mamba and Jamba, which no plan's
 ``hf_models`` names, so that the test suite builds none of them), each of the bundled model's weight size (hidden
-256, 4 layers) in its family's layer pattern (the later six with their special token ids inside the vocabulary).
+256, 4 layers) in its family's layer pattern (the later seven with their special token ids inside the vocabulary).
 ``build_checkpoint`` makes one in a subprocess (``python -m edgelin.bench --hf-build SPEC``, triton and fla hidden so
 that transformers takes its PyTorch paths, as on a CPU-only device): random weights perturbed so the logits spread
 (``perturb``), saved with a byte-level BPE tokenizer (``byte_level_tokenizer``). The llamacpp section measures LFM2
@@ -71,6 +71,10 @@ FAMILIES = {  # name -> (transformers model_type, config): the bundled model's w
                                             "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}),
     "mamba": ("mamba", {"vocab_size": VOCAB, "hidden_size": 256, "num_hidden_layers": 4, "state_size": 16, "expand": 2,
                         "conv_kernel": 4}),  # transformers' defaults: tied, dt rank auto
+    "jamba": ("jamba", {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 1,  # dense: Jamba's MoE is refused
+                        "attn_layer_period": 4, "attn_layer_offset": 3, "mamba_d_state": 16, "mamba_d_conv": 4,
+                        "mamba_expand": 2, **_SPECIAL}),
 }
 
 
