@@ -19,9 +19,10 @@ log-decay <= 0 per key channel per step. RWKV-7 (fla's ``RWKV7Attention``) passe
 -lr kk kk^T, the delta rule's removal along kk with a per-channel learning rate.
 
 Inputs are [B, H, T, D] (edgelin's layout); fla's kernels take [B, T, H, D] and its naive reference [B, H, T, D].
-fla keeps its RWKV-7 state value-major in its cache ([B, H, V, K]) and key-major in its ops ([B, H, K, V]): edgelin's
-"S" [B, H, K, V] is the ops' layout; convert the cache's with ``S.transpose(-1, -2)``. ``scale`` multiplies q (fla's
-``dplr_recurrence`` always uses K^-0.5; RWKV-7 passes 1).
+State "S" [B, H, K, V], key-major: fla's DPLR and RWKV-7 ops (``initial_state`` / ``final_state``, their kernels'
+[K, V] tiles) and the RWKV-7 layer's cache (``recurrent_state``, the ops' state as it is) use the same layout. The
+RWKV-7 papers write the state value-major (S [V, K], S <- S diag(e^w) + (S a) b^T + v k^T): that is the transpose.
+``scale`` multiplies q (fla's ``dplr_recurrence`` always uses K^-0.5; RWKV-7 passes 1).
 
 ``lengths`` ([B] int64, right padding; naive and chunk) makes a ragged batch: on the padding w = 0 and a = b = k = 0,
 which makes each padded step the identity map (no decay, no write), so every row's final state is that of its own
