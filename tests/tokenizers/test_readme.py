@@ -114,7 +114,7 @@ def test_the_fast_commands_run(chat_export, tmp_path, monkeypatch):
 
 
 def test_the_sample_refusal_is_what_edgelin_says(tmp_path):
-    """The README shows the refusal of a mixture-of-experts checkpoint: it must be the message edgelin prints."""
+    """The README shows the refusal of a checkpoint edgelin does not export: it must be the message edgelin prints."""
     import json
 
     from edgelin.errors import UnsupportedCheckpoint
