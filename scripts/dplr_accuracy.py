@@ -15,12 +15,17 @@ docs/DESIGN.md ("The generalised delta rule (RWKV-7)") quotes the table.
 (batch 1, --heads heads of K = V = --dim): the decode graph (``dplr_step``) per token, and the prefill graph
 (``chunk_dplr``, bounded to 4096 tokens) at T = 1000 and 4000 for chunk sizes 8, 16, 32 and 64 with its relative error
 against the float64 naive loop (RWKV-7's rank-one part, strong decays, a random initial state).
+
+``--fla-kernel`` prints instead the naive and chunk forms (float64) against fla's own RWKV-7 recurrence kernel
+(``fused_mul_recurrent_rwkv7``, float32, in Triton's interpreter on CPU) with RWKV-7's arguments: a = -kk,
+b = kk * a_lr, w = -exp(-0.5) sigmoid(x), scale 1, a random initial state; fla's layout [B, T, H, D] converted.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -124,6 +129,35 @@ def timing(H: int, D: int) -> None:
             print(f"prefill (chunk_dplr) C={chunk}: " + ", ".join(cells))
 
 
+def fla_kernel() -> None:
+    """Max abs difference of o and of the final S between fla's RWKV-7 kernel and the naive and chunk forms."""
+    import warnings
+
+    os.environ["TRITON_INTERPRET"] = "1"  # before fla defines its kernels
+    warnings.filterwarnings("ignore", message=".*Triton is not supported on current platform.*")
+    import fla.models  # noqa: F401  (fla.ops needs triton; its kernels are defined on import)
+
+    from edgelin.upstream_run import interpret_on_cpu
+
+    interpret_on_cpu()
+    from fla.ops.rwkv7 import fused_mul_recurrent_rwkv7
+
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, K, V = 2, 40, 2, 16, 16
+    randn = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    r, k, v = randn(B, T, H, K), randn(B, T, H, K), randn(B, T, H, V)
+    kk = F.normalize(randn(B, T, H, K), dim=-1)
+    a_lr = torch.rand(B, T, H, K, generator=gen)
+    w = -0.6065306597126334 * torch.sigmoid(2 * randn(B, T, H, K))
+    S0 = randn(B, H, K, V)
+    o, S = fused_mul_recurrent_rwkv7(r, w, k, v, kk, a_lr, scale=1.0, initial_state=S0, output_final_state=True)
+    t = lambda x: x.transpose(1, 2).double()  # noqa: E731  [B, T, H, D] -> [B, H, T, D]
+    print(f"fla fused_mul_recurrent_rwkv7 (float32) vs edgelin (float64), B={B} T={T} H={H} K={K} V={V}; max |o| {o.abs().max():.1f}")
+    for form in ("naive", "chunk"):
+        eo, es = DPLR_FORMS[form](t(r), t(k), t(v), -t(kk), t(kk) * t(a_lr), t(w), initial_state={"S": S0.double()})
+        print(f"{form}: max abs o {(t(o) - eo).abs().max():.1e}, S {(S.double() - es['S']).abs().max():.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=64, help="head width K = V")
@@ -132,8 +166,12 @@ def main() -> None:
     parser.add_argument("--lengths", default="1,15,16,17,1000,4000")
     parser.add_argument("--forms", default="chunk,recurrent")
     parser.add_argument("--timing", action="store_true", help="time the exported graphs in ONNX Runtime instead")
+    parser.add_argument("--fla-kernel", action="store_true", help="compare with fla's RWKV-7 kernel instead")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.fla_kernel:
+        fla_kernel()
+        return
     if args.timing:
         timing(args.heads, args.dim)
         return
