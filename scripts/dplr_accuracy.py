@@ -152,7 +152,8 @@ def fla_kernel() -> None:
     S0 = randn(B, H, K, V)
     o, S = fused_mul_recurrent_rwkv7(r, w, k, v, kk, a_lr, scale=1.0, initial_state=S0, output_final_state=True)
     t = lambda x: x.transpose(1, 2).double()  # noqa: E731  [B, T, H, D] -> [B, H, T, D]
-    print(f"fla fused_mul_recurrent_rwkv7 (float32) vs edgelin (float64), B={B} T={T} H={H} K={K} V={V}; max |o| {o.abs().max():.1f}")
+    sizes = f"B={B} T={T} H={H} K={K} V={V}"
+    print(f"fla fused_mul_recurrent_rwkv7 (float32) vs edgelin (float64), {sizes}; max |o| {o.abs().max():.1f}")
     for form in ("naive", "chunk"):
         eo, es = DPLR_FORMS[form](t(r), t(k), t(v), -t(kk), t(kk) * t(a_lr), t(w), initial_state={"S": S0.double()})
         print(f"{form}: max abs o {(t(o) - eo).abs().max():.1e}, S {(S.double() - es['S']).abs().max():.1e}")
