@@ -18,7 +18,9 @@ from edgelin.importers import IMPORTERS
 from edgelin.runtime.manifest import Manifest
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.node import javascript_check
-from testkit.stateful import edited_copy, export_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import (
+    edited_copy, export_vs_reference, fused_export_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree,
+)
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S and the conv windows, relative L2
@@ -51,14 +53,18 @@ CASES = {  # id -> (model_type, fla config options; "edit": a change to the save
         },
     ),
     # 2 Householder steps per token after the gate, beta in [0, 2], the swish output gate, convs of 3, expand_v 2
-    "gated_deltaproduct-n2-forget_gate-neg_eigval-conv3": (
-        "gated_deltaproduct", {**SMALL, "num_householder": 2, "use_forget_gate": True, "allow_neg_eigval": True, "conv_size": 3},
+    # (one layer each: fla's interleaved runs are the slowest oracles here; KDA's cases stack two layers of the same kind)
+    "gated_deltaproduct-n2-forget_gate-neg_eigval-conv3-1layer": (
+        "gated_deltaproduct", {
+            **SMALL, "num_householder": 2, "use_forget_gate": True, "allow_neg_eigval": True, "conv_size": 3,
+            "num_hidden_layers": 1,
+        },
     ),
     # 3 steps, no gate (DeltaProduct), no output gate, no convs, expand_v 1
     "gated_deltaproduct-n3-no_forget_gate-no_output_gate-no_conv-1layer": (
         "gated_deltaproduct", {
             **SMALL, "num_householder": 3, "use_output_gate": False, "use_short_conv": False, "expand_v": 1.0,
-            "num_hidden_layers": 1,  # one layer: fla's interleaved run is the suite's slowest oracle here
+            "num_hidden_layers": 1,
         },
     ),
 }
@@ -103,8 +109,9 @@ def test_export_matches_fla(fla_oracle, tmp_path_factory, tmp_path):
     """KDA's export (the per-channel chunk form in the prefill graph): the two ONNX graphs in ONNX Runtime, driven
     from the manifest alone, against fla; no Loop or Scan in them; the prefill graph at T = 1, C - 1, C, C + 1 and
     300 against the import; edgelin's validate against the checkpoint with fla itself run (upstream required)
-    passes; the JavaScript runtime in node matches the export's golden outputs. (Gated DeltaProduct's graphs: the
-    delta rule's over the interleaved steps; measured by hand, not exported here for the suite's time.)"""
+    passes; the JavaScript runtime in node matches the export's golden outputs; the fused export (``--ops fused``)
+    against fla. (Gated DeltaProduct's graphs, the delta rule's over the interleaved steps, were measured by hand:
+    not exported here, for the suite's time.)"""
     import onnx
 
     from edgelin.exporters import export
@@ -132,6 +139,10 @@ def test_export_matches_fla(fla_oracle, tmp_path_factory, tmp_path):
     assert report.passed, report.table()
     report = javascript_check(out, tmp_path)
     assert report["passed"] and len(report["results"]) == 2, report
+    # --ops fused: one LinearAttention node per layer (gated_delta, the decay per channel [B, T, HV K]) and one
+    # CausalConvWithState per conv, in both graphs, against fla
+    fused_out = tmp_path_factory.mktemp("kda-fused") / "export"
+    fused_export_vs_reference(folder, fused_out, prompt, steps, ref_prefill, ref_decode, MAX_ABS, against="fla")
 
 
 # ---- reading the checkpoints (fla builds them; none of its kernels run) -----------------------------------------
