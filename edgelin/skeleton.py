@@ -13,6 +13,12 @@ the state:
                                     # None: any form (a layer with no state, whose tokens do not mix)
     accepts_lengths: bool           # forward takes a right-padded ragged batch (``lengths``)
     bounded_state: bool             # its float states stay bounded (a decay, a window, a cache): float16 is safe
+    uses_carry: bool                # forward also takes ``carry=``, a dict shared by the layers of one forward call
+
+A block's MLP may have a state too (RWKV's channel mix keeps the previous token): an MLP that declares
+``state_layout()`` is called as a mixer is, ``forward(x, state, *, form, chunk_size, lengths) -> (y, new state)``, in
+every form, and its state names join the block's prefixed by ``MLP_STATE`` ("ffn."). ``carry`` holds values one layer
+hands to later ones within a call (RWKV-7's v_first: layer 0 writes it, the others read it); it is never a state.
 
 ``CausalLM`` holds the blocks and implements edgelin's model protocol (edgelin.protocol) once for all of them:
 the state contract, fresh states, the per-layer split of a state by structured keys (layer, name), forms,
@@ -38,6 +44,7 @@ from edgelin.runtime.manifest import StateSpec, state_key
 from edgelin.state import State, fresh_state
 
 PLACEMENTS = ("pre", "post", "sandwich", "none")
+MLP_STATE = "ffn."  # prefix of a stateful MLP's state names within its block's state
 
 
 class Block(nn.Module):
@@ -76,15 +83,40 @@ class Block(nn.Module):
             h = post(h)
         return x + (h if self.residual_scale == 1.0 else h * self.residual_scale)
 
+    @property
+    def mlp_stateful(self) -> bool:
+        """The MLP keeps a state of its own (it declares ``state_layout``)."""
+        return self.mlp is not None and hasattr(self.mlp, "state_layout")
+
+    def state_layout(self) -> dict[str, tuple]:
+        """The block's state: its mixer's layout, then a stateful MLP's with each name prefixed by ``MLP_STATE``."""
+        layout = self.attn.state_layout()
+        if self.mlp_stateful:
+            layout = {**layout, **{MLP_STATE + name: entry for name, entry in self.mlp.state_layout().items()}}
+        return layout
+
     def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
         embeddings = run.pop("embeddings", None)
+        carry = run.pop("carry", None)
+        mlp_run = dict(run)
         if getattr(self.attn, "reads_embeddings", False):  # a mixer fed the model's input embeddings (Zamba2's)
             run["embeddings"] = embeddings
+        if getattr(self.attn, "uses_carry", False):  # a mixer that reads or writes the per-call carry (RWKV-7's v_first)
+            run["carry"] = carry
+        if self.mlp_stateful:
+            mlp_state = {name[len(MLP_STATE):]: value for name, value in state.items() if name.startswith(MLP_STATE)}
+            state = {name: value for name, value in state.items() if not name.startswith(MLP_STATE)}
         h, state = self.attn(x if self.attn_norm is None else self.attn_norm(x), state, **run)
         x = self._add(x, h, self.attn_post_norm)
         if self.mlp is None:
             return x, state
-        return self._add(x, self.mlp(x if self.mlp_norm is None else self.mlp_norm(x)), self.mlp_post_norm), state
+        h = x if self.mlp_norm is None else self.mlp_norm(x)
+        if self.mlp_stateful:
+            h, mlp_state = self.mlp(h, mlp_state, **mlp_run)
+            state = {**state, **{MLP_STATE + name: value for name, value in mlp_state.items()}}
+        else:
+            h = self.mlp(h)
+        return self._add(x, h, self.mlp_post_norm), state
 
 
 class CausalLM(nn.Module):
@@ -92,17 +124,21 @@ class CausalLM(nn.Module):
 
     ``make_mixer(layer)``: the mixer of each layer. ``config``: the manifest's "model" field (its "chunk_size", if present, follows ``with_chunk_size``).
     ``norm``: the class of the blocks' and the final norm (``RMSNorm``, or ``UnitOffsetRMSNorm``); ``mlp`` the
-    blocks' MLP class (``SwiGLU`` or ``PackedSwiGLU``); ``embed_scale`` multiplies the embeddings,
-    ``residual_scale`` each branch's output, and the logits are divided by ``logits_scale`` (Granite's multipliers;
-    at 1 they add nothing to the graphs). ``placement``: the blocks' norm placement (``Block``), one for all or
+    blocks' MLP class (``SwiGLU`` or ``PackedSwiGLU``), or a function of the layer index giving each block's (a class,
+    or any function of the block's sizes that builds it: dense layers before mixture-of-experts ones);
+    ``embed_scale`` multiplies the embeddings, ``residual_scale`` each branch's output, and the logits are divided
+    by ``logits_scale`` (Granite's multipliers; at 1 they add nothing to the graphs). ``placement``: the blocks' norm placement (``Block``), one for all or
     a function of the layer index; ``logits_softcap`` c: logits = c tanh(logits / c) (Gemma's final soft cap).
-    A mixer with ``reads_embeddings = True`` is called with ``embeddings=`` the scaled input embeddings [B, T, d]."""
+    A mixer with ``reads_embeddings = True`` is called with ``embeddings=`` the scaled input embeddings [B, T, d].
+    ``embed_norm``: a norm (of class ``norm``) on the scaled embeddings before the first block (RWKV's ``pre_norm``);
+    the embeddings handed to mixers are then the normed ones."""
 
     def __init__(
         self, make_mixer: Callable[[int], nn.Module], *, n_layers: int, vocab_size: int, d_model: int, mlp_hidden: int | None,
         norm_eps: float, tie_embeddings: bool, chunk_size: int, config: dict[str, Any], norm: type[RMSNorm] = RMSNorm,
-        mlp: type[nn.Module] = SwiGLU, embed_scale: float = 1.0, residual_scale: float = 1.0, logits_scale: float = 1.0,
-        placement: str | Callable[[int], str] = "pre", logits_softcap: float | None = None,
+        mlp: type[nn.Module] | Callable[[int], Callable[..., nn.Module]] = SwiGLU, embed_scale: float = 1.0,
+        residual_scale: float = 1.0, logits_scale: float = 1.0,
+        placement: str | Callable[[int], str] = "pre", logits_softcap: float | None = None, embed_norm: bool = False,
     ) -> None:
         super().__init__()
         self.vocab_size, self.chunk_size, self.config = vocab_size, chunk_size, dict(config)
@@ -111,10 +147,12 @@ class CausalLM(nn.Module):
         # the mixers are built in layer order after the embedding, so a seeded build draws the same numbers always
         self.embed_scale, self.logits_scale, self.logits_softcap = embed_scale, logits_scale, logits_softcap
         place = placement if callable(placement) else (lambda i: placement)
+        mlp_of = mlp if not isinstance(mlp, type) else (lambda i: mlp)
         self.blocks = nn.ModuleList(
-            Block(make_mixer(i), d_model, mlp_hidden, norm_eps, norm, mlp, residual_scale, place(i)) for i in range(n_layers)
+            Block(make_mixer(i), d_model, mlp_hidden, norm_eps, norm, mlp_of(i), residual_scale, place(i)) for i in range(n_layers)
         )
         self.norm = norm(d_model, norm_eps)
+        self.embed_norm = norm(d_model, norm_eps) if embed_norm else None
         self.lm_head = None if tie_embeddings else nn.Linear(d_model, vocab_size, bias=False)
 
     # ---- the model protocol (edgelin.protocol) ------------------------------------------------------------
@@ -123,12 +161,18 @@ class CausalLM(nn.Module):
     @property
     def accepts_lengths(self) -> bool:
         """forward(..., lengths=) prefills a right-padded ragged batch when every mixer can."""
-        return all(getattr(b.attn, "accepts_lengths", False) for b in self.blocks)
+        return all(
+            getattr(b.attn, "accepts_lengths", False) and (not b.mlp_stateful or getattr(b.mlp, "accepts_lengths", False))
+            for b in self.blocks
+        )
 
     @property
     def state_decays(self) -> bool:
         """Every float state stays bounded (decays, or is a cache of bounded values): float16 states are safe."""
-        return all(getattr(b.attn, "bounded_state", False) for b in self.blocks)
+        return all(
+            getattr(b.attn, "bounded_state", False) and (not b.mlp_stateful or getattr(b.mlp, "bounded_state", False))
+            for b in self.blocks
+        )
 
     def model_config(self) -> dict[str, Any]:
         config = dict(self.config)
@@ -138,14 +182,15 @@ class CausalLM(nn.Module):
 
     def layer_keys(self) -> list[dict[str, str]]:
         """Per layer, state name -> state key, in the layer's layout order: built from (layer, name) here only."""
-        return [{name: state_key(i, name) for name in block.attn.state_layout()} for i, block in enumerate(self.blocks)]
+        return [{name: state_key(i, name) for name in block.state_layout()} for i, block in enumerate(self.blocks)]
 
     def state_specs(self) -> tuple[StateSpec, ...]:
-        """The state contract, in graph order: each layer's mixer state, in the mixer's layout order."""
+        """The state contract, in graph order: each layer's mixer state, in the mixer's layout order (then a stateful
+        MLP's, ``Block.state_layout``)."""
         return tuple(
             StateSpec.for_key(state_key(i, name), *entry)  # (shape, dtype, init[, window])
             for i, block in enumerate(self.blocks)
-            for name, entry in block.attn.state_layout().items()
+            for name, entry in block.state_layout().items()
         )
 
     def init_state(self, batch: int) -> State:
@@ -205,8 +250,10 @@ class CausalLM(nn.Module):
         x = self.embed(input_ids)  # [B, T, d_model]
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
+        if self.embed_norm is not None:
+            x = self.embed_norm(x)
         new_state: State = {}
-        run = {"form": form, "chunk_size": self.chunk_size, "lengths": lengths, "embeddings": x}
+        run = {"form": form, "chunk_size": self.chunk_size, "lengths": lengths, "embeddings": x, "carry": {}}
         for block, keys in zip(self.blocks, self.layer_keys()):
             x, layer = block(x, {name: state[key] for name, key in keys.items()}, **run)
             new_state.update({key: layer[name] for name, key in keys.items()})
@@ -242,4 +289,4 @@ def init_weights(model: nn.Module) -> None:
             nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * len(model.blocks)))
 
 
-__all__ = ["PLACEMENTS", "Block", "CausalLM", "init_weights"]
+__all__ = ["MLP_STATE", "PLACEMENTS", "Block", "CausalLM", "init_weights"]
