@@ -246,15 +246,18 @@ def test_fla_dplr_recurrence(kind):
 GRAPH_LEVELS = 4
 NO_LOOPS = {"Loop", "Scan", "If", "SequenceMap"}
 NAMES = {
-    "prefill": (["q", "k", "v", "a", "b", "w", "S"], ["o", "S_out"]),
+    "prefill": (["q", "k", "v", "a", "b", "w", "S", "lengths"], ["o", "S_out", "o_ragged", "S_ragged"]),
     "decode": (["q", "k", "v", "a", "b", "w", "S"], ["o", "S_out"]),
 }
 
 
 class Prefill(torch.nn.Module):
-    def forward(self, q, k, v, a, b, w, S):
+    """The chunk form as it is (o, S_out) and with right-padded rows of ``lengths`` tokens (o_ragged, S_ragged)."""
+
+    def forward(self, q, k, v, a, b, w, S, lengths):
         o, state = chunk_dplr(q, k, v, a, b, w, initial_state={"S": S}, chunk_size=C)
-        return o, state["S"]
+        o_ragged, ragged = chunk_dplr(q, k, v, a, b, w, initial_state={"S": S}, chunk_size=C, lengths=lengths)
+        return o, state["S"], o_ragged, ragged["S"]
 
 
 class Decode(torch.nn.Module):
@@ -263,10 +266,12 @@ class Decode(torch.nn.Module):
         return o, state["S"]
 
 
-def graph_inputs(T: int, seed: int):
+def graph_inputs(T: int, seed: int, role: str = "decode"):
+    """The graph's inputs, float32; the prefill graph's lengths are T and T - 1 (at least 0)."""
     x = make_inputs(T, "rwkv7", "strong", seed=seed)
     S = torch.randn(B, H, K, V, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return tuple(t.float() for t in (*x, S))
+    lengths = (torch.tensor([T, max(T - 1, 0)]),) if role == "prefill" else ()
+    return tuple(t.float() for t in (*x, S)) + lengths
 
 
 @pytest.fixture(scope="module")
@@ -291,9 +296,9 @@ def _export_graphs(out):
     seq = torch.export.Dim("sequence", min=1, max=1 << 24)
     for role, module, T in (("prefill", Prefill(), 2 * C + 3), ("decode", Decode(), 1)):
         dims = {0: batch} if role == "decode" else {0: batch, 2: seq}
-        dynamic = (dims,) * 6 + ({0: batch},)
+        dynamic = (dims,) * 6 + ({0: batch},) * (len(NAMES[role][0]) - 6)
         with delta.sequence_bound(C << GRAPH_LEVELS):  # as `edgelin export --max-sequence` bounds it
-            export_graph(module.eval(), graph_inputs(T, 0), NAMES[role], dynamic, 20, out / f"{role}.onnx")
+            export_graph(module.eval(), graph_inputs(T, 0, role), NAMES[role], dynamic, 20, out / f"{role}.onnx")
 
 
 def run_graph(graphs, role, inputs):
@@ -310,22 +315,35 @@ def test_graphs_have_no_loops(graphs):
 
 @pytest.mark.parametrize("T", [1, C - 1, C, C + 1, C * (1 << GRAPH_LEVELS)], ids=lambda t: f"T{t}")
 def test_prefill_graph_matches_torch(graphs, T):
-    """ONNX Runtime's prefill graph against the PyTorch chunk form (float32) and the float64 naive form."""
-    x = graph_inputs(T, seed=T)
-    o, S_out = run_graph(graphs, "prefill", x)
+    """ONNX Runtime's prefill graph against the PyTorch chunk form (float32) and the float64 naive form; with
+    lengths T and T - 1, the second row's outputs at its real tokens and its state are those of its tokens alone."""
+    x = graph_inputs(T, seed=T, role="prefill")
+    got = [torch.from_numpy(y) for y in run_graph(graphs, "prefill", x)]
     with torch.no_grad():
-        ref_o, ref_S = Prefill()(*x)
-        exact = naive_dplr(*(y.double() for y in x[:6]), initial_state={"S": x[6].double()})
-    for name, got, ref, true in (("o", o, ref_o, exact[0]), ("S", S_out, ref_S, exact[1]["S"])):
-        got = torch.from_numpy(got)
-        assert got.shape == ref.shape, name
-        assert rel_err(got, ref) <= 1e-6, f"{name}: {rel_err(got, ref):.2e} vs torch"
-        assert rel_err(got, true) <= TOLERANCE[torch.float32], f"{name}: {rel_err(got, true):.2e} vs float64 naive"
+        refs = Prefill()(*x)
+    x64 = [y.double() for y in x[:7]]
+    exact_o, exact = naive_dplr(*x64[:6], initial_state={"S": x64[6]})
+    short = T - 1  # the second row's real tokens
+    if short:
+        short_o, short_S = naive_dplr(*(y[1:, :, :short] for y in x64[:6]), initial_state={"S": x64[6][1:]})
+    else:
+        short_o, short_S = exact_o[1:, :, :0], {"S": x64[6][1:]}
+    truths = (
+        exact_o, exact["S"], torch.cat([exact_o[:1], F.pad(short_o, (0, 0, 0, 1))], 0), torch.cat([exact["S"][:1], short_S["S"]])
+    )
+    keep = torch.ones(B, 1, T, 1, dtype=torch.bool)
+    keep[1, :, short:] = False  # the second row's padded position: its output means nothing
+    for name, g, ref, true in zip(NAMES["prefill"][1], got, refs, truths):
+        assert g.shape == ref.shape, name
+        if name == "o_ragged":
+            g, ref, true = (torch.where(keep, y, 0.0) for y in (g, ref, true))
+        assert rel_err(g, ref) <= 1e-6, f"{name}: {rel_err(g, ref):.2e} vs torch"
+        assert rel_err(g, true) <= TOLERANCE[torch.float32], f"{name}: {rel_err(g, true):.2e} vs float64 naive"
 
 
 def test_prefill_graph_beyond_its_scan_is_nan(graphs):
     """More chunks than the graph's scan holds (2^levels) give NaN, not a wrong state."""
-    got = run_graph(graphs, "prefill", graph_inputs(C * (1 << GRAPH_LEVELS) + 1, seed=3))
+    got = run_graph(graphs, "prefill", graph_inputs(C * (1 << GRAPH_LEVELS) + 1, seed=3, role="prefill"))
     assert all(np.isnan(y).all() for y in got)
 
 
