@@ -176,7 +176,10 @@ def chunk_dplr(
     underflow to exact zeros instead of overflowing. The sequence is zero-padded to a multiple of C with
     w = a = b = k = 0: padded steps are identity maps.
 
-    Accuracy relative to the float64 naive form: scripts/dplr_accuracy.py prints the table (docs/DESIGN.md).
+    Accuracy relative to the float64 naive form (scripts/dplr_accuracy.py; docs/DESIGN.md has the table), K = V = 64,
+    C = 16, T up to 4000, from a carried state: RWKV-7's rank-one part (a = -kk, b = kk * lr) with no, mild or strong
+    decays: float64 <= 5.1e-15, float32 <= 5.6e-7 (o and S; the recurrent form alike). A random rank-one part without
+    decay (expanding transitions, the state grows with T): float64 2.4e-14, float32 3.1e-6, the recurrent form 2.4e-6.
     """
     q, k, a, b, w, S0 = _prologue(q, k, v, a, b, w, initial_state, scale, lengths)
     B, H, T, K = q.shape
