@@ -1,6 +1,7 @@
 """fp16: weights and activations in fp16 through ``onnxruntime.transformers.float16``, with the regions that must
 stay in fp32 found in the graph: the running sums (``accumulator_region``), each decay's path into them
-(``decay_region``), position angles (``angle_region``) and norm statistics (``norm_region``); then the converter's
+(``decay_region``), position angles (``angle_region``), norm statistics (``norm_region``) and mixture-of-experts
+routers up to their choice (``router_region``); then the converter's
 round trips through fp16 removed and its Casts put in order."""
 
 from __future__ import annotations
@@ -108,6 +109,25 @@ def norm_region(graph: onnx.GraphProto) -> set[str]:
     return _forward_from(graph, statistic, stop={"Reciprocal", "Div", "Mul"})
 
 
+def router_region(graph: onnx.GraphProto) -> set[str]:
+    """Names of the nodes of each mixture-of-experts router up to its choice: backward from each TopK to the router's
+    MatMul (included). The choice is a comparison of scores: fp16 logits flip a near tie between two experts, and a
+    token routed to another expert departs by far more than fp16's budget."""
+    producer = {o: n for n in graph.node for o in n.output}
+    region: set[str] = set()
+    for top in (n for n in graph.node if n.op_type == "TopK"):
+        region.add(top.name)
+        frontier = [top.input[0]]
+        while frontier:
+            node = producer.get(frontier.pop())
+            if node is None or node.name in region or node.op_type in _INTEGER_OPS:
+                continue
+            region.add(node.name)
+            if node.op_type != "MatMul":
+                frontier.extend(node.input)
+    return region
+
+
 def _forward_from(graph: onnx.GraphProto, start: str | Callable[[onnx.NodeProto], bool], *, stop: set[str],
                   exclude: set[str] = frozenset()) -> set[str]:
     """Names of every node ``start`` names (an op type, or a test of the node) and of the nodes reachable forward
@@ -212,19 +232,21 @@ def convert_fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp1
     decays = decay_region(proto.graph, region)
     angles = angle_region(proto.graph) - region - decays
     norms = norm_region(proto.graph) - region - decays - angles
+    routers = router_region(proto.graph) - region - decays - angles - norms
     logits = proto.graph.output[0].name
     states = [i.name for i in proto.graph.input if i.name.startswith(STATE_PREFIX)] + [o.name for o in proto.graph.output[1:]]
     # the converter turns every float graph input/output it is not told to keep into fp16, and puts a
     # Cast in front of each blocked (fp32) node that reads one
     keep_io = [logits] + ([] if state_dtype == "float16" else states)
     with quiet():
-        out = convert_float_to_float16(proto, keep_io_types=keep_io, node_block_list=sorted(region | decays | norms | angles), disable_shape_infer=False)
+        out = convert_float_to_float16(proto, keep_io_types=keep_io, node_block_list=sorted(region | decays | norms | angles | routers),
+                                       disable_shape_infer=False)
     _dedupe_casts(out.graph)
-    _drop_round_trips(out.graph, region | decays | norms | angles)
+    _drop_round_trips(out.graph, region | decays | norms | angles | routers)
     _unnamed_nodes(out.graph)
     _toposort(out.graph)  # the converter appends its Casts at the end; onnx.checker wants producers first
     del out.graph.value_info[:]  # some intermediate types it left are stale; they are optional, ORT infers them
-    note = Conversion("fp16", fp32_nodes=len(region) + len(decays) + len(norms) + len(angles))
+    note = Conversion("fp16", fp32_nodes=len(region) + len(decays) + len(norms) + len(angles) + len(routers))
     note.kept.append(f"{len(region)} nodes of the state accumulation and normaliser (fp32: running sums outgrow fp16)")
     if decays:
         note.kept.append(f"{len(decays)} nodes of the decays' path into them, from each Softplus (fp32: fp16 log-decays, "
@@ -234,4 +256,7 @@ def convert_fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp1
     if angles:
         note.kept.append(f"{len(angles)} nodes of the position angles and their cos / sin (fp32: fp16 angles are off by "
                          "0.5 rad at position 1,024)")
+    if routers:
+        note.kept.append(f"{len(routers)} nodes of the mixture-of-experts routers up to their TopK (fp32: fp16 router logits "
+                         "flip near ties between experts)")
     return out, note
