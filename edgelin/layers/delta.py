@@ -152,8 +152,10 @@ class FlaDeltaAttention(nn.Module):
             self.q_conv1d = WindowConv(key, o.conv_size, silu=qk_silu)
             self.k_conv1d = WindowConv(n * key, o.conv_size, silu=qk_silu)
             self.v_conv1d = WindowConv(n * value, o.conv_size)
-        if o.output_gate:
-            self.g_proj = bottleneck(hidden, o.gate_rank, value, bias=True) if o.gate_rank else nn.Linear(hidden, value, bias=False)
+        if o.output_gate and o.gate_rank:
+            self.g_proj = bottleneck(hidden, o.gate_rank, value, bias=True)
+        elif o.output_gate:
+            self.g_proj = nn.Linear(hidden, value, bias=False)
         self.o_norm = RMSNorm(o.head_v_dim, common.norm_eps)
         self.o_proj = nn.Linear(value, hidden, bias=False)
 
@@ -203,10 +205,12 @@ class FlaDeltaAttention(nn.Module):
             k = split_heads(k, o.num_heads, o.head_k_dim, self.groups)  # [B, HV, T, K]
             v = split_heads(v, o.num_v_heads, o.head_v_dim)  # [B, HV, T, V]
         else:  # fla's (n h d) layout: step j of head h at j H d + h d
-            k = split_heads(k, n * o.num_heads, o.head_k_dim).unflatten(1, (n, o.num_heads)).permute(0, 2, 3, 1, 4)  # [B, H, T, n, K]
+            k = split_heads(k, n * o.num_heads, o.head_k_dim).unflatten(1, (n, o.num_heads))  # [B, n, H, T, K]
+            k = k.permute(0, 2, 3, 1, 4)  # [B, H, T, n, K]
             if self.groups > 1:
                 k = k[:, :, None].expand(-1, -1, self.groups, -1, -1, -1).flatten(1, 2)  # [B, HV, T, n, K]
-            v = split_heads(v, n * o.num_v_heads, o.head_v_dim).unflatten(1, (n, o.num_v_heads)).permute(0, 2, 3, 1, 4)  # [B, HV, T, n, V]
+            v = split_heads(v, n * o.num_v_heads, o.head_v_dim).unflatten(1, (n, o.num_v_heads))  # [B, n, HV, T, V]
+            v = v.permute(0, 2, 3, 1, 4)  # [B, HV, T, n, V]
         q, k = self._qk_activation(q), self._qk_activation(k)
         if o.qk_norm == "sum":
             q = q / q.abs().sum(-1, keepdim=True).clamp(min=SUM_NORM_EPS)

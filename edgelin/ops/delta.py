@@ -16,9 +16,11 @@ alpha_t = exp(g_t) with g [B, H, T] a log-decay <= 0 per head per step (Gated De
 DeltaNet (alpha = 1) and takes no decay ops at all. A g [B, H, T, K] decays each key channel (row of S) on its own
 (Kimi Delta Attention), the decay before the delta update, as fla's KDA:
 
-    S_t = (I - beta_t k_t k_t^T) diag(exp g_t) S_{t-1} + beta_t k_t v_t^T beta [B, H, T] per head per step, in [0, 1] (sigmoid), or in
-[0, 2] when the model allows negative eigenvalues (the caller doubles it; nothing here changes). With unit keys
-every factor (I - beta k k^T) has eigenvalues 1 and 1 - beta in [-1, 1]: the state cannot grow.
+    S_t = (I - beta_t k_t k_t^T) diag(exp g_t) S_{t-1} + beta_t k_t v_t^T
+
+beta [B, H, T] per head per step, in [0, 1] (sigmoid), or in [0, 2] when the model allows negative eigenvalues (the
+caller doubles it; nothing here changes). With unit keys every factor (I - beta k k^T) has eigenvalues 1 and
+1 - beta in [-1, 1]: the state cannot grow.
 
 Inputs are [B, H, T, D] (edgelin's layout). q and k are used as given: the caller L2-normalises them (after its
 short conv and activation), or passes ``qk_l2norm=True`` to have them normalised here as fla's kernels do,
@@ -430,9 +432,13 @@ def _product_prologue(q, k, v, beta, g, initial_state, scale, qk_l2norm):
         )
     B, H, T, n, K = k.shape
     if not beta.is_floating_point() or tuple(beta.shape) != (B, H, T, n):
-        raise ValueError(f"beta must be a float tensor of shape [B, H, T, n] = [{B}, {H}, {T}, {n}]; got {beta.dtype} {list(beta.shape)}")
+        raise ValueError(
+            f"beta must be a float tensor of shape [B, H, T, n] = [{B}, {H}, {T}, {n}]; got {beta.dtype} {list(beta.shape)}"
+        )
     if g is not None and (not g.is_floating_point() or tuple(g.shape) != (B, H, T)):
-        raise ValueError(f"g (log-decay) must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}]; got {g.dtype} {list(g.shape)}")
+        raise ValueError(
+            f"g (log-decay) must be a float tensor of shape [B, H, T] = [{B}, {H}, {T}]; got {g.dtype} {list(g.shape)}"
+        )
     if qk_l2norm:
         q, k = l2norm(q), l2norm(k)
     if scale != 1.0:

@@ -122,8 +122,9 @@ def test_channel_decay_orders_decay_before_the_update():
 def test_channel_decay_step_is_one_token():
     x, initial, _, _ = reference(C + 1)
     q, k, v, beta, g = x
-    ref_o, ref_state = naive_delta_rule(q[:, :, :1], k[:, :, :1], v[:, :, :1], beta[:, :, :1], g=g[:, :, :1], initial_state=initial)
-    o, state = delta_step(q[:, :, :1], k[:, :, :1], v[:, :, :1], beta[:, :, :1], g=g[:, :, :1], initial_state=initial)
+    q, k, v, beta, g = (t[:, :, :1] for t in (q, k, v, beta, g))
+    ref_o, ref_state = naive_delta_rule(q, k, v, beta, g=g, initial_state=initial)
+    o, state = delta_step(q, k, v, beta, g=g, initial_state=initial)
     assert o.shape == (B, H, 1, V)
     check(o, state, ref_o, ref_state, torch.float64)
 
@@ -236,7 +237,7 @@ def test_delta_product_fused_matches_naive():
 def test_fla_gated_delta_product_recurrence():
     """fla's naive Gated DeltaProduct loop (ops/gated_delta_product/naive.py: steps interleaved along T, float32
     inside) gives the naive form's result."""
-    naive = pytest.importorskip("fla.ops.gated_delta_product.naive", reason="flash-linear-attention (with triton) is not importable")
+    naive = pytest.importorskip("fla.ops.gated_delta_product.naive", reason="flash-linear-attention (triton) is not importable")
     n = 3
     x, initial, ref_o, ref_state = reference(C + 3, n=n, neg=True)
     q, k, v, beta, g = x

@@ -68,7 +68,7 @@ def read_kda(f: Fields, common: Common) -> DeltaOptions:
     if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not -math.inf < bound < 0):
         raise f.fail("lower_bound", f"must be a negative number (the gate's lower bound in log space) or null, got {bound!r}")
     if f.flag("safe_gate") and bound is None:  # a kernel hint (fla's chunk kernel may assume g in [lower_bound, 0))
-        raise f.fail("safe_gate", "is true without a lower_bound; fla requires one (set lower_bound, e.g. -5, or safe_gate false)")
+        raise f.fail("safe_gate", "is true without a lower_bound, which fla requires; set lower_bound (e.g. -5) or false")
     return DeltaOptions(
         gated=True, num_heads=heads, num_v_heads=value_heads(f, heads), head_k_dim=head_dim, head_v_dim=width,
         short_conv=f.flag("use_short_conv"), conv_size=f.integer("conv_size"), qk_activation="silu", qk_norm="l2",
