@@ -109,6 +109,9 @@ CASES = {
     "gla": ("fla", "gla", {"use_short_conv": True}, misread("norm_eps", 0.5), "layer 0"),
     "delta_net": ("fla", "delta_net", {}, misread("allow_neg_eigval", True), "layer 0"),
     "gated_deltanet": ("fla", "gated_deltanet", {"head_dim": 16}, misread("norm_eps", 0.5), "layer 0"),
+    # RWKV-7: its LayerNorms' epsilon misread (the embeddings' norm and layer 0's)
+    "rwkv7": ("fla", "rwkv7", {"head_dim": 16, "decay_low_rank_dim": 8, "gate_low_rank_dim": 16, "a_low_rank_dim": 8,
+                               "v_low_rank_dim": 8}, misread("norm_eps", 0.5), "layer 0"),
     # Jamba (dense): Mamba-1, attention, Mamba-1; the attention's KV heads read as 4 (of 2): layer 1 departs
     "jamba": ("transformers", "jamba", {
         "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4,
