@@ -56,7 +56,8 @@ class MoE(nn.Module):
         super().__init__()
         o = self.options = options
         self.router = nn.Linear(o.d_model, o.num_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(SimpleNamespace(d_model=o.d_model, mlp_hidden=o.expert_hidden)) for _ in range(o.num_experts))
+        expert = SimpleNamespace(d_model=o.d_model, mlp_hidden=o.expert_hidden)
+        self.experts = nn.ModuleList(SwiGLU(expert) for _ in range(o.num_experts))
         if o.score_bias:
             self.register_buffer("expert_bias", torch.zeros(o.num_experts))
         else:

@@ -22,7 +22,10 @@ BATCH, LENGTH = 2, 200
 def reference_routing(model: torch.nn.Module, ids: np.ndarray) -> list[np.ndarray]:
     """The model's chosen experts per MoE layer, [B T, k] each (module order = layer order), on ``ids`` [B, T]."""
     chosen: list[np.ndarray] = []
-    hooks = [m.register_forward_pre_hook(lambda mod, args: chosen.append(mod.routing(args[0])[0].numpy())) for m in moe_layers(model)]
+    def read(module, args) -> None:
+        chosen.append(module.routing(args[0])[0].numpy())
+
+    hooks = [m.register_forward_pre_hook(read) for m in moe_layers(model)]
     try:
         with torch.no_grad():
             model(torch.from_numpy(ids))

@@ -54,7 +54,8 @@ def read_multimodal(path: str | Path, *, fields: dict[str, Any] = TEXT_FIELDS, r
     if not isinstance(text, dict):
         raise wrapper.fail("text_config", "must be an object (the text model's config)")
     f = check_fields(text, defaults=fields, refused=refused, importer=family, where=where)
-    make, rename = build(f, tie=wrapper.flag("tie_word_embeddings"), source=source, family=family, **(variant(f) if variant else {}))
+    tie = wrapper.flag("tie_word_embeddings")
+    make, rename = build(f, tie=tie, source=source, family=family, **(variant(f) if variant else {}))
     model = load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
     model.config["left_out"] = "the vision tower (vision_config, model.visual.*): the export is the text model"
     return model
