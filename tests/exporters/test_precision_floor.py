@@ -37,7 +37,7 @@ def test_no_floor_where_the_framework_has_no_run_at_that_precision():
 
 
 @pytest.mark.slow  # a transformers checkpoint, one fp16 export, two transformers runs, one validate (~2 min)
-def test_a_qwen3_5_fp16_export_is_held_to_transformers_own_fp16(tmp_path):
+def test_a_qwen3_5_fp16_export_is_held_to_transformers_own_fp16(tmp_path, export_cache, trace_cache):
     """The bench's Qwen3.5 (hidden 256, logits of magnitude ~40): its fp16 smoke check is out of edgelin's budget, so
     the export measures transformers' own fp16 error on the same ids, records it, and passes within it; validate holds
     the export to the same floor (the checks that needed it are out of edgelin's own budget, and pass)."""
@@ -47,8 +47,9 @@ def test_a_qwen3_5_fp16_export_is_held_to_transformers_own_fp16(tmp_path):
     from edgelin.exporters import export
     from edgelin.validate import PASS, validate
 
-    ckpt = build_checkpoint("qwen3_5", tmp_path / "ckpt", MODELS)
-    result = export(ckpt, tmp_path / "fp16", precision="fp16")
+    # the run's one build of this checkpoint, and its graphs traced once for the fp16 and int8 exports (test_quantref)
+    ckpt = export_cache.get("bench-qwen3_5", MODELS["qwen3_5"], lambda folder: build_checkpoint("qwen3_5", folder, MODELS))
+    result = export(ckpt, tmp_path / "fp16", precision="fp16", trace_cache=trace_cache)
     table = BUDGETS["fp16"]["logits"]
     floor = json.loads((tmp_path / "fp16" / "edgelin.json").read_text())["precision_floor"]
     assert floor["framework"] == "transformers" and floor["dtype"] == "float16" and floor["factor"] == upstream.PRECISION_FACTOR

@@ -245,7 +245,7 @@ def _scale_all(export_dir, scales: np.ndarray, factor: float) -> None:
 
 
 @pytest.mark.slow  # a transformers checkpoint, one int8 export, three validates (~1.5 min)
-def test_a_gated_deltanet_hybrids_int8_states_are_held_to_its_quantisation(tmp_path):
+def test_a_gated_deltanet_hybrids_int8_states_are_held_to_its_quantisation(tmp_path, export_cache, trace_cache):
     """The bench's Qwen3.5 (hidden 256; Gated DeltaNet x3 + gated attention), exported in int8 with no scheme named:
     the block scheme (a transformers checkpoint's default) and the embedding recorded. Its states against fp32 PyTorch
     are out of int8's state bound (the quantisation moves a delta-rule state more than the logits) and within 1e-2 of
@@ -261,9 +261,10 @@ def test_a_gated_deltanet_hybrids_int8_states_are_held_to_its_quantisation(tmp_p
     from edgelin.runtime import Session
     from edgelin.validate import FAIL, validate
 
-    ckpt = build_checkpoint("qwen3_5", tmp_path / "ckpt", MODELS)
+    # the run's one build of this checkpoint, and its graphs traced once for the int8 and fp16 exports (test_precision_floor)
+    ckpt = export_cache.get("bench-qwen3_5", MODELS["qwen3_5"], lambda folder: build_checkpoint("qwen3_5", folder, MODELS))
     out = tmp_path / "int8"
-    export(ckpt, out, precision="int8")
+    export(ckpt, out, precision="int8", trace_cache=trace_cache)
     manifest = json.loads((out / "edgelin.json").read_text())
     assert manifest["int8_scheme"] == "block" and manifest["embedding"] == "int8"
 
