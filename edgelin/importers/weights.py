@@ -59,6 +59,34 @@ class RowJoin:
     suffix: str
 
 
+@dataclass(frozen=True)
+class ExpertSplit:
+    """A mixture-of-experts checkpoint tensor holding every expert's weight in one [E, rows, cols] tensor (transformers'
+    in-memory layout, ``experts.gate_up_proj`` [E, 2I, D] and ``experts.down_proj`` [E, D, I]): every checkpoint tensor
+    whose name ends with ``suffix`` is read as expert e's tensors, f"{module}.{e}." + each of ``parts`` (``module``: the
+    name up to its last dot), taking equal consecutive row blocks of [rows, cols] in that order (gate rows first, then
+    up), for the ``experts`` experts the config says. The parts then match the model by name like any other tensor
+    (the per-expert names transformers' save_pretrained writes)."""
+
+    suffix: str
+    parts: tuple[str, ...]
+    experts: int
+
+    def names(self, name: str) -> list[str]:
+        prefix = name.rsplit(".", 1)[0]  # the experts' module: "model.layers.1.mlp.experts"
+        return [f"{prefix}.{e}.{part}" for e in range(self.experts) for part in self.parts]
+
+    def shapes(self, name: str, shape: tuple[int, ...], where) -> dict[str, tuple[int, ...]]:
+        if len(shape) != 3 or shape[0] != self.experts or shape[1] % len(self.parts):
+            raise CheckpointError(f"{where}: tensor {name} has shape {tuple(shape)}; the config expects [{self.experts} experts, "
+                                  f"rows in {len(self.parts)} equal parts, columns]")
+        return {part: (shape[1] // len(self.parts), shape[2]) for part in self.names(name)}
+
+    def split(self, name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        pieces = [block.contiguous() for expert in tensor for block in expert.chunk(len(self.parts), dim=0)]
+        return dict(zip(self.names(name), pieces))
+
+
 def _split_for(name: str, splits: tuple[RowSplit, ...]) -> RowSplit | None:
     return next((s for s in splits if name.endswith(s.suffix)), None)
 
@@ -152,7 +180,7 @@ def load_checkpoint_weights(
     the weights is refused, naming the tensor, before memory is spent on either. Checkpoint tensors whose names
     start with a ``left_out`` prefix (a vision tower, a multi-token-prediction head) are not part of the model:
     they are neither matched nor read. ``splits``: fused checkpoint tensors read as the tensors their rows hold
-    (``RowSplit``); the fused tensor's row count is checked from the header, its parts are matched by name.
+    (``RowSplit``, or ``ExpertSplit`` for stacked experts); the fused tensor's row count is checked from the header, its parts are matched by name.
     ``joins``: checkpoint tensors read as one, their rows concatenated (``RowJoin``), before any split."""
     from edgelin.checkpoint import Checkpoint, weight_files
     from edgelin.safety import expected_shapes, header_shapes
@@ -245,4 +273,4 @@ def _get(handle, name: str, file: Path) -> torch.Tensor:
         raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
 
 
-__all__ = ["Renamer", "RowJoin", "RowSplit", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match"]
+__all__ = ["ExpertSplit", "Renamer", "RowJoin", "RowSplit", "WEIGHTS_FILE", "load_checkpoint_weights", "load_weights", "match"]
