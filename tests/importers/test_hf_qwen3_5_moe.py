@@ -124,3 +124,39 @@ def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_p
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("qwen35moe-hybrid", tmp_path_factory)
     refused(edited_copy(folder, tmp_path / "ckpt", moe_intermediate_size=16), "model.layers.0.mlp.experts.0.down_proj.weight", "(64, 32)")
+
+
+def test_experts_in_transformers_in_memory_layout_load_the_same(tmp_path_factory, tmp_path):
+    """Experts stored fused, [E, 2I, D] and [E, D, I] (transformers' in-memory layout), import as the per-expert
+    tensors save_pretrained writes: the same model."""
+    folder, prompt, *_ = oracle("qwen35moe-hybrid", tmp_path_factory)
+    fused = load_checkpoint(fused_experts(folder, tmp_path / "fused", "mlp", ("gate_proj", "up_proj"), "down_proj"))
+    with torch.no_grad():
+        assert torch.equal(fused(prompt[:, :30])[0], load_checkpoint(folder)(prompt[:, :30])[0])
+
+
+def fused_experts(folder, out, module: str, gate_up: tuple[str, str], down: str):
+    """A copy of ``folder`` whose experts are stored as transformers holds them in memory (its conversion mapping:
+    per layer ``{module}.experts.gate_up_proj`` = the experts' [gate; up] stacked, [E, 2I, D], and
+    ``{module}.experts.down_proj`` [E, D, I])."""
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    kept, experts = {}, {}
+    for name, t in tensors.items():
+        m = re.fullmatch(rf"(.*\.{module}\.experts\.)(\d+)\.(\w+)\.weight", name)
+        if m is None:
+            kept[name] = t
+        else:
+            experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = t
+    for prefix, parts in experts.items():
+        count = 1 + max(e for e, _ in parts)
+        kept[prefix + "gate_up_proj"] = torch.stack([torch.cat([parts[(e, gate_up[0])], parts[(e, gate_up[1])]]) for e in range(count)])
+        kept[prefix + "down_proj"] = torch.stack([parts[(e, down)] for e in range(count)])
+    out.mkdir()
+    save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(folder / "config.json", out / "config.json")
+    return out

@@ -8,6 +8,8 @@ transformers 5.x computes it,
   sigmoid(l) without), their weights sigmoid(l) (not the biased score) divided by (their sum + 1e-6) with
   ``norm_topk_prob``, times ``routed_scaling_factor``; each expert a SwiGLU of width ``moe_intermediate_size``
   (w1 = gate, w3 = up, w2 = down); no shared expert
+- the experts' weights per expert (``feed_forward.experts.{e}.w1`` ..., what save_pretrained writes) or in
+  transformers' in-memory layout (``experts.gate_up_proj`` [E, 2I, D], ``experts.down_proj`` [E, D, I])
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf.lfm2 import LAYER_KINDS, build
-from edgelin.importers.weights import Renamer, load_checkpoint_weights
+from edgelin.importers.weights import ExpertSplit, Renamer, load_checkpoint_weights
 from edgelin.layers.mlp import SwiGLU
 from edgelin.layers.moe import MoE, MoEOptions
 from edgelin.skeleton import CausalLM
@@ -81,7 +83,14 @@ def load(path: str | Path) -> CausalLM:
         *pairs, (".feed_forward.experts.", ".mlp.experts."), (".feed_forward.gate.", ".mlp.router."),
         (".feed_forward.expert_bias", ".mlp.expert_bias"), (".w1.", ".gate."), (".w3.", ".up."), (".w2.", ".down."),
     ]
-    return load_checkpoint_weights(ckpt, make, Renamer(pairs))
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs), splits=expert_splits(options.num_experts))
 
 
-__all__ = ["FIELDS", "load", "moe_options"]
+def expert_splits(experts: int) -> tuple[ExpertSplit, ExpertSplit]:
+    """transformers' in-memory layout of the experts, where a checkpoint holds it: ``experts.gate_up_proj`` [E, 2I, D]
+    (w1 rows, then w3) and ``experts.down_proj`` [E, D, I], read as each expert's w1, w3 and w2."""
+    return (ExpertSplit("experts.gate_up_proj", ("w1.weight", "w3.weight"), experts),
+            ExpertSplit("experts.down_proj", ("w2.weight",), experts))
+
+
+__all__ = ["FIELDS", "expert_splits", "load", "moe_options"]

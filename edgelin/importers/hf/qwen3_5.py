@@ -34,12 +34,15 @@ WRAPPER_FIELDS: dict[str, Any] = {
 def read_text(path: str | Path, *, fields: dict[str, Any] = TEXT_FIELDS, refused: dict[str, str] = REFUSED_FIELDS,
               family: str = "hf/qwen3_5_text", variant=None) -> CausalLM:
     """A text checkpoint folder of Qwen3.5's kind: ``fields`` and ``refused`` its config's, ``variant(f)`` the
-    further keyword arguments of ``build`` a variant reads from the checked config (Qwen3.5-MoE's MLPs)."""
+    further keyword arguments of ``build`` a variant reads from the checked config (Qwen3.5-MoE's MLPs), and under
+    "splits" the weights loader's (its experts' layout)."""
     ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
     path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults=fields, refused=refused, importer=family, where=path / CONFIG_FILE)
-    make, rename = build(f, source=source, family=family, **(variant(f) if variant else {}))
-    return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
+    options = variant(f) if variant else {}
+    splits = options.pop("splits", ())
+    make, rename = build(f, source=source, family=family, **options)
+    return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT, splits=splits)
 
 
 def read_multimodal(path: str | Path, *, fields: dict[str, Any] = TEXT_FIELDS, refused: dict[str, str] = REFUSED_FIELDS,
@@ -54,9 +57,10 @@ def read_multimodal(path: str | Path, *, fields: dict[str, Any] = TEXT_FIELDS, r
     if not isinstance(text, dict):
         raise wrapper.fail("text_config", "must be an object (the text model's config)")
     f = check_fields(text, defaults=fields, refused=refused, importer=family, where=where)
-    tie = wrapper.flag("tie_word_embeddings")
-    make, rename = build(f, tie=tie, source=source, family=family, **(variant(f) if variant else {}))
-    model = load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT)
+    options = variant(f) if variant else {}
+    splits = options.pop("splits", ())
+    make, rename = build(f, tie=wrapper.flag("tie_word_embeddings"), source=source, family=family, **options)
+    model = load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT, splits=splits)
     model.config["left_out"] = "the vision tower (vision_config, model.visual.*): the export is the text model"
     return model
 

@@ -8,6 +8,8 @@ edgelin.importers.hf.qwen3_5 reads it) with, as transformers 5.x computes it, ev
 - each expert a SwiGLU of width ``moe_intermediate_size`` (gate_proj, up_proj, down_proj)
 - a shared expert, a SwiGLU of width ``shared_expert_intermediate_size``, times sigmoid(shared_expert_gate x),
   added to the experts' sum
+- the experts' weights per expert (``mlp.experts.{e}.gate_proj`` ..., what save_pretrained writes) or in transformers'
+  in-memory layout (``mlp.experts.gate_up_proj`` [E, 2I, D], ``mlp.experts.down_proj`` [E, D, I])
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from edgelin.importers.fields import Fields
 from edgelin.importers.hf.qwen3_5 import read_multimodal, read_text
 from edgelin.importers.hf.qwen_hybrid import TEXT_FIELDS
+from edgelin.importers.weights import ExpertSplit
 from edgelin.layers.moe import MoE, MoEOptions
 from edgelin.skeleton import CausalLM
 
@@ -35,7 +38,8 @@ RENAMES = (  # before Qwen3.5's: the router (``gate``), the shared expert and it
 
 
 def moe(f: Fields) -> dict[str, Any]:
-    """``build``'s MLP arguments from the checked text config: every block's MLP the mixture of experts."""
+    """``build``'s MLP arguments from the checked text config (every block's MLP the mixture of experts), and the
+    weights loader's splits of the experts' in-memory layout."""
     hidden, experts, k = f.integer("hidden_size"), f.integer("num_experts"), f.integer("num_experts_per_tok")
     if k > experts:
         raise f.fail("num_experts_per_tok", f"must be at most num_experts ({experts}), got {k}")
@@ -45,7 +49,9 @@ def moe(f: Fields) -> dict[str, Any]:
         d_model=hidden, num_experts=experts, top_k=k, expert_hidden=f.integer("moe_intermediate_size"), scoring="softmax",
         renormalise=True, shared_hidden=f.integer("shared_expert_intermediate_size"), shared_gate=True,
     )
-    return {"mlp": lambda i: (lambda sizes: MoE(options)), "mlp_hidden": options.expert_hidden, "renames": RENAMES}
+    splits = (ExpertSplit("experts.gate_up_proj", ("gate_proj.weight", "up_proj.weight"), experts),  # gate rows, then up
+              ExpertSplit("experts.down_proj", ("down_proj.weight",), experts))
+    return {"mlp": lambda i: (lambda sizes: MoE(options)), "mlp_hidden": options.expert_hidden, "renames": RENAMES, "splits": splits}
 
 
 def load_text(path: str | Path) -> CausalLM:
