@@ -21,13 +21,20 @@ def checkpoint(tmp_path_factory):
     return save_checkpoint(model, tmp_path_factory.mktemp("ckpt") / "tiny")
 
 
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """A trace cache of this module's own: its exports (plain, ragged, every position's logits) trace the decode graph
+    once; each prefill graph differs, so each is traced (the plain one by the test that reads its progress line)."""
+    return tmp_path_factory.mktemp("traces")
+
+
 def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def test_export_writes_the_contract_and_a_summary(checkpoint, tmp_path):
+def test_export_writes_the_contract_and_a_summary(checkpoint, traces, tmp_path):
     out = tmp_path / "out"
-    result = run("export", checkpoint, "-o", out)
+    result = run("export", checkpoint, "-o", out, "--trace-cache", traces)
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["decode.onnx", "edgelin.json", "golden.json", "prefill.onnx", "weights.data"]
     manifest = json.loads((out / "edgelin.json").read_text())
@@ -83,9 +90,9 @@ def test_export_help_teaches():
         assert text in result.output
 
 
-def test_export_ragged_gives_the_prefill_graph_lengths(checkpoint, tmp_path):
+def test_export_ragged_gives_the_prefill_graph_lengths(checkpoint, traces, tmp_path):
     out = tmp_path / "out"
-    result = run("export", checkpoint, "-o", out, "--ragged")
+    result = run("export", checkpoint, "-o", out, "--ragged", "--trace-cache", traces)
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "edgelin.json").read_text())
     assert manifest["lengths"] == "lengths"
@@ -93,10 +100,10 @@ def test_export_ragged_gives_the_prefill_graph_lengths(checkpoint, tmp_path):
     assert "ragged prefill: input 'lengths'" in result.stdout and "-> ok" in result.stdout
 
 
-def test_export_all_logits_leaves_the_prefill_graph_without_logits_at(checkpoint, tmp_path):
+def test_export_all_logits_leaves_the_prefill_graph_without_logits_at(checkpoint, traces, tmp_path):
     """For a client older than the logits_at input: every position's logits, the manifest as before the field."""
     out = tmp_path / "out"
-    result = run("export", checkpoint, "-o", out, "--all-logits")
+    result = run("export", checkpoint, "-o", out, "--all-logits", "--trace-cache", traces)
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "edgelin.json").read_text())
     assert "logits_at" not in manifest and manifest["logits_layout"]["positions"] == "every"
