@@ -36,6 +36,11 @@ def test_no_floor_where_the_framework_has_no_run_at_that_precision():
         assert upstream.precision_floor("unused", framework, precision, ids, ids) is None
 
 
+# tokens per prefill call of the Qwen3.5 export (int8 and fp16 share its trace): the delta rule's scan gets 4 levels at
+# C = 64, not the default 4,096's 6 (a faster trace); the runtime's prefill pieces are 1,024 tokens either way
+SCAN_BOUND = 1024
+
+
 @pytest.mark.slow  # a transformers checkpoint, one fp16 export, two transformers runs, one validate (~2 min)
 def test_a_qwen3_5_fp16_export_is_held_to_transformers_own_fp16(tmp_path, export_cache, trace_cache):
     """The bench's Qwen3.5 (hidden 256, logits of magnitude ~40): its fp16 smoke check is out of edgelin's budget, so
@@ -49,7 +54,7 @@ def test_a_qwen3_5_fp16_export_is_held_to_transformers_own_fp16(tmp_path, export
 
     # the run's one build of this checkpoint, and its graphs traced once for the fp16 and int8 exports (test_quantref)
     ckpt = export_cache.get("bench-qwen3_5", MODELS["qwen3_5"], lambda folder: build_checkpoint("qwen3_5", folder, MODELS))
-    result = export(ckpt, tmp_path / "fp16", precision="fp16", trace_cache=trace_cache)
+    result = export(ckpt, tmp_path / "fp16", precision="fp16", trace_cache=trace_cache, max_sequence=SCAN_BOUND)
     table = BUDGETS["fp16"]["logits"]
     floor = json.loads((tmp_path / "fp16" / "edgelin.json").read_text())["precision_floor"]
     assert floor["framework"] == "transformers" and floor["dtype"] == "float16" and floor["factor"] == upstream.PRECISION_FACTOR
