@@ -29,8 +29,9 @@ def test_demo_runs_end_to_end(tmp_path):
         assert step in result.stderr
 
 
-def test_export_defaults_to_the_bundled_model(tmp_path):
-    result = CliRunner().invoke(main, ["export", "-o", str(tmp_path / "out"), "--no-check"])
+def test_export_defaults_to_the_bundled_model(trace_cache, tmp_path):
+    # the run's trace cache: the bundled model's graphs are traced once for this export and the shared bundled_export
+    result = CliRunner().invoke(main, ["export", "-o", str(tmp_path / "out"), "--no-check", "--trace-cache", str(trace_cache)])
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "edgelin.json").read_text())
     from edgelin.checkpoint import weights_sha256
