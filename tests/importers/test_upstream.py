@@ -109,6 +109,10 @@ CASES = {
     "gla": ("fla", "gla", {"use_short_conv": True}, misread("norm_eps", 0.5), "layer 0"),
     "delta_net": ("fla", "delta_net", {}, misread("allow_neg_eigval", True), "layer 0"),
     "gated_deltanet": ("fla", "gated_deltanet", {"head_dim": 16}, misread("norm_eps", 0.5), "layer 0"),
+    # KDA (a gate per channel) and Gated DeltaProduct (two Householder steps a token): the gate's and beta's ranges misread
+    "kda": ("fla", "kda", {"head_dim": 16}, misread("allow_neg_eigval", True), "layer 0"),
+    "gated_deltaproduct": ("fla", "gated_deltaproduct", {"head_dim": 16, "num_householder": 2, "use_forget_gate": True},
+                           misread("allow_neg_eigval", True), "layer 0"),
     # RWKV-7: its LayerNorms' epsilon misread (the embeddings' norm and layer 0's)
     "rwkv7": ("fla", "rwkv7", {"head_dim": 16, "decay_low_rank_dim": 8, "gate_low_rank_dim": 16, "a_low_rank_dim": 8,
                                "v_low_rank_dim": 8}, misread("norm_eps", 0.5), "layer 0"),
@@ -140,6 +144,17 @@ CASES = {
         **IDS, "vocab_size": 97, "hidden_size": 32, "num_attention_heads": 4, "mamba_d_state": 8, "intermediate_size": 40,
         "num_hidden_layers": 3, "layers_block_type": ["mamba", "hybrid", "hybrid"], "use_mem_rope": True, "n_mamba_heads": 8,
         "mamba_ngroups": 2, "time_step_min": 1e-5}, misread("use_mem_rope", False), "layer 1 (zamba2/hybrid)"),
+    # LFM2-MoE: conv, attention (dense), conv with 8 experts top-2; the chosen weights' renormalisation misread as off
+    "lfm2_moe": ("transformers", "lfm2_moe", {
+        **IDS, "vocab_size": 97, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+        "moe_intermediate_size": 32, "num_hidden_layers": 3, "layer_types": ["conv", "full_attention", "conv"],
+        "num_dense_layers": 2, "num_experts": 8, "num_experts_per_tok": 2}, misread("norm_topk_prob", False), "layer 2"),
+    # Qwen3.5-MoE: Gated DeltaNet, attention, each with 8 experts top-2 and a gated shared expert; the shared width misread
+    "qwen3_5_moe_text": ("transformers", "qwen3_5_moe_text", {
+        **{k: v for k, v in HF_TINY_QWEN.items() if k != "intermediate_size"}, "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"], "num_experts": 8,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48},
+        misread("num_experts_per_tok", 3), "layer 0"),
     # RecurrentGemma: recurrent, recurrent, local attention (window 24); the window read as 8
     "recurrent_gemma": ("transformers", "recurrent_gemma", {
         **IDS, "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
@@ -176,7 +191,8 @@ def compare(folder: Path, prompt, steps, ref: upstream.Upstream):
 def test_every_foreign_family_names_its_framework():
     assert set(FRAMEWORKS) == set(IMPORTERS)
     assert {FRAMEWORKS[c[1]] for c in CASES.values()} == {"transformers", "fla"}
-    assert {c[1] for c in CASES.values()} | {"qwen3_5"} == set(IMPORTERS)  # the vision-language folder: a test below
+    # the vision-language folders: a test below (qwen3_5) and tests/importers/test_hf_qwen3_5_moe.py (qwen3_5_moe)
+    assert {c[1] for c in CASES.values()} | {"qwen3_5", "qwen3_5_moe"} == set(IMPORTERS)
 
 
 @pytest.mark.parametrize("case_id", [pytest.param(c, marks=pytest.mark.xdist_group(f"upstream-{c}")) for c in CASES])
