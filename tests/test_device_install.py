@@ -16,8 +16,9 @@ from testkit.venvs import run as _run
 pytestmark = pytest.mark.slow
 
 
-def _hf_export(model, tmp_path: Path) -> Path:
-    """An export of ``model`` (256 ids) with a BPE tokenizer.json of 256 ids trained here."""
+def _hf_export(model, tmp_path: Path, trace_cache: Path) -> Path:
+    """An export of ``model`` (256 ids) with a BPE tokenizer.json of 256 ids trained here; its graphs from ``trace_cache``
+    where the run's shared export of ``model`` traced them (the tokenizer is added after the trace)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from edgelin.exporters import export
@@ -31,11 +32,11 @@ def _hf_export(model, tmp_path: Path) -> Path:
     folder.mkdir()
     tok.save(str(folder / "tokenizer.json"))
     out = tmp_path / "hf-export"
-    export(model, out, check=False, tokenizer=folder)
+    export(model, out, check=False, tokenizer=folder, trace_cache=trace_cache)
     return out
 
 
-def test_generate_in_a_venv_without_torch(exported, tmp_path):
+def test_generate_in_a_venv_without_torch(exported, trace_cache, tmp_path):
     bindir, env = device_venv(tmp_path, "onnxruntime")
     py = bindir / "python"
     listed = _run([py, "-m", "pip", "list", "--format=freeze"]).stdout.lower()
@@ -51,7 +52,7 @@ def test_generate_in_a_venv_without_torch(exported, tmp_path):
     assert json.loads(got.stdout)["text"] == want["text"]
 
     # a Hugging Face tokenizer.json travels with the export and runs on the device with the tokenizers package
-    hf_dir = _hf_export(exported("elu+1")[0], tmp_path)
+    hf_dir = _hf_export(exported("elu+1")[0], tmp_path, trace_cache)
     got = _run([bindir / "edgelin", "generate", hf_dir, "-p", "The for statement", "-n", "24", "--provider", "cpu", "--json"], env=env, cwd=tmp_path)
     want = generate_text(hf_dir, "The for statement", max_new_tokens=24, provider="cpu")
     got = json.loads(got.stdout)
