@@ -20,6 +20,7 @@ from edgelin.importers import IMPORTERS
 from edgelin.layers.moe import MoE
 from testkit import hf_oracle
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
+from testkit.experts import fused_experts
 from testkit.node import javascript_check
 from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
@@ -133,30 +134,3 @@ def test_experts_in_transformers_in_memory_layout_load_the_same(tmp_path_factory
     fused = load_checkpoint(fused_experts(folder, tmp_path / "fused", "mlp", ("gate_proj", "up_proj"), "down_proj"))
     with torch.no_grad():
         assert torch.equal(fused(prompt[:, :30])[0], load_checkpoint(folder)(prompt[:, :30])[0])
-
-
-def fused_experts(folder, out, module: str, gate_up: tuple[str, str], down: str):
-    """A copy of ``folder`` whose experts are stored as transformers holds them in memory (its conversion mapping:
-    per layer ``{module}.experts.gate_up_proj`` = the experts' [gate; up] stacked, [E, 2I, D], and
-    ``{module}.experts.down_proj`` [E, D, I])."""
-    import re
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(folder / "model.safetensors")
-    kept, experts = {}, {}
-    for name, t in tensors.items():
-        m = re.fullmatch(rf"(.*\.{module}\.experts\.)(\d+)\.(\w+)\.weight", name)
-        if m is None:
-            kept[name] = t
-        else:
-            experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = t
-    for prefix, parts in experts.items():
-        count = 1 + max(e for e, _ in parts)
-        kept[prefix + "gate_up_proj"] = torch.stack([torch.cat([parts[(e, gate_up[0])], parts[(e, gate_up[1])]]) for e in range(count)])
-        kept[prefix + "down_proj"] = torch.stack([parts[(e, down)] for e in range(count)])
-    out.mkdir()
-    save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
-    shutil.copy(folder / "config.json", out / "config.json")
-    return out
