@@ -33,22 +33,11 @@ from edgelin.ops import (
     recurrent_delta_rule,
     unit_lower_inverse,
 )
-from testkit.delta import B, BETAS, C, H, K, LENGTHS, PREFIX, RULES, V, make_inputs, reference, rel_err
-
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 5e-6}
+from testkit.delta import B, BETAS, C, H, K, LENGTHS, PREFIX, RULES, TOLERANCE, V, check, make_inputs, reference, rel_err
 
 
 def cast(x, dtype):
     return None if x is None else x.to(dtype)
-
-
-def check(o, state, ref_o, ref_state, dtype, tol=None):
-    tol = TOLERANCE[dtype] if tol is None else tol
-    assert o.dtype == dtype and state["S"].dtype == dtype and o.shape == ref_o.shape
-    assert set(state) == {"S"} and state["S"].shape == ref_state["S"].shape
-    assert torch.isfinite(o).all() and torch.isfinite(state["S"]).all()
-    assert rel_err(o, ref_o) <= tol, f"o: relative error {rel_err(o, ref_o):.3g} > {tol:g}"
-    assert rel_err(state["S"], ref_state["S"]) <= tol, f"S: relative error {rel_err(state['S'], ref_state['S']):.3g} > {tol:g}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])

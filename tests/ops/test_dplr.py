@@ -37,14 +37,13 @@ from edgelin.ops.dplr import (
     naive_dplr,
     recurrent_dplr,
 )
-from testkit.delta import rel_err
+from testkit.delta import TOLERANCE, check, rel_err
 
 B, H, K, V, C = 2, 2, 8, 12, 16
 PREFIX = 7
 LENGTHS = (1, C - 1, C, C + 1, 1000)
 KINDS = ("rwkv7", "random")
 DECAYS = ("none", "rwkv7", "strong")
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 5e-6}
 
 
 def make_inputs(T: int, kind: str, decays: str, seed: int, batch: int = B):
@@ -80,15 +79,6 @@ def reference(T: int, kind: str, decays: str):
 
 def cast(xs, dtype):
     return tuple(x.to(dtype) for x in xs)
-
-
-def check(o, state, ref_o, ref_state, dtype, tol=None):
-    tol = TOLERANCE[dtype] if tol is None else tol
-    assert o.dtype == dtype and state["S"].dtype == dtype and o.shape == ref_o.shape
-    assert set(state) == {"S"} and state["S"].shape == ref_state["S"].shape
-    assert torch.isfinite(o).all() and torch.isfinite(state["S"]).all()
-    assert rel_err(o, ref_o) <= tol, f"o: relative error {rel_err(o, ref_o):.3g} > {tol:g}"
-    assert rel_err(state["S"], ref_state["S"]) <= tol, f"S: relative error {rel_err(state['S'], ref_state['S']):.3g} > {tol:g}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])

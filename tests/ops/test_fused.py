@@ -21,7 +21,7 @@ from onnx import TensorProto, helper
 from edgelin.ops import fused
 from edgelin.ops import DELTA_FORMS, FORMS, naive_delta_rule, naive_linear_attention
 from testkit.delta import BETAS, C, LENGTHS, RULES, reference, rel_err
-from testkit.linear import D, PREFIX, TOLERANCE, feature_map, random_qkv
+from testkit.linear import PREFIX, TOLERANCE, feature_map, random_qkv
 
 B, H = 2, 3
 ADDITIVE_T = (1, C - 1, C, C + 1, 100)

@@ -30,12 +30,11 @@ from edgelin.ops.delta import (
     naive_delta_product,
     naive_delta_rule,
 )
-from testkit.delta import rel_err
+from testkit.delta import check, rel_err
 
 B, H, K, V, C = 2, 2, 8, 12, 16
 PREFIX = 7
 LENGTHS = (1, C - 1, C, C + 1, 1000)
-TOLERANCE = {torch.float64: 1e-12, torch.float32: 5e-6}
 
 
 def channel_gate(shape, gen) -> torch.Tensor:
@@ -67,14 +66,6 @@ def reference(T: int, n: int = 0, neg: bool = False):
     x = make_inputs(T, seed=100 + T, n=n, neg=neg)
     o, final = naive(*x[:4], g=x[4], initial_state=initial)
     return x, initial, o, final
-
-
-def check(o, state, ref_o, ref_state, dtype, tol=None):
-    tol = TOLERANCE[dtype] if tol is None else tol
-    assert o.dtype == dtype and o.shape == ref_o.shape and state["S"].shape == ref_state["S"].shape
-    assert torch.isfinite(o).all() and torch.isfinite(state["S"]).all()
-    assert rel_err(o, ref_o) <= tol, f"o: relative error {rel_err(o, ref_o):.3g} > {tol:g}"
-    assert rel_err(state["S"], ref_state["S"]) <= tol, f"S: relative error {rel_err(state['S'], ref_state['S']):.3g} > {tol:g}"
 
 
 def run(forms, form, x, initial, dtype, **kw):

@@ -1,6 +1,7 @@
 """The delta rule's reference inputs and outputs (tests/ops/test_delta.py, tests/ops/test_fused.py): q, k unit
 vectors, v Gaussian, beta in four regimes, the gate with steps at -20 and ~0, and the naive float64 form's
-output from a carried state."""
+output from a carried state; ``check``, a fast form's output against the naive one's (also tests/ops/test_kda.py,
+tests/ops/test_dplr.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ PREFIX = 7
 LENGTHS = (1, C - 1, C, C + 1, 500)
 RULES = ("delta", "gated")
 BETAS = ("near0", "uniform", "near1", "neg")
+
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 5e-6}  # a fast form against the naive one, relative to max |naive|
+
+def check(o, state, ref_o, ref_state, dtype, tol=None):
+    """A form's output o and state {"S"} against the reference's: dtype, shapes, finite, within ``tol`` (TOLERANCE)."""
+    tol = TOLERANCE[dtype] if tol is None else tol
+    assert o.dtype == dtype and state["S"].dtype == dtype and o.shape == ref_o.shape
+    assert set(state) == {"S"} and state["S"].shape == ref_state["S"].shape
+    assert torch.isfinite(o).all() and torch.isfinite(state["S"]).all()
+    assert rel_err(o, ref_o) <= tol, f"o: relative error {rel_err(o, ref_o):.3g} > {tol:g}"
+    assert rel_err(state["S"], ref_state["S"]) <= tol, f"S: relative error {rel_err(state['S'], ref_state['S']):.3g} > {tol:g}"
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
