@@ -63,17 +63,23 @@ class Common:
 
     @classmethod
     def read(cls, f: Fields) -> "Common":
-        hidden = f.integer("hidden_size")
         f.choice("hidden_act", ("swish",))
         for name in ("fuse_norm", "fuse_swiglu", "fuse_cross_entropy", "fuse_linear_cross_entropy", "use_l2warp"):
             f.flag(name)
+        return cls.sizes(f, share=2 / 3, multiple=256)  # fla's GatedMLP: 2/3 of hidden_ratio, up to a multiple of 256
+
+    @classmethod
+    def sizes(cls, f: Fields, *, share: float, multiple: int) -> "Common":
+        """The sizes; the MLP's width ``intermediate_size``, or fla's from ``hidden_ratio`` (4 when null):
+        int(hidden * ratio * share) rounded up to a multiple of ``multiple``."""
+        hidden = f.integer("hidden_size")
         mlp = f.integer("intermediate_size", optional=True)
         if mlp is None:
             ratio = f.get("hidden_ratio")
             ratio = 4 if ratio is None else ratio
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
                 raise f.fail("hidden_ratio", f"must be a positive number or null, got {ratio!r}")
-            mlp = 256 * ((int(hidden * ratio * 2 / 3) + 255) // 256)  # fla's rounding: up to a multiple of 256
+            mlp = multiple * ((int(hidden * ratio * share) + multiple - 1) // multiple)
         return cls(
             vocab_size=f.integer("vocab_size"), hidden_size=hidden, num_layers=f.integer("num_hidden_layers"),
             norm_eps=f.number("norm_eps"), mlp_hidden=mlp, tie_embeddings=f.flag("tie_word_embeddings"),

@@ -33,21 +33,10 @@ FIELDS: dict[str, Any] = {
 
 def read_common(f: Fields) -> Common:
     """The shared sizes with RWKV-7's channel mix: squared ReLU only, the width rounded up to a multiple of 32."""
-    hidden = f.integer("hidden_size")
     f.choice("hidden_act", ("sqrelu",))
     for name in ("fuse_cross_entropy", "fuse_linear_cross_entropy", "use_l2warp"):
         f.flag(name)  # training options: the same model at inference
-    mlp = f.integer("intermediate_size", optional=True)
-    if mlp is None:
-        ratio = f.get("hidden_ratio")
-        ratio = 4 if ratio is None else ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
-            raise f.fail("hidden_ratio", f"must be a positive number or null, got {ratio!r}")
-        mlp = 32 * ((int(hidden * ratio) + 31) // 32)  # fla's RWKV7FeedForward: up to a multiple of 32
-    return Common(
-        vocab_size=f.integer("vocab_size"), hidden_size=hidden, num_layers=f.integer("num_hidden_layers"),
-        norm_eps=f.number("norm_eps"), mlp_hidden=mlp, tie_embeddings=f.flag("tie_word_embeddings"),
-    )
+    return Common.sizes(f, share=1, multiple=32)  # fla's RWKV7FeedForward: hidden_ratio whole, up to a multiple of 32
 
 
 def low_rank(f: Fields, name: str, default: float) -> int:
