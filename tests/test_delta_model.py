@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import edgelin.ops.delta as delta
 from edgelin.config import ModelConfig
 from edgelin.errors import ConfigError
 from edgelin.model import LinearLM

@@ -20,25 +20,13 @@ from edgelin.protocol import ExportableModel, check_model
 from edgelin.runtime.manifest import Manifest
 from testkit import max_abs
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
+from testkit.delta import strong_gates
 from testkit.stateful import edited_copy, pieces_and_steps_agree
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S and the conv windows, relative L2
 BATCH, PROMPT, STEPS = 2, 150, 20
 SMALL = {"head_dim": 16}  # Gated DeltaNet's default head_dim (256) is larger than the tiny model
-
-
-def strong_gates(tensors: dict[str, torch.Tensor]) -> None:
-    """Gates from keep-everything to forget-at-once, and beta driven to its ends: per value head
-    exp(A_log) in {0.01, 1, 4, 16} and dt_bias in {-5, 0, 1, 2} give log-decays g from about -7e-5 to -34;
-    b_proj scaled 30x puts sigmoid(b_proj x) near 0 and near 1."""
-    for name, t in tensors.items():
-        if name.endswith("A_log"):
-            t.copy_(torch.tensor([0.01, 1.0, 4.0, 16.0]).log().repeat(t.numel() // 4))
-        elif name.endswith("dt_bias"):
-            t.copy_(torch.tensor([-5.0, 0.0, 1.0, 2.0]).repeat(t.numel() // 4))
-        elif name.endswith("b_proj.weight"):
-            t.mul_(30.0)
 
 
 CASES = {  # id -> (model_type, fla config options; "edit": a change to the saved tensors)
@@ -87,7 +75,6 @@ def fla_case(case_id: str, fla_oracle, tmp_path_factory):
     model_type, options = CASES[case_id]
     return fla_oracle.cached_case(_RESULTS, case_id, model_type, options, tmp_path_factory, batch=BATCH, prompt=PROMPT,
                                   steps=STEPS, stepwise=case_id in STEPWISE)
-
 
 
 @pytest.mark.parametrize("case_id", same_worker(CASES))

@@ -18,6 +18,7 @@ from edgelin.importers import IMPORTERS
 from edgelin.runtime.manifest import Manifest
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.node import javascript_check
+from testkit.delta import strong_gates
 from testkit.stateful import (
     edited_copy, export_vs_reference, fused_export_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree,
 )
@@ -26,19 +27,6 @@ MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S and the conv windows, relative L2
 BATCH, PROMPT, STEPS = 2, 150, 20
 SMALL = {"head_dim": 16}  # the families' default head_dim (128, 256) is larger than the tiny model
-
-
-def strong_gates(tensors: dict[str, torch.Tensor]) -> None:
-    """Gates from keep-everything to forget-at-once: exp(A_log) in {0.01, 1, 4, 16} per value head and dt_bias in
-    {-5, 0, 1, 2} (per channel for KDA: every head sees all four) give log-decays from about -7e-5 to -34 per step;
-    b_proj scaled 30x puts beta near 0 and near 1."""
-    for name, t in tensors.items():
-        if name.endswith("A_log"):
-            t.copy_(torch.tensor([0.01, 1.0, 4.0, 16.0]).log().repeat(t.numel() // 4))
-        elif name.endswith("dt_bias"):
-            t.copy_(torch.tensor([-5.0, 0.0, 1.0, 2.0]).repeat(t.numel() // 4))
-        elif name.endswith("b_proj.weight"):
-            t.mul_(30.0)
 
 
 CASES = {  # id -> (model_type, fla config options; "edit": a change to the saved tensors)

@@ -14,9 +14,7 @@ it for K = 64 and 128).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +31,9 @@ from edgelin.ops import (
     recurrent_delta_rule,
     unit_lower_inverse,
 )
-from testkit.delta import B, BETAS, C, H, K, LENGTHS, PREFIX, RULES, TOLERANCE, V, check, make_inputs, reference, rel_err
+from testkit.delta import (
+    B, BETAS, C, H, K, LENGTHS, PREFIX, RULES, TOLERANCE, V, check, fla_naive, make_inputs, reference, rel_err,
+)
 
 
 def cast(x, dtype):
@@ -222,24 +222,11 @@ def test_bad_shapes_are_refused_by_name():
 
 # ---- fla's own pure-PyTorch references (flash-linear-attention; files need only torch and einops) ----
 
-def _fla_naive(rel_path: str):
-    spec = importlib.util.find_spec("fla")
-    if spec is None or spec.origin is None or importlib.util.find_spec("einops") is None:
-        pytest.skip("flash-linear-attention (and einops) not installed")
-    path = Path(spec.origin).parent / rel_path
-    if not path.is_file():
-        pytest.skip(f"fla has no {rel_path}")
-    # by file path: `import fla.ops` needs triton and a GPU driver; these files need neither
-    module_spec = importlib.util.spec_from_file_location(f"_fla_{path.stem}_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.parametrize("betas", ["uniform", "neg"])
 def test_fla_delta_rule_recurrence(betas):
     """fla's delta_rule_recurrence ([B, H, T, D], q scaled by K^-0.5, computed in float32, state [B, H, K, V])."""
-    fla = _fla_naive("ops/delta_rule/naive.py")
+    fla = fla_naive("ops/delta_rule/naive.py")
     (q, k, v, beta, _), initial, _, _ = reference(C + 1, "delta", betas)
     q, k, v, beta, S0 = (x.float().double() for x in (q, k, v, beta, initial["S"]))  # values fla can hold exactly
     ref_o, ref_S = fla.delta_rule_recurrence(q.float(), k.float(), v.float(), beta.float(), initial_state=S0.float())
@@ -250,7 +237,7 @@ def test_fla_delta_rule_recurrence(betas):
 @pytest.mark.parametrize("betas", ["uniform", "neg"])
 def test_fla_gated_delta_rule_recurrence(betas):
     """fla's naive_recurrent_gated_delta_rule ([B, T, H, D], default scale K^-0.5, float32, state [B, H, K, V])."""
-    fla = _fla_naive("ops/gated_delta_rule/naive.py")
+    fla = fla_naive("ops/gated_delta_rule/naive.py")
     (q, k, v, beta, g), initial, _, _ = reference(C + 1, "gated", betas)
     q, k, v, beta, g, S0 = (x.float().double() for x in (q, k, v, beta, g, initial["S"]))
     t = lambda x: x.float().transpose(1, 2)  # noqa: E731  [B, H, T, ...] -> [B, T, H, ...]

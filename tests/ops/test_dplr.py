@@ -18,9 +18,7 @@ the table for K = V = 64.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,7 +35,7 @@ from edgelin.ops.dplr import (
     naive_dplr,
     recurrent_dplr,
 )
-from testkit.delta import TOLERANCE, check, rel_err
+from testkit.delta import TOLERANCE, check, fla_naive, rel_err
 
 B, H, K, V, C = 2, 2, 8, 12, 16
 PREFIX = 7
@@ -203,25 +201,12 @@ def test_state_layout():
 
 # ---- fla's own pure-PyTorch reference (flash-linear-attention; the file needs only torch and einops) ----
 
-def _fla_naive(rel_path: str):
-    spec = importlib.util.find_spec("fla")
-    if spec is None or spec.origin is None or importlib.util.find_spec("einops") is None:
-        pytest.skip("flash-linear-attention (and einops) not installed")
-    path = Path(spec.origin).parent / rel_path
-    if not path.is_file():
-        pytest.skip(f"fla has no {rel_path}")
-    # by file path: `import fla.ops` needs triton and a GPU driver; this file needs neither
-    module_spec = importlib.util.spec_from_file_location(f"_fla_{path.stem}_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_fla_dplr_recurrence(kind):
     """fla's dplr_recurrence (alpha = a, beta = b, gk = w; [B, H, T, D], q scaled by K^-0.5, computed in float32,
     state [B, H, K, V]) pins the convention: a reads the state before the decay, the state is key-major."""
-    fla = _fla_naive("ops/generalized_delta_rule/dplr/naive.py")
+    fla = fla_naive("ops/generalized_delta_rule/dplr/naive.py")
     x, initial, _, _ = reference(C + 1, kind, "rwkv7")
     x, S0 = tuple(y.float().double() for y in x), initial["S"].float().double()  # values fla holds exactly
     ref_o, ref_S = fla.dplr_recurrence(*(y.float() for y in x), initial_state=S0.float())

@@ -6,7 +6,10 @@ tests/ops/test_dplr.py)."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -63,3 +66,31 @@ def reference(T: int, rule: str, betas: str):
 
 
 __all__ = ["B", "BETAS", "C", "H", "K", "LENGTHS", "PREFIX", "RULES", "V", "make_inputs", "reference", "rel_err"]
+
+
+def fla_naive(rel_path: str):
+    """fla's pure-PyTorch reference file ``rel_path`` (under the fla package) loaded by path: ``import fla.ops`` needs
+    triton and a GPU driver, these files need only torch and einops. Skips where fla or einops is not installed."""
+    spec = importlib.util.find_spec("fla")
+    if spec is None or spec.origin is None or importlib.util.find_spec("einops") is None:
+        pytest.skip("flash-linear-attention (and einops) not installed")
+    path = Path(spec.origin).parent / rel_path
+    if not path.is_file():
+        pytest.skip(f"fla has no {rel_path}")
+    module_spec = importlib.util.spec_from_file_location(f"_fla_{path.stem}_{path.parent.name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def strong_gates(tensors: dict[str, torch.Tensor]) -> None:
+    """A saved delta-rule checkpoint's gates from keep-everything to forget-at-once, and beta driven to its ends:
+    exp(A_log) in {0.01, 1, 4, 16} per value head and dt_bias in {-5, 0, 1, 2} (per channel for KDA: every head sees
+    all four) give log-decays from about -7e-5 to -34 per step; b_proj scaled 30x puts beta near 0 and near 1."""
+    for name, t in tensors.items():
+        if name.endswith("A_log"):
+            t.copy_(torch.tensor([0.01, 1.0, 4.0, 16.0]).log().repeat(t.numel() // 4))
+        elif name.endswith("dt_bias"):
+            t.copy_(torch.tensor([-5.0, 0.0, 1.0, 2.0]).repeat(t.numel() // 4))
+        elif name.endswith("b_proj.weight"):
+            t.mul_(30.0)
