@@ -32,7 +32,7 @@ from edgelin.exporters.check import (
 from edgelin.exporters.convert import convert_graphs, op_histogram
 from edgelin.exporters.precision import check_precision, embedding_choice, int8_scheme_choice, state_dtypes
 from edgelin.exporters.precision.int4 import eight_bit_digests
-from edgelin.exporters.result import ExportResult
+from edgelin.exporters.result import ExportResult, peak_resident
 from edgelin.exporters.source import resolve_source
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.tracing import export_graph, failure_cause, trace_graphs
@@ -256,7 +256,7 @@ def export(
             raise ExportError(f"export failed: {full}, while writing {out_dir}; make room (or raise the limit) and export again; {left}") from None
         raise ExportError(f"export failed ({failure_cause(exc)}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types,
-                        smoke_bounds=smoke_held)
+                        smoke_bounds=smoke_held, peak_bytes=peak_resident())
 
 
 def _check_trace_cache(trace_cache, out_dir, protect: tuple) -> None:

@@ -3,6 +3,7 @@ and the summary ``edgelin export`` prints."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class ExportResult:
     # fp16, to the checkpoint's framework's own error at fp16: edgelin.upstream.precision_floor)
     smoke_bounds: dict[str, dict[str, float]] = field(default_factory=dict)
     op_types: dict[str, dict[str, int]] = field(default_factory=dict)  # graph -> op type -> count
+    peak_bytes: int | None = None  # the process's peak resident memory when the export returned (``peak_resident``)
 
     def summary(self) -> str:
         lines = [f"exported to {self.out_dir}"]
@@ -52,4 +54,22 @@ class ExportResult:
                                                         if bounds[k]["max_rel"] > table["max_rel"] else "")
                               for k, e in self.smoke.items())
             lines.append(f"  smoke check (ORT CPU vs PyTorch, logits max abs / max |logit|; budget {table['max_rel']:.0e}): {parts} -> {'ok' if ok else 'FAIL'}")
+        if self.peak_bytes is not None:
+            lines.append(f"  peak memory: {self.peak_bytes / 1e6:,.0f} MB resident ({PEAK_MEANS})")
         return "\n".join(lines)
+
+
+PEAK_MEANS = ("ru_maxrss: the process's largest resident set so far, its own memory and the pages it mapped from the "
+              "checkpoint and the weights file, which the system can drop and read again")
+
+
+def peak_resident() -> int | None:
+    """The process's peak resident set in bytes since it started (getrusage's ru_maxrss: kilobytes on Linux, bytes on
+    macOS); None where the platform has no getrusage figure."""
+    try:
+        import resource  # not on Windows
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, AttributeError, OSError):
+        return None
+    return peak * (1 if sys.platform == "darwin" else 1024) if peak > 0 else None
