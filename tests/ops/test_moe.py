@@ -25,6 +25,13 @@ CASES = {
     "k-equals-e": dict(num_experts=4, top_k=4, scoring="softmax", renormalise=False),
     "shared-gated": dict(num_experts=4, top_k=2, scoring="softmax", shared_hidden=12, shared_gate=True),
     "shared-ungated": dict(num_experts=4, top_k=2, scoring="sigmoid", score_bias=True, shared_hidden=12),
+    # Granite-4.0-H's: top-k of the logits, softmax over the chosen; its shared expert with gate and up rows packed
+    "topk-softmax-packed-shared": dict(num_experts=6, top_k=2, scoring="topk_softmax", shared_hidden=12, shared_kind="packed_swiglu"),
+    # Nemotron-H's: relu^2 experts without a gate inside latent projections, sigmoid scores with a correction bias,
+    # 2 of 4 groups, renormalised (+1e-20), scaled; a relu^2 shared expert
+    "relu2-latent-groups": dict(num_experts=8, top_k=3, scoring="sigmoid", score_bias=True, renormalise_eps=1e-20, scaling=2.5,
+                                expert_kind="relu2", shared_kind="relu2", shared_hidden=12, latent=6, groups=4, top_groups=2),
+    "groups-softmax": dict(num_experts=6, top_k=3, scoring="softmax", groups=3, top_groups=2),
 }
 
 
@@ -76,6 +83,42 @@ def test_ties_choose_a_valid_top_k():
         others = scores.masked_fill(torch.zeros_like(scores, dtype=torch.bool).scatter(1, ids, True), -1.0)
         assert (chosen.min(-1).values >= others.max(-1).values).all() and all(len(set(r.tolist())) == k for r in ids)
         assert torch.allclose(w, chosen / chosen.sum(-1, keepdim=True))
+
+
+def test_topk_softmax_is_softmax_then_renormalise():
+    """Granite's rule (softmax over the k largest logits) chooses and weighs as softmax over all, top k, renormalised."""
+    logits = torch.randn(50, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    ids, w = route(logits, 3, scoring="topk_softmax")
+    ids2, w2 = route(logits, 3, scoring="softmax", renormalise=True)
+    assert torch.equal(ids, ids2) and max_abs(w, w2) <= 1e-15
+
+
+def test_group_limited_routing_and_its_near_ties():
+    """Group-limited routing (Nemotron-H's) against the naive loop: groups scored by their two best choice scores;
+    crafted rows where a group beats another by 1e-12 (the better one is kept), where two groups tie exactly (the lower
+    index is kept, as ONNX TopK keeps it), and where the single best expert sits in a group that loses (it is not
+    chosen)."""
+    from edgelin.ops.moe import naive_route, top_mask
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(200, 8, dtype=torch.float64, generator=g)
+    bias = torch.randn(8, dtype=torch.float64, generator=g) * 0.3
+    for k, top_groups in ((1, 1), (2, 1), (3, 2), (4, 3)):
+        ids, w = route(x, k, scoring="sigmoid", bias=bias, renormalise=True, eps=1e-20, scale=2.0, groups=4, top_groups=top_groups)
+        nids, nw = naive_route(x, k, scoring="sigmoid", bias=bias, renormalise=True, eps=1e-20, scale=2.0, groups=4, top_groups=top_groups)
+        assert torch.equal(ids.sort(-1).values, nids.sort(-1).values)
+        assert max_abs(w.gather(1, ids.argsort(-1)), nw.gather(1, nids.argsort(-1))) <= 1e-15
+    logit = lambda p: torch.log(torch.tensor(p, dtype=torch.float64) / (1 - torch.tensor(p, dtype=torch.float64)))  # noqa: E731
+    rows = logit([
+        [0.5, 0.4, 0.45, 0.45 - 1e-12, 0.1, 0.1, 0.1, 0.1],  # group 0 (0.9) beats group 1 (0.9 - 1e-12)
+        [0.1, 0.1, 0.5, 0.4, 0.1, 0.1, 0.45, 0.45],  # groups 1 and 3 tie exactly: group 1 kept
+        [0.95, 0.01, 0.6, 0.6, 0.1, 0.1, 0.2, 0.2],  # best expert 0, but group 1 (1.2) beats group 0 (0.96)
+    ])
+    ids, _ = route(rows, 2, scoring="sigmoid", renormalise=True, groups=4, top_groups=1)
+    nids, _ = naive_route(rows, 2, scoring="sigmoid", renormalise=True, groups=4, top_groups=1)
+    assert [sorted(r) for r in ids.tolist()] == [[0, 1], [2, 3], [2, 3]] == [sorted(r) for r in nids.tolist()]
+    mask = top_mask(torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]]), 2)
+    assert mask.tolist() == [[False, True, True, False, False]]  # a tie to the lower index
 
 
 def test_moe_mixer_has_no_state_and_runs_any_form():
@@ -153,3 +196,35 @@ def test_fp16_keeps_each_router_in_fp32(tmp_path):
         want = moe(x).numpy()
     got = session.run(None, {"x": x.numpy().astype(np.float16)})[0]  # a graph input the conversion makes fp16
     assert np.abs(got.astype(np.float32) - want).max() <= 8e-3 * max(1.0, np.abs(want).max())
+
+
+def test_onnx_lowering_of_relu2_latent_grouped_experts(tmp_path):
+    """Nemotron-H's MoE exported: one TopK per layer (the groups ranked by comparisons), per expert NonZero /
+    GatherND / two MatMuls on its constant [latent, I] / [I, latent] weights / ScatterND; in ONNX Runtime at T = 1,
+    batch 2 and T = 70 against the naive loops in float64, experts 1 and 3 tied (the lower one taken)."""
+    import onnx
+    import onnxruntime as ort
+
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    reference = make(**CASES["relu2-latent-groups"])
+    with torch.no_grad():
+        reference.router.weight[3], reference.expert_bias[3] = reference.router.weight[1], reference.expert_bias[1]
+    moe = MoE(reference.options).eval()
+    moe.load_state_dict({k: v.float() for k, v in reference.state_dict().items()})
+    B, T = torch.export.Dim("B"), torch.export.Dim("T")
+    path = tmp_path / "moe.onnx"
+    torch.onnx.export(moe, (torch.randn(2, 5, D),), input_names=["x"], output_names=["y"], dynamic_shapes=({0: B, 1: T},),
+                      dynamo=True, opset_version=18, optimize=True, custom_translation_table=translation_table()).save(str(path))
+    graph = onnx.load(str(path)).graph
+    ops = [n.op_type for n in graph.node]
+    E, L = moe.options.num_experts, moe.options.latent
+    assert ops.count("NonZero") == E and ops.count("ScatterND") == E and ops.count("TopK") == 1
+    shapes = {t.name: tuple(t.dims) for t in graph.initializer}
+    assert len([n for n in graph.node if n.op_type == "MatMul" and shapes.get(n.input[1]) in ((L, I), (I, L))]) == 2 * E
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for shape in ((1, 1, D), (2, 1, D), (2, 70, D)):
+        xx = torch.randn(*shape)
+        with torch.no_grad():
+            want = reference(xx.double(), naive=True).float().numpy()
+        got = session.run(None, {"x": xx.numpy()})[0]
+        assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), shape
