@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from edgelin import parity, protocol, quantref, upstream as up
+from edgelin.layers.moe import moe_layers
 from edgelin.parity import BUDGETS
 from edgelin.runtime.manifest import Manifest
 from edgelin.state import fresh_state
@@ -60,6 +61,7 @@ class Validator:
         # int8 / int4: the model computing the export's quantisation (edgelin.quantref), the states' reference; None:
         # the states are held to ``model``'s
         self.quantised = quantref.quantised_model(model, manifest)
+        self.moe = bool(moe_layers(model))  # a mixture-of-experts model: its checks set aside tokens whose experts differ
 
     # ---- helpers -------------------------------------------------------------------------------
     def model64(self):
