@@ -170,7 +170,7 @@ def test_unsupported_bamba_options_are_refused_by_name(changes, field, fragment,
 
 
 @pytest.mark.parametrize("changes, field, fragment", [
-    ({"num_local_experts": 8}, "num_local_experts", "mixture-of-experts"),
+    ({"num_local_experts": -1}, "num_local_experts", "must be 0 (dense MLPs) or a positive number of experts"),
     ({"position_embedding_type": "alibi"}, "position_embedding_type", "'rope'"),
     ({"layer_types": ["mamba", "mlp", "mamba"]}, "layer_types", "'mamba' or 'attention'"),
     ({"attention_multiplier": 0}, "attention_multiplier", "positive"),
@@ -181,9 +181,8 @@ def test_unsupported_granite_options_are_refused_by_name(changes, field, fragmen
 
 
 @pytest.mark.parametrize("changes, field, fragment", [
-    ({"layers_block_type": None, "hybrid_override_pattern": "M-E*-"}, "hybrid_override_pattern",
-     "mixture-of-experts layers (2; n_routed_experts 8)"),
-    ({"layers_block_type": ["linear_attention", "moe"]}, "layers_block_type", "mixture-of-experts"),
+    ({"layers_block_type": None, "hybrid_override_pattern": "M-E*-", "n_group": 3}, "n_group", "must divide n_routed_experts (8)"),
+    ({"layers_block_type": ["linear_attention", "moe"], "topk_group": 2}, "topk_group", "at most n_group (1)"),
     ({"layers_block_type": None, "hybrid_override_pattern": "M-X"}, "hybrid_override_pattern", "a string of M, *, -, E"),
     ({"mlp_hidden_act": "silu"}, "mlp_hidden_act", "'relu2'"),
     ({"sliding_window": 16}, "sliding_window", "supports null"),

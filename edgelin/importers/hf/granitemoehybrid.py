@@ -1,5 +1,5 @@
-"""transformers' ``granitemoehybrid`` (GraniteMoeHybridForCausalLM: Granite-4.0-H) with dense MLPs, on the skeleton,
-as transformers 5.x computes it:
+"""transformers' ``granitemoehybrid`` (GraniteMoeHybridForCausalLM: Granite-4.0-H), dense or with experts, on the
+skeleton, as transformers 5.x computes it:
 
 - embeddings times ``embedding_multiplier``; blocks: x + r * mixer(input_layernorm(x)), then
   + r * shared_mlp(post_attention_layernorm(.)) with r = ``residual_multiplier``; the MLP is ``shared_mlp``
@@ -8,7 +8,11 @@ as transformers 5.x computes it:
 - ``attention`` layers: grouped heads, softmax scale ``attention_multiplier`` (not head_dim^-0.5), RoPE by halves
   over the whole head only with ``position_embedding_type: "rope"`` (none otherwise: Granite-4.0-H's attention
   layers carry no position encoding), no q/k norm
-Mixture-of-experts layers (``num_local_experts`` > 0) are refused by name.
+- experts (``num_local_experts`` E > 0, every layer): the MLP is edgelin.layers.moe's, ``shared_mlp`` its shared expert
+  (always on, no gate) beside ``block_sparse_moe``: router logits l = W x, ids = top ``num_experts_per_tok`` of l,
+  weights softmax(l[ids]) (scoring "topk_softmax"), E SwiGLU experts of width ``intermediate_size`` stored stacked
+  (``input_linear`` [E, 2I, d]: gate rows then up rows; ``output_linear`` [E, d, I]; or transformers' in-memory
+  ``experts.gate_up_proj`` / ``experts.down_proj``), read per expert without a second copy (ExpertSplit)
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from typing import Any
 from edgelin.layers.attention import Attention, AttentionOptions
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
-from edgelin.importers.fields import check_fields
+from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import attention_heads, declare_context, mamba_options, mixer_renames, read_rope
-from edgelin.importers.weights import Renamer, load_checkpoint_weights
+from edgelin.importers.weights import ExpertSplit, Renamer, load_checkpoint_weights
 from edgelin.layers.mamba2 import Mamba2Mixer
+from edgelin.layers.moe import MoE, MoEOptions
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
 from edgelin.layers.mlp import PackedSwiGLU
@@ -35,22 +40,22 @@ FIELDS: dict[str, Any] = {  # GraniteMoeHybridConfig's fields and defaults (tran
     "layer_types": None, "rope_parameters": None, "rope_theta": None,
     "mamba_n_heads": 128, "mamba_d_head": "auto", "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4,
     "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False, "time_step_limit": [0.0, float("inf")],
-    # the experts' width and routing: read only by mixture-of-experts layers, refused below when there are any
-    "intermediate_size": 11008, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.001, "output_router_logits": False,
-    # no effect at inference
-    "mamba_chunk_size": 256, "attention_dropout": 0.0, "num_logits_to_keep": 1, "z_loss_coefficient": 0.0,
+    # the experts' width and routing: read with experts (num_local_experts > 0) only
+    "intermediate_size": 11008, "num_experts_per_tok": 2,
+    # no effect at inference (the router's auxiliary loss and its logits as outputs: training)
+    "router_aux_loss_coef": 0.001, "output_router_logits": False, "mamba_chunk_size": 256, "attention_dropout": 0.0, "num_logits_to_keep": 1, "z_loss_coefficient": 0.0,
 }
 LAYER_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention"}
 
 
 def load(path: str | Path) -> CausalLM:
-    """A ``granitemoehybrid`` checkpoint folder with dense MLPs (num_local_experts 0)."""
+    """A ``granitemoehybrid`` checkpoint folder, dense (num_local_experts 0) or with experts."""
     ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
     path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/granitemoehybrid", where=path / CONFIG_FILE)
     experts = f.get("num_local_experts")
-    if experts != 0:
-        raise f.unsupported("num_local_experts", f"is {experts!r} (mixture-of-experts layers); edgelin exports dense MLPs only (num_local_experts 0)")
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+        raise f.fail("num_local_experts", f"must be 0 (dense MLPs) or a positive number of experts, got {experts!r}")
     f.choice("hidden_act", ("silu",))
     if f.flag("attention_bias"):
         raise f.fail("attention_bias", "is true; edgelin's granitemoehybrid importer supports false only")
@@ -74,23 +79,55 @@ def load(path: str | Path) -> CausalLM:
     scales = dict(embed_scale=f.number("embedding_multiplier"), residual_scale=f.number("residual_multiplier"),
                   logits_scale=f.number("logits_scaling"))
 
+    moe = moe_options(f, hidden, experts, mlp) if experts else None
+
     def make() -> CausalLM:
         model = CausalLM(
             lambda i: Attention(attention) if kinds[i] == "attention" else Mamba2Mixer(mamba), n_layers=n_layers,
             vocab_size=vocab, d_model=hidden, mlp_hidden=mlp, norm_eps=eps, tie_embeddings=tie, chunk_size=DEFAULT_CHUNK,
-            mlp=PackedSwiGLU, **scales,
+            mlp=PackedSwiGLU if moe is None else (lambda i: lambda sizes: MoE(moe)), **scales,
             config={"family": "hf/granitemoehybrid", "chunk_size": DEFAULT_CHUNK, "source_config": source},
         )
         return declare_context(model, source, "attention" in kinds)
 
     pairs = [
         ("model.embed_tokens.", "embed."), ("model.layers.", "blocks."), ("model.norm.", "norm."),
-        (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".mlp_norm."), (".shared_mlp.", ".mlp."),
-        *mixer_renames("mamba"), (".self_attn.", ".attn."),
+        (".input_layernorm.", ".attn_norm."), (".post_attention_layernorm.", ".mlp_norm."),
+        (".shared_mlp.", ".mlp." if moe is None else ".mlp.shared."), *mixer_renames("mamba"), (".self_attn.", ".attn."),
     ]
+    if moe is not None:
+        pairs += MOE_RENAMES
     if tie:
         pairs.append(("lm_head.weight", "embed.weight"))
-    return load_checkpoint_weights(ckpt, make, Renamer(pairs))
+    splits = () if moe is None else expert_splits(experts)
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs), splits=splits)
 
 
-__all__ = ["FIELDS", "load"]
+MOE_RENAMES = [  # the router as saved (``router.layer``) and as transformers holds it; the experts' modules (expert_splits)
+    (".block_sparse_moe.router.layer.", ".mlp.router."), (".block_sparse_moe.router.", ".mlp.router."),
+    (".block_sparse_moe.input_linear.", ".mlp.experts."), (".block_sparse_moe.output_linear.", ".mlp.experts."),
+    (".block_sparse_moe.experts.", ".mlp.experts."),
+]
+
+
+def moe_options(f: Fields, hidden: int, experts: int, shared: int) -> MoEOptions:
+    """The mixture of experts of every layer (transformers' GraniteMoeHybridMoE and the layer's ``shared_mlp``)."""
+    k = f.get("num_experts_per_tok")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= experts:
+        raise f.fail("num_experts_per_tok", f"must be an integer from 1 to num_local_experts ({experts}), got {k!r}")
+    f.flag("output_router_logits")
+    return MoEOptions(d_model=hidden, num_experts=experts, top_k=k, expert_hidden=f.integer("intermediate_size"),
+                      scoring="topk_softmax", shared_hidden=shared, shared_kind="packed_swiglu")
+
+
+def expert_splits(experts: int) -> tuple[ExpertSplit, ...]:
+    """The stacked experts, as saved (``block_sparse_moe.input_linear.weight`` [E, 2I, d], gate rows then up rows;
+    ``output_linear.weight`` [E, d, I]) and as transformers holds them (``experts.gate_up_proj``, ``experts.down_proj``),
+    read as each expert's gate, up and down."""
+    return (ExpertSplit("block_sparse_moe.input_linear.weight", ("gate.weight", "up.weight"), experts),
+            ExpertSplit("block_sparse_moe.output_linear.weight", ("down.weight",), experts),
+            ExpertSplit("block_sparse_moe.experts.gate_up_proj", ("gate.weight", "up.weight"), experts),
+            ExpertSplit("block_sparse_moe.experts.down_proj", ("down.weight",), experts))
+
+
+__all__ = ["FIELDS", "MOE_RENAMES", "expert_splits", "load", "moe_options"]

@@ -1,5 +1,5 @@
-"""transformers' ``nemotron_h`` (NemotronHForCausalLM: Nemotron-H, Nemotron Nano 2) with dense layers, on the skeleton,
-as transformers 5.x computes it:
+"""transformers' ``nemotron_h`` (NemotronHForCausalLM: Nemotron-H, Nemotron Nano 2, Nemotron 3 with "moe" layers), on
+the skeleton, as transformers 5.x computes it:
 
 - every layer is one block x + mixer(norm(x)), its mixer one of (``layers_block_type``, or the older
   ``hybrid_override_pattern`` string "M", "*", "-"): "linear_attention" (M) edgelin.layers.mamba2's mixer, "full_attention"
@@ -10,7 +10,16 @@ as transformers 5.x computes it:
   not ``time_step_limit``); the gated norm over groups of mamba_num_heads x mamba_head_dim / n_groups features
 - attention layers: grouped heads of ``head_dim``, scale head_dim^-0.5, no position encoding (transformers' NemotronH
   attention applies no RoPE), no bias, no q/k norm
-Mixture-of-experts layers ("moe", E) are refused by name.
+- "moe" (E) layers: edgelin.layers.moe's mixture of experts as the layer's mixer (no state). The router
+  (``gate``, in float32) scores sigmoid(W x); the choice adds ``e_score_correction_bias`` and, with ``n_group`` G > 1
+  and ``topk_group`` < G, is made among the experts of the ``topk_group`` best of G consecutive groups (a group's
+  score: the sum of its two best choice scores); ids = top ``num_experts_per_tok``; weights the unbiased scores of
+  the chosen, divided by their sum + 1e-20 if ``norm_topk_prob``, times ``routed_scaling_factor``. The
+  ``n_routed_experts`` experts are relu^2 MLPs without a gate (up [I, d'], down [d', I], I ``moe_intermediate_size``)
+  on fc1_latent_proj(x) (d' = ``moe_latent_size``, else on x, d' = d), their weighted sum through fc2_latent_proj;
+  plus one shared relu^2 MLP of width ``moe_shared_expert_intermediate_size`` on x (transformers builds exactly one,
+  whatever ``n_shared_experts`` says). Experts per expert as saved, or stacked as transformers holds them
+  (``experts.up_proj`` [E, I, d'], ``experts.down_proj`` [E, d', I]: ExpertSplit, no second copy)
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
 from edgelin.importers.hf import declare_context, mixer_renames
-from edgelin.importers.weights import Renamer, load_checkpoint_weights
+from edgelin.importers.weights import ExpertSplit, Renamer, load_checkpoint_weights
 from edgelin.layers.mamba2 import Mamba2Mixer, Mamba2Options
+from edgelin.layers.moe import MoE, MoEMixer, MoEOptions
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
 from edgelin.layers.mlp import MLPMixer, ReluSquaredMLP
@@ -45,10 +55,15 @@ FIELDS: dict[str, Any] = {  # NemotronHConfig's fields and defaults (transformer
     "expand": 2, "mamba_proj_bias": False, "time_step_max": 0.1, "time_step_limit": [0.0, float("inf")], "time_step_floor": 1e-4, "chunk_size": 128,
     "use_mamba_kernels": True, "initializer_range": 0.02, "rescale_prenorm_residual": True, "hidden_dropout": 0.0,
     "attention_dropout": 0.0, "num_logits_to_keep": 1,
-    # the experts and the multi-token-prediction layers: read only by "moe" layers and MTP heads, refused below
-    "n_routed_experts": 8, "n_shared_experts": 1, "moe_intermediate_size": 7688, "moe_shared_expert_intermediate_size": 7688,
-    "moe_latent_size": None, "moe_shared_expert_overlap": True, "num_experts_per_tok": 2, "routed_scaling_factor": 1.0,
-    "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "output_router_logits": False, "mtp_layers_block_type": None,
+    # the experts: read by "moe" layers only
+    "n_routed_experts": 8, "moe_intermediate_size": 7688, "moe_shared_expert_intermediate_size": 7688,
+    "moe_latent_size": None, "num_experts_per_tok": 2, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
+    "norm_topk_prob": True,
+    # read by no module of transformers' model (it builds one shared expert whatever n_shared_experts says; the overlap
+    # of the shared expert's computation with the routed one's is a scheduling hint), or training only (router logits)
+    "n_shared_experts": 1, "moe_shared_expert_overlap": True, "output_router_logits": False,
+    # the multi-token-prediction layers' kinds: read only by MTP heads (num_nextn_predict_layers, refused below)
+    "mtp_layers_block_type": None,
     # the older names transformers' config still takes (read through them below)
     "mamba_n_groups": None, "mamba_d_conv": None, "mamba_expand": None, "mamba_dt_min": None, "mamba_conv_bias": None,
     "mamba_dt_max": None, "mamba_dt_limit": None, "mamba_dt_init_floor": None, "mamba_chunk_size": None,
@@ -60,7 +75,7 @@ PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe
 
 
 def layer_kinds(f: Fields) -> list[str]:
-    """``layers_block_type``, else the ``hybrid_override_pattern`` string read by PATTERN; "moe" layers refused."""
+    """``layers_block_type``, else the ``hybrid_override_pattern`` string read by PATTERN."""
     kinds = f.get("layers_block_type")
     field = "layers_block_type"
     if kinds is None:
@@ -70,10 +85,6 @@ def layer_kinds(f: Fields) -> list[str]:
         kinds = [PATTERN[c] for c in pattern]
     if not isinstance(kinds, list) or not kinds or any(k not in PATTERN.values() for k in kinds):
         raise f.fail(field, f"must list one of {', '.join(sorted(PATTERN.values()))} per layer, got {str(kinds)[:80]}")
-    moe = [i for i, k in enumerate(kinds) if k == "moe"]
-    if moe:
-        raise f.unsupported(field, f"has mixture-of-experts layers ({', '.join(map(str, moe[:8]))}{', ...' if len(moe) > 8 else ''}; "
-                            f"n_routed_experts {f.get('n_routed_experts')}); edgelin exports dense Nemotron-H models only")
     n_layers = f.get("num_hidden_layers")
     if n_layers is not None and n_layers != len(kinds):
         raise f.fail("num_hidden_layers", f"is {n_layers!r} but {field} lists {len(kinds)} layers")
@@ -92,8 +103,52 @@ def _newer(f: Fields, name: str, kind: type | tuple[type, ...], low: float) -> t
     return name, value
 
 
+def moe_options(f: Fields, hidden: int) -> MoEOptions:
+    """The "moe" layers' mixture of experts (transformers' NemotronHMoE, NemotronHTopkRouter, NemotronHExperts)."""
+    experts, k = f.integer("n_routed_experts"), f.integer("num_experts_per_tok")
+    groups, top_groups = f.integer("n_group"), f.integer("topk_group")
+    if experts % groups or experts // groups < 2:
+        raise f.fail("n_group", f"must divide n_routed_experts ({experts}) into groups of at least 2 experts (transformers scores "
+                     f"a group by its two best), got {groups}")
+    if top_groups > groups:
+        raise f.fail("topk_group", f"must be at most n_group ({groups}), got {top_groups}")
+    if k > experts or (top_groups < groups and k > top_groups * (experts // groups)):
+        raise f.fail("num_experts_per_tok", f"must be at most the experts of topk_group groups ({min(top_groups, groups) * experts // groups}), "
+                     f"got {k}")
+    scale = f.get("routed_scaling_factor")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise f.fail("routed_scaling_factor", f"must be a number, got {scale!r}")
+    f.flag("moe_shared_expert_overlap")
+    f.flag("output_router_logits")
+    return MoEOptions(
+        d_model=hidden, num_experts=experts, top_k=k, expert_hidden=f.integer("moe_intermediate_size"), scoring="sigmoid",
+        score_bias=True, renormalise=f.flag("norm_topk_prob"), renormalise_eps=1e-20, scaling=float(scale),
+        shared_hidden=f.integer("moe_shared_expert_intermediate_size"), expert_kind="relu2", shared_kind="relu2",
+        latent=f.integer("moe_latent_size", optional=True), groups=groups, top_groups=top_groups,
+    )
+
+
+def moe_renames(experts: int) -> list[tuple[str, str]]:
+    """A "moe" layer's tensors -> the MoE mixer's (before ``mixer_renames``): router, its bias, latent projections,
+    shared expert, and each expert's up_proj / down_proj (one pair per expert, so that no other up_proj matches)."""
+    return [
+        (".mixer.gate.e_score_correction_bias", ".attn.mlp.expert_bias"), (".mixer.gate.", ".attn.mlp.router."),
+        (".mixer.fc1_latent_proj.", ".attn.mlp.latent_in."), (".mixer.fc2_latent_proj.", ".attn.mlp.latent_out."),
+        (".mixer.shared_experts.up_proj.", ".attn.mlp.shared.up."), (".mixer.shared_experts.down_proj.", ".attn.mlp.shared.down."),
+        (".mixer.experts.", ".attn.mlp.experts."),
+        *[(f".experts.{e}.{name}_proj.", f".experts.{e}.{name}.") for e in range(experts) for name in ("up", "down")],
+    ]
+
+
+def expert_splits(experts: int) -> tuple[ExpertSplit, ExpertSplit]:
+    """transformers' in-memory layout of the experts, where a checkpoint holds it: ``mixer.experts.up_proj`` [E, I, d']
+    and ``mixer.experts.down_proj`` [E, d', I], read as each expert's up_proj and down_proj."""
+    return (ExpertSplit("mixer.experts.up_proj", ("up_proj.weight",), experts),
+            ExpertSplit("mixer.experts.down_proj", ("down_proj.weight",), experts))
+
+
 def load(path: str | Path) -> CausalLM:
-    """A ``nemotron_h`` checkpoint folder with dense layers (no "moe" layer)."""
+    """A ``nemotron_h`` checkpoint folder."""
     ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
     path, source = ckpt.path, ckpt.config
     f = check_fields(source, defaults=FIELDS, refused={}, importer="hf/nemotron_h", where=path / CONFIG_FILE)
@@ -124,10 +179,13 @@ def load(path: str | Path) -> CausalLM:
     mlp = SimpleNamespace(d_model=hidden, mlp_hidden=f.integer("intermediate_size"))
     vocab = f.integer("vocab_size")
     f.flag("tie_word_embeddings")  # transformers' NemotronH keeps lm_head its own whatever this says
+    moe = moe_options(f, hidden) if "moe" in kinds else None
 
     def mixer(i: int):
         if kinds[i] == "full_attention":
             return Attention(attention)
+        if kinds[i] == "moe":
+            return MoEMixer(MoE(moe))
         return Mamba2Mixer(mamba) if kinds[i] == "linear_attention" else MLPMixer(ReluSquaredMLP(mlp))
 
     def make() -> CausalLM:
@@ -143,9 +201,10 @@ def load(path: str | Path) -> CausalLM:
         ("model.embeddings.", "embed."), ("backbone.embeddings.", "embed."), ("model.layers.", "blocks."),
         ("backbone.layers.", "blocks."), ("model.norm_f.", "norm."), ("backbone.norm_f.", "norm."),
         (".mixer.up_proj.", ".attn.mlp.up."), (".mixer.down_proj.", ".attn.mlp.down."),
-        *mixer_renames("mixer"), (".norm.", ".attn_norm."),
+        *(moe_renames(moe.num_experts) if moe else []), *mixer_renames("mixer"), (".norm.", ".attn_norm."),
     ]
-    return load_checkpoint_weights(ckpt, make, Renamer(pairs))
+    splits = expert_splits(moe.num_experts) if moe else ()
+    return load_checkpoint_weights(ckpt, make, Renamer(pairs), splits=splits)
 
 
-__all__ = ["FIELDS", "load", "layer_kinds"]
+__all__ = ["FIELDS", "expert_splits", "layer_kinds", "load", "moe_options", "moe_renames"]
