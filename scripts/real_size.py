@@ -37,19 +37,12 @@ import threading
 import time
 from pathlib import Path
 
-# Published configurations (config.json of the released checkpoints), text model only.
-_LFM2_350M = {
-    "vocab_size": 65536, "hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "intermediate_size": 6656, "block_ff_dim": 6656, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
-    "block_auto_adjust_ff_dim": True, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "conv_L_cache": 3, "conv_bias": False,
-    "norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "max_position_embeddings": 128000,
-    "tie_word_embeddings": True,
-    "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
-}
+from edgelin.bench.checkpoints import LFM2_350M, PUBLISHED  # the published configurations (text model only)
+
 MODELS = {
-    "lfm2-350m": ("lfm2", _LFM2_350M),
+    "lfm2-350m": PUBLISHED["lfm2-350m"],
     # LFM2-1.2B differs in width only: 1,170 M parameters
-    "lfm2-1.2b": ("lfm2", {**_LFM2_350M, "hidden_size": 2048, "num_attention_heads": 32, "intermediate_size": 12288, "block_ff_dim": 12288}),
+    "lfm2-1.2b": ("lfm2", {**LFM2_350M, "hidden_size": 2048, "num_attention_heads": 32, "intermediate_size": 12288, "block_ff_dim": 12288}),
     # fla's published training config (configs/gla_340M.json of fla's flame)
     "fla-gla-340m": ("gla", {
         "attn_mode": "chunk", "bos_token_id": 1, "clamp_min": None, "eos_token_id": 2, "expand_k": 0.5, "expand_v": 1,
@@ -57,13 +50,7 @@ MODELS = {
         "initializer_range": 0.006, "intermediate_size": None, "num_heads": 4, "num_hidden_layers": 24, "norm_eps": 1e-06,
         "tie_word_embeddings": True, "use_cache": True, "use_gk": True, "use_gv": False, "vocab_size": 32000,
     }),
-    "qwen3.5-0.8b": ("qwen3_5_text", {
-        "vocab_size": 248320, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
-        "head_dim": 256, "intermediate_size": 3584, "linear_num_key_heads": 16, "linear_num_value_heads": 16,
-        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 262144,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-    }),
+    "qwen3.5-0.8b": PUBLISHED["qwen3.5-0.8b"],
 }
 
 FLA_MODEL_TYPES = {"gla"}  # built with flash-linear-attention's classes (fla registers them with transformers' Auto classes)

@@ -6,6 +6,7 @@
     python -m edgelin.bench --hf-build SPEC_JSON a Hugging Face checkpoint (checkpoints.py) (transformers, triton and fla hidden)
     python -m edgelin.bench --llama-greedy SPEC_JSON  the llamacpp section's greedy ids of a GGUF (llama.cpp's ctypes bindings)
     python -m edgelin.bench --hf-eager SPEC_JSON  the transformers section's measurements of one model (transformers + runtime)
+    python -m edgelin.bench --genai-round SPEC_JSON  the genai section's measurement of one edgelin export (torch-free)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from edgelin.bench.measure import worker_main  # torch-free
 
 USAGE = ("usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON | --foreign SPEC_JSON | --hf-build SPEC_JSON | "
-         "--llama-greedy SPEC_JSON | --hf-eager SPEC_JSON (internal; use `edgelin bench`)")
+         "--llama-greedy SPEC_JSON | --hf-eager SPEC_JSON | --genai-round SPEC_JSON (internal; use `edgelin bench`)")
 
 
 def main(argv: list[str]) -> None:
@@ -43,6 +44,10 @@ def main(argv: list[str]) -> None:
         from edgelin.bench.transformers_eager import hf_eager_main
 
         hf_eager_main(json.loads(argv[1]))
+    elif len(argv) == 2 and argv[0] == "--genai-round":
+        from edgelin.bench.genai import edgelin_round_main
+
+        edgelin_round_main(json.loads(argv[1]))
     else:
         sys.exit(USAGE)
 

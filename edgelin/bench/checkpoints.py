@@ -78,6 +78,28 @@ FAMILIES = {  # name -> (transformers model_type, config): the bundled model's w
 }
 
 
+# Published configurations (config.json of the released checkpoints), text model only: scripts/real_size.py and the
+# genai section build them at real size with random weights.
+LFM2_350M = {
+    "vocab_size": 65536, "hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "intermediate_size": 6656, "block_ff_dim": 6656, "block_multiple_of": 256, "block_ffn_dim_multiplier": 1.0,
+    "block_auto_adjust_ff_dim": True, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "conv_L_cache": 3, "conv_bias": False,
+    "norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "max_position_embeddings": 128000,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
+}
+PUBLISHED = {  # name -> (transformers model_type, config)
+    "lfm2-350m": ("lfm2", LFM2_350M),
+    "qwen3.5-0.8b": ("qwen3_5_text", {
+        "vocab_size": 248320, "hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 256, "intermediate_size": 3584, "linear_num_key_heads": 16, "linear_num_value_heads": 16,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 262144,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    }),
+}
+
+
 def perturb(model: Any, seed: int, large: Callable[[str], bool]) -> None:
     """Spread a random model's logits over a few units (a fresh init gives near-constant logits, against which a parity
     check would prove little): norm weights 1 + 0.3 N(0, 1), parameters ``large(name)`` picks + 0.3 N(0, 1), the
@@ -104,7 +126,7 @@ def hf_build_main(spec: dict[str, Any]) -> None:
 
     cfg = transformers.AutoConfig.for_model(spec["model_type"], **spec["config"])
     torch.manual_seed(MODEL_SEED)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    model = getattr(transformers, spec.get("auto_class", "AutoModelForCausalLM")).from_config(cfg).float().eval()
     perturb(model, MODEL_SEED + 1, lambda name: "embed" in name or "lm_head" in name or name.endswith(("A_log", "dt_bias")))
     model.save_pretrained(spec["folder"])
     tok = byte_level_tokenizer(spec["config"].get("vocab_size", VOCAB))
@@ -127,10 +149,13 @@ def byte_level_tokenizer(vocab_size: int):
     return tok
 
 
-def build_checkpoint(name: str, folder: Path, models: dict[str, tuple[str, dict]] | None = None) -> Path:
-    """Model ``name`` of ``models`` (default: FAMILIES) built and saved by transformers in a subprocess."""
+def build_checkpoint(name: str, folder: Path, models: dict[str, tuple[str, dict]] | None = None,
+                     auto_class: str = "AutoModelForCausalLM") -> Path:
+    """Model ``name`` of ``models`` (default: FAMILIES) built by transformers' ``auto_class`` and saved, in a subprocess."""
     model_type, config = (FAMILIES if models is None else models)[name]
     spec = {"model_type": model_type, "config": config, "folder": str(folder)}
+    if auto_class != "AutoModelForCausalLM":
+        spec["auto_class"] = auto_class
     run_command([sys.executable, "-m", "edgelin.bench", "--hf-build", json.dumps(spec)], f"building the {name} checkpoint", BenchError, TIMEOUT)
     return folder
 
@@ -154,4 +179,4 @@ def export_checked(ckpt: Path, out: Path, options: str | dict[str, Any], trace_c
         return f"failed, exported unchecked: {exc}"
 
 
-__all__ = ["FAMILIES", "VOCAB", "build_checkpoint", "byte_level_tokenizer", "export_checked", "hf_build_main", "perturb"]
+__all__ = ["FAMILIES", "LFM2_350M", "PUBLISHED", "VOCAB", "build_checkpoint", "byte_level_tokenizer", "export_checked", "hf_build_main", "perturb"]

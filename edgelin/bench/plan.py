@@ -38,7 +38,9 @@ SECTIONS = ("decode", "throughput", "position", "prefill", "sweep", "floor")  # 
 #           against context position (``hybrid``)
 #   transformers  each Hugging Face family's export vs transformers' own eager model: decode, prefill, greedy ids
 #           from a text prompt (``transformers_eager``)
-OPT_IN_SECTIONS = ("fla", "decay", "precision", "llamacpp", "lowering", "hybrid", "transformers")
+#   genai  edgelin vs onnxruntime-genai (its builder, in its own venv) on the same checkpoint: decode, prefill, weight bytes,
+#           decode nodes per layer, llama.cpp beside them where built (``genai``)
+OPT_IN_SECTIONS = ("fla", "decay", "precision", "llamacpp", "lowering", "hybrid", "transformers", "genai")
 ALL_SECTIONS = SECTIONS + OPT_IN_SECTIONS
 PROVIDERS = ("cpu", "auto", "cuda")
 MAX_THREADS = 1024
@@ -97,6 +99,12 @@ class Plan:
     hf_decode: int  # ... decode tokens per measurement (from an empty state)
     hf_lengths: tuple[int, ...]  # ... prefill lengths (one call each)
     hf_rounds: int  # ... rounds, alternating which engine goes first
+    genai_models: tuple[str, ...] = ("lfm2-350m", "qwen3.5-0.8b")  # genai section: models of genai.MODELS (published configurations)
+    genai_precisions: tuple[str, ...] = ("fp32", "int8", "int4", "int4-table4")  # ... precisions (genai.EXPORT_OPTIONS)
+    genai_threads: tuple[int, ...] = (1, 2)  # ... thread counts (and the bench's --threads)
+    genai_rounds: int = 3  # ... rounds, every contender once per round in its own process, the order alternating
+    genai_prompt: int = 512  # ... prompt tokens: prefill = one call of this many tokens
+    genai_decode: int = 64  # ... greedy decode steps after the prompt (decode = their median step)
 
 
 FULL = Plan(
@@ -124,6 +132,7 @@ QUICK = Plan(
     llama_lengths=(64,), llama_decode=16, llama_rounds=1, lowering_rounds=1, lowering_steps=5,
     hybrid_positions=(64, 256),
     hf_models=("lfm2",), hf_decode=8, hf_lengths=(32,), hf_rounds=1,
+    genai_models=("lfm2-tiny",), genai_precisions=("fp32", "int4"), genai_threads=(1,), genai_rounds=2, genai_prompt=64, genai_decode=8,
 )
 
 

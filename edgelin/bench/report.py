@@ -176,6 +176,8 @@ def format_table(d: dict) -> str:
         lines += ["", *hybrid_lines(d["hybrid"])]
     if "transformers" in d:
         lines += ["", *transformers_lines(d["transformers"])]
+    if "genai" in d:
+        lines += ["", *genai_lines(d["genai"])]
     plots = d.get("plots") or {}
     lines += ["", f"plots: {', '.join(plots.get('files') or []) or 'skipped (' + str(plots.get('skipped')) + ')'}",
               f"total {d['seconds']:.1f} s"]
@@ -383,6 +385,48 @@ def transformers_lines(x: dict) -> list[str]:
         lines.append(f"  {r['model']:18s} " + "  ".join(cells) + f"  {'yes' if g['equal'] else 'NO'}")
     return lines
 
+@opt_in_table("12. genai: edgelin vs onnxruntime-genai on the same checkpoint (medians over alternating rounds, each in its own process)")
+def genai_lines(x: dict) -> list[str]:
+    """The genai section's rows of the table."""
+    v = x["versions"]
+    lines = [f"  onnxruntime-genai {v.get('onnxruntime_genai')} (its onnxruntime {v.get('onnxruntime')}), edgelin on onnxruntime "
+             f"{v.get('edgelin_onnxruntime')}; batch 1; prefill = one {x['prompt_tokens']}-token call; decode = median step of "
+             f"{x['decode_steps']} greedy steps after it; x = edgelin / genai (above 1: edgelin faster); weights = the bytes of the "
+             "export's .onnx/.data files; nodes = decode nodes per layer as ONNX Runtime runs the graph; greedy = steps equal to "
+             "genai's greedy ids before the first difference"]
+    for name, m in x["models"].items():
+        lines.append(f"  {name}: {m['layers']} layers, vocabulary {m['vocab_size']:,}; checkpoint {m['checkpoint']}"
+                     + (" (built here, random weights)" if m.get("built_here") else ""))
+        lines.append(f"    {'precision':46s} {'thr':>3s}  {'contender':18s} {'weights MB':>10s} {'nodes':>6s} {'decode tok/s':>12s} "
+                     f"{'x':>6s} {'prefill tok/s':>13s} {'x':>6s}  greedy")
+        for r in m["rows"]:
+            g = (m.get("greedy", {}).get(r["contender"]) or {}).get(r["precision"]) or {}
+            nodes = r.get("decode_nodes_per_layer")
+            lines.append(
+                f"    {x.get('precision_names', {}).get(r['precision'], r['precision']):46s} {r['threads']:>3d}  {r['contender']:18s} "
+                f"{(r['weight_bytes'] or 0) / 1e6:>10,.1f} {nodes if nodes is None else round(nodes, 1)!s:>6s} "
+                f"{r['decode_tokens_per_s']:>12.2f} {_x(r.get('decode_over_genai')):>6s} {r['prefill_tokens_per_s']:>13.1f} "
+                f"{_x(r.get('prefill_over_genai')):>6s}  "
+                + (f"{g['same_as_genai_before']}/{len(g['ids'])}" if "same_as_genai_before" in g else "")
+                + (f"  [{r['llama_cpp_path'].get('ran')}{': ' + r['llama_cpp_path']['why'] if r['llama_cpp_path'].get('why') else ''}]"
+                   if r.get("llama_cpp_path") else ""))
+        for e, info in m.get("exports", {}).items():
+            if info.get("check") not in (None, "passed"):
+                lines.append(f"    {e}: export check {info['check']}")
+        for f in m.get("failed", []):
+            lines.append(f"    failed: {f['precision']} {f['threads']} thread(s) {f['contender']} round {f['round'] + 1}: {f['reason']}")
+    ll = x.get("llama_cpp") or {}
+    if ll.get("status") != "ok":
+        lines.append(f"  llama.cpp: {ll.get('status', 'skipped')}: {ll.get('reason', '')}")
+    load = x.get("load_average") or {}
+    lines.append(f"  load average (1, 5, 15 min) at the start {load.get('start')}, at the end {load.get('end')}")
+    return lines
+
+
+def _x(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
 __all__ = ["BENCH_JSON", "BENCH_PLOT", "DEFAULT_OUT", "FORMAT", "JSON_FILE", "PLOT_FILES", "PLOT_SOFTWARE", "BenchReport", "decay_lines", "fla_lines",
-           "format_table", "hybrid_lines", "llamacpp_lines", "lowering_lines", "mb", "not_run_lines", "out_folder", "position_lines",
+           "format_table", "genai_lines", "hybrid_lines", "llamacpp_lines", "lowering_lines", "mb", "not_run_lines", "out_folder", "position_lines",
            "precision_lines", "record", "transformers_lines", "write_json_atomic"]

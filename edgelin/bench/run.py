@@ -17,6 +17,7 @@ from edgelin.threads import torch_threads
 from . import baselines
 from .decay import decay_section
 from .foreign import fla_section
+from .genai import genai_section
 from .harness import machine_facts
 from .hybrid import hybrid_section
 from .llamacpp import llamacpp_section
@@ -29,7 +30,7 @@ from .sections import Bench
 from .transformers_eager import transformers_section
 
 OPT_IN = {"fla": fla_section, "decay": decay_section, "precision": precision_section, "llamacpp": llamacpp_section, "lowering": lowering_section,
-          "hybrid": hybrid_section, "transformers": transformers_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
+          "hybrid": hybrid_section, "transformers": transformers_section, "genai": genai_section}  # opt-in section -> function(plan, threads, say) returning its part of the JSON
 ON_SOURCE = ("precision",)  # opt-in sections that measure the source (and take source, provider, quick)
 
 METHOD = {
@@ -56,6 +57,7 @@ def run_bench(
     plots: bool = True,
     progress: Progress | None = None,
     overwrite: bool = False,
+    genai: dict[str, Any] | None = None,
 ) -> BenchReport:
     """Run the benchmark; write ``out_dir/bench.json`` (atomically) and PNG plots (if matplotlib is installed).
 
@@ -77,8 +79,11 @@ def run_bench(
         models with ``--ops portable`` and ``--ops fused`` and times both in the Python runtime, node and WASM
         (``edgelin.bench.lowering``); "hybrid" decodes linear, hybrid and softmax stacks of one size at 1k, 16k and
         64k positions (``edgelin.bench.hybrid``); "transformers" measures each Hugging Face family's export against
-        transformers' own eager model (``edgelin.bench.transformers_eager``; skipped, with the reason, without transformers).
+        transformers' own eager model (``edgelin.bench.transformers_eager``; skipped, with the reason, without transformers);
+        "genai" measures edgelin's exports against onnxruntime-genai's builder on the same checkpoint (``edgelin.bench.genai``).
     memory_cap_gb: prefill cases predicted to need more are skipped (default: half the available memory).
+    genai: the genai section's options (``genai.genai_section``'s keywords: checkpoint, models, precisions, thread_counts,
+        rounds, ops, venv, cache_dir, on_model).
     overwrite: replace ``out_dir/bench.json`` and the plots even where they are not an earlier bench run's
         (recognised by content: the JSON's format key, the PNGs' Software text); checked before any work.
     """
@@ -116,6 +121,8 @@ def run_bench(
         for name in sections:
             if name in OPT_IN:
                 context = {"source": source, "provider": provider, "quick": quick} if name in ON_SOURCE else {}
+                if name == "genai":
+                    context = dict(genai or {})
                 results[name] = OPT_IN[name](plan, threads, say, **context)
     settings = {"threads": threads, "provider_requested": provider, "provider_active": active,
                 "torch_threads": threads, "ort_intra_op_threads": threads, "ort_inter_op_threads": 1, "sections": list(sections)}

@@ -6,7 +6,8 @@ import click
 
 from edgelin.cli.common import fail, progress, user_errors
 
-SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering, hybrid, transformers"
+SECTION_NAMES = ("decode, throughput, position, prefill, sweep, floor; opt-in: fla, decay, precision, llamacpp, lowering, hybrid, transformers, "
+                 "genai")
 
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -21,8 +22,24 @@ SECTION_NAMES = "decode, throughput, position, prefill, sweep, floor; opt-in: fl
               help="GB; prefill cases predicted to need more are skipped [default: half the available memory].")
 @click.option("--no-plots", is_flag=True, help="Write only the JSON and the table.")
 @click.option("--force", is_flag=True, help="Replace OUT/bench.json and OUT/*.png even where an earlier bench run did not write them.")
+@click.option("--checkpoint", "genai_checkpoint", type=click.Path(file_okay=False, path_type=str),
+              help="genai section: a transformers checkpoint folder both tools read, instead of building the published models.")
+@click.option("--genai-model", "genai_models", multiple=True, help="genai section: lfm2-350m, qwen3.5-0.8b (repeatable) [default: both].")
+@click.option("--genai-precision", "genai_precisions", multiple=True,
+              help="genai section: fp32, int8, int4, int4-table4 (edgelin's int4 with --embedding int4) (repeatable) [default: all].")
+@click.option("--genai-threads", "genai_threads", type=int, multiple=True, help="genai section: thread counts (repeatable) [default: 1, 2 and --threads].")
+@click.option("--genai-rounds", type=int, default=None, help="genai section: rounds [default: 3].")
+@click.option("--genai-ops", "genai_ops", multiple=True, type=click.Choice(["portable", "fused"]),
+              help="genai section: edgelin's lowerings (repeatable) [default: both].")
+@click.option("--genai-venv", type=click.Path(file_okay=False, path_type=str),
+              help="genai section: a venv with onnxruntime-genai [default: DIR/venv, made on first use].")
+@click.option("--genai-dir", type=click.Path(file_okay=False, path_type=str),
+              help="genai section: cache folder DIR for the venv, checkpoints and exports [default: $EDGELIN_GENAI_DIR or ~/.cache/edgelin/genai].")
+@click.option("--genai-record", type=click.Path(file_okay=False, path_type=str),
+              help="genai section: folder for genai-MODEL.json records [default: docs/bench of this checkout, else OUT].")
 @user_errors
-def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_plots, force):
+def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_plots, force, genai_checkpoint, genai_models, genai_precisions,
+          genai_threads, genai_rounds, genai_ops, genai_venv, genai_dir, genai_record):
     """Benchmark SOURCE: decode latency, throughput vs batch, decode vs position, prefill, the floor.
 
     SOURCE is a checkpoint folder (config.json + model.safetensors) or an export folder
@@ -68,6 +85,17 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 transformers' own eager model with its cache, same threads, alternating rounds;
                 greedy ids from a text prompt vs transformers' generate. Needs transformers
                 (the test extra); skipped, with why, without it
+      genai     edgelin vs onnxruntime-genai 0.18 on the same checkpoint: LFM2-350M and
+                Qwen3.5-0.8B (published configurations, random weights; or --checkpoint DIR)
+                exported by edgelin (--ops portable and fused) and by genai's builder (offline,
+                in its own venv: made on first use, ~1 minute and 1.5 GB) at fp32, int8, int4;
+                prefill (one 512-token call) and decode (median of 64 greedy steps after it) at 1
+                and 2 threads, 3 rounds, each contender in its own process, the order
+                alternating; weight bytes, decode nodes per layer, greedy ids vs genai's;
+                llama.cpp's rows beside them where EDGELIN_LLAMA_CPP is set. Costs: ~2 GB of
+                downloads once, several GB of exports kept in the cache folder, and about an hour
+                for both models (--genai-model, --genai-precision, --genai-threads narrow it).
+                Writes docs/bench/genai-MODEL.json (--genai-record) as each model completes
 
     Writes OUT/bench.json (atomically) and OUT/*.png (if matplotlib is installed: pip install
     'edgelin[plots]'); prints the table to stdout and progress to stderr. The table opens with
@@ -85,13 +113,26 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
       edgelin bench --section hybrid --threads 1
       edgelin bench --section precision --provider cuda
       EDGELIN_LLAMA_CPP=/opt/llama/llama.cpp edgelin bench --section llamacpp
+      edgelin bench --section genai --genai-model lfm2-350m --genai-precision fp32 --genai-precision int4
     """
     from edgelin.bench import run_bench
 
     names = [n.strip() for s in sections for n in s.split(",") if n.strip()]
     if sections and not names:  # `--section ''` would otherwise run every section
         fail(f"--section names no section; choose from {SECTION_NAMES}")
+    given = {"--checkpoint": genai_checkpoint, "--genai-model": genai_models, "--genai-precision": genai_precisions,
+             "--genai-threads": genai_threads, "--genai-rounds": genai_rounds, "--genai-ops": genai_ops, "--genai-venv": genai_venv,
+             "--genai-dir": genai_dir, "--genai-record": genai_record}
+    if "genai" not in names and any(v not in (None, ()) for v in given.values()):
+        fail(f"{', '.join(k for k, v in given.items() if v not in (None, ()))}: options of the genai section; add --section genai")
+    genai = None
+    if "genai" in names:
+        from edgelin.bench.genai import default_record_dir
+
+        genai = {"checkpoint": genai_checkpoint, "models": genai_models or None, "precisions": genai_precisions or None,
+                 "thread_counts": genai_threads or None, "rounds": genai_rounds, "ops": genai_ops or ("portable", "fused"),
+                 "venv": genai_venv, "cache_dir": genai_dir, "record_dir": genai_record or default_record_dir(out_dir)}
     report = run_bench(source, provider=provider, threads=threads, quick=quick, out_dir=out_dir, sections=names or None,
-                       memory_cap_gb=memory_cap, plots=not no_plots, progress=progress, overwrite=force)
+                       memory_cap_gb=memory_cap, plots=not no_plots, progress=progress, overwrite=force, genai=genai)
     click.echo(report.table())
     click.echo(f"wrote {report.json_path}" + (f" and {len(report.plots)} plot(s)" if report.plots else ""))

@@ -1,0 +1,672 @@
+"""The ``genai`` section: edgelin against onnxruntime-genai, the ONNX peer, on the same transformers checkpoint.
+
+Opt-in (``edgelin bench --section genai``). For each model of the plan's ``genai_models`` (``MODELS``: LFM2-350M and
+Qwen3.5-0.8B with their published configurations, random weights, built by transformers' own classes; or the folder
+given as ``checkpoint``):
+
+    genai      onnxruntime-genai's builder (``python -m onnxruntime_genai.models.builder -i CKPT -o OUT -p P -e cpu``), run
+               offline from the local folder in its own virtual environment (``VENV_PACKAGES``; a folder the user names, or
+               ``DIR/venv`` made on first use under the cache folder DIR, ``default_dir``), at fp32, int8 and int4
+    edgelin    ``edgelin export`` of the same folder at the same precision (int4 also with ``--embedding int4``, genai's
+               4-bit embedding table: equal weight bytes), once per lowering of ``OPS`` (``--ops portable`` and ``--ops fused``)
+    llama.cpp  the folder as GGUF (F32, Q8_0, Q4_0; ``edgelin.bench.llamacpp``) where ``EDGELIN_LLAMA_CPP`` names a build;
+               llama-bench's repacked path crashes on some CPUs (AMX): the crash is detected and the run repeated with
+               repacking off, and the record says which path ran
+
+then, per precision and thread count, ``genai_rounds`` rounds in which every contender runs once, each in its own
+process, the order reversed every other round (``harness.round_order``): edgelin, genai, ..., genai, edgelin. One process
+loads its model, warms up (one prompt and a few decode steps), then times one prefill call of ``genai_prompt`` tokens
+(prefill tokens/s) and ``genai_decode`` greedy steps after it (decode: the median step; genai's ``generate_next_token``,
+edgelin's argmax + ``Session.decode``). Recorded: the medians over rounds, edgelin / genai, the weight bytes of every
+export's files, the decode nodes per layer as ONNX Runtime runs each graph (after its load-time fusions), and the greedy
+ids of each export against genai's at the same precision (same model, so they should agree at fp32).
+
+Built checkpoints, genai's builds and edgelin's exports are kept in the cache folder and reused while what made them is
+unchanged (the checkpoint, the builder's version, edgelin's code and the export options: ``stamp``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .checkpoints import PUBLISHED, build_checkpoint
+from .harness import load_average, round_order, stats
+from .plan import DATA_SEED, BenchError, Plan, Progress
+
+ENV_DIR = "EDGELIN_GENAI_DIR"  # the cache folder: venv/, and per model its checkpoint and exports
+VENV_PACKAGES = ("onnxruntime-genai==0.18.*", "transformers", "onnx", "onnx-ir", "torch==2.13.0")
+GENAI_PRECISION = {"fp32": "fp32", "int8": "int8", "int4": "int4", "int4-table4": "int4"}  # edgelin precision -> genai builder -p
+EXPORT_OPTIONS = {"fp32": {"precision": "fp32"}, "int8": {"precision": "int8"}, "int4": {"precision": "int4"},
+                  "int4-table4": {"precision": "int4", "embedding": "int4"}}  # edgelin's export options per precision name
+DESCRIBE = {"int4": "int4 (edgelin's 8-bit embedding table)", "int4-table4": "int4, 4-bit embedding table (--embedding int4)"}
+OPS = ("portable", "fused")
+GGUF = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # edgelin precision -> the GGUF type llama.cpp runs beside it
+# Qwen3.5 as its released checkpoints are (Qwen3_5ForConditionalGeneration, the text model nested beside a vision config):
+# genai's builder reads only that form. A one-block vision tower keeps the folder small; both tools leave it out.
+_TINY_VISION = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 1024}
+MODELS: dict[str, tuple[str, dict[str, Any], str]] = {  # name -> (model_type, config, transformers Auto class)
+    "lfm2-350m": (*PUBLISHED["lfm2-350m"], "AutoModelForCausalLM"),
+    "qwen3.5-0.8b": ("qwen3_5", {"text_config": PUBLISHED["qwen3.5-0.8b"][1], "vision_config": _TINY_VISION,
+                                 "tie_word_embeddings": True}, "AutoModelForImageTextToText"),
+    "lfm2-tiny": ("lfm2", {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "layer_types": ["conv", "conv", "full_attention", "conv"],
+                           "tie_word_embeddings": True}, "AutoModelForCausalLM"),  # the quick plan's; tied, as LFM2's published
+    # checkpoints are: genai 0.18's builder reads an untied LFM2's logits off the embedding table (its logits then differ)
+}
+WARMUP_STEPS = 8
+TIMEOUT = 3600.0  # seconds for one build, export or measuring process
+STAMP = "edgelin-bench-genai.json"  # in each folder this section made: what made it
+
+
+# ---- the cache folder, the venv ---------------------------------------------------------------------
+def default_dir(environ: os._Environ | dict = os.environ) -> Path:
+    """``$EDGELIN_GENAI_DIR``, else ``$XDG_CACHE_HOME/edgelin/genai``, else ``~/.cache/edgelin/genai``."""
+    if environ.get(ENV_DIR):
+        return Path(environ[ENV_DIR]).expanduser()
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "edgelin" / "genai"
+
+
+def default_record_dir(out_dir: str | os.PathLike) -> Path:
+    """Where the per-model records go: docs/bench of this source checkout, else the bench's output folder."""
+    from .harness import ROOT
+
+    docs = ROOT / "docs" / "bench"
+    return docs if docs.is_dir() else Path(out_dir)
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def install_command(venv: Path) -> str:
+    return f"python -m venv {venv} && {venv_python(venv)} -m pip install " + " ".join(f"'{p}'" for p in VENV_PACKAGES)
+
+
+PROBE = "import json, onnxruntime_genai as og, onnxruntime as ort; print(json.dumps({'onnxruntime_genai': og.__version__, 'onnxruntime': ort.__version__}))"
+
+
+def probe_venv(venv: Path) -> dict[str, str] | None:
+    """{"onnxruntime_genai": version, "onnxruntime": version} of the venv's Python, or None where it has no genai."""
+    py = venv_python(venv)
+    if not py.is_file():
+        return None
+    done = subprocess.run([str(py), "-c", PROBE], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+
+
+def ensure_venv(venv: Path | None, cache: Path, say: Progress) -> tuple[Path, dict[str, str]]:
+    """(the venv's Python, its versions): the venv named (which must hold onnxruntime-genai), or ``cache/venv``, made on
+    first use (``VENV_PACKAGES``; about a minute, 1.5 GB). BenchError, one line saying what to do, otherwise."""
+    if venv is not None:
+        found = probe_venv(venv)
+        if found is None:
+            raise BenchError(f"{venv} is not a virtual environment with onnxruntime-genai; make it: {install_command(venv)} "
+                             "(or leave --genai-venv out: edgelin makes one in its cache folder)")
+        return venv_python(venv), found
+    venv = cache / "venv"
+    found = probe_venv(venv)
+    if found is not None:
+        return venv_python(venv), found
+    say(f"genai: making onnxruntime-genai's venv in {venv} (first use: pip install {' '.join(VENV_PACKAGES)}; about a minute, 1.5 GB) ...")
+    cache.mkdir(parents=True, exist_ok=True)
+    log = cache / "venv-install.log"
+    with open(log, "w") as out:
+        for cmd in ([sys.executable, "-m", "venv", "--clear", str(venv)], [str(venv_python(venv)), "-m", "pip", "install", *VENV_PACKAGES]):
+            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode != 0:
+                raise BenchError(f"could not make onnxruntime-genai's venv in {venv} ({last_line(log)}; log {log}); make it by hand: "
+                                 f"{install_command(venv)}, then pass --genai-venv {venv}")
+    found = probe_venv(venv)
+    if found is None:
+        raise BenchError(f"{venv} was made but onnxruntime-genai does not import there; log {log}")
+    return venv_python(venv), found
+
+
+def last_line(log: Path) -> str:
+    """The last line of a log that says something (an error's, as a rule), shortened."""
+    lines = [x.strip() for x in log.read_text(errors="replace").replace("\r", "\n").splitlines() if x.strip()] if log.is_file() else []
+    errors = [x for x in lines if "Error" in x or "error" in x]
+    return ((errors or lines or ["no output"])[-1])[:300]
+
+
+# ---- what made a folder: stamps ---------------------------------------------------------------------------
+def folder_fingerprint(folder: Path) -> str:
+    """A checkpoint folder's identity: its config.json and its weight files' names, sizes and times."""
+    h = hashlib.sha256((folder / "config.json").read_bytes() if (folder / "config.json").is_file() else b"")
+    for f in sorted(folder.glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def code_fingerprint() -> str:
+    """edgelin's code as it is now (every .py of its packages but the bench's and the CLI's): an export made by other code is
+    made again."""
+    import importlib.util
+
+    h = hashlib.sha256()
+    for pkg in ("edgelin", "edgelin.exporters", "edgelin.runtime"):
+        spec = importlib.util.find_spec(pkg)
+        for base in spec.submodule_search_locations or [] if spec else []:
+            for f in sorted(Path(base).rglob("*.py")):
+                if f.relative_to(base).parts[0] in ("bench", "cli"):
+                    continue
+                h.update(str(f.relative_to(base)).encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def stamped(folder: Path, stamp: dict[str, Any]) -> bool:
+    try:
+        return json.loads((folder / STAMP).read_text()) == stamp
+    except (OSError, ValueError):
+        return False
+
+
+def stamp_it(folder: Path, stamp: dict[str, Any]) -> None:
+    (folder / STAMP).write_text(json.dumps(stamp, indent=1))
+
+
+def fresh(folder: Path) -> Path:
+    """``folder`` (one of this section's, under its cache folder) emptied."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+# ---- building and exporting ---------------------------------------------------------------------------
+def checkpoint_for(name: str, cache: Path, say: Progress, build: Callable[..., Path] = build_checkpoint) -> Path:
+    """Model ``name`` of MODELS with random weights in ``cache/name/checkpoint`` (built by transformers in a subprocess,
+    reused while its stamp matches)."""
+    model_type, config, auto = MODELS[name]
+    folder = cache / name / "checkpoint"
+    stamp = {"model_type": model_type, "config": config, "auto_class": auto}
+    if stamped(folder, stamp):
+        return folder
+    say(f"genai: {name}: building the checkpoint with transformers (its configuration of MODELS, random weights) in {folder} ...")
+    build(name, fresh(folder), {name: (model_type, config)}, auto_class=auto)
+    stamp_it(folder, stamp)
+    return folder
+
+
+def builder_command(py: Path, ckpt: Path, out: Path, precision: str, cache: Path) -> list[str]:
+    return [str(py), "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o", str(out), "-p", GENAI_PRECISION[precision],
+            "-e", "cpu", "-c", str(cache)]
+
+
+def genai_build(py: Path, versions: dict[str, str], ckpt: Path, out: Path, precision: str, say: Progress) -> float | None:
+    """genai's builder on ``ckpt`` at ``precision`` into ``out``, offline (HF_HUB_OFFLINE); its output to ``out``'s log.
+    Seconds taken, or None where an earlier build with the same stamp was reused. BenchError, one line, if it fails."""
+    stamp = {"checkpoint": str(ckpt), "checkpoint_fingerprint": folder_fingerprint(ckpt), "precision": GENAI_PRECISION[precision],
+             "onnxruntime_genai": versions["onnxruntime_genai"]}
+    if stamped(out, stamp):
+        return None
+    fresh(out)
+    log = out.parent / f"{out.name}.log"
+    cmd = builder_command(py, ckpt, out, precision, out.parent / f"{out.name}-cache")
+    say(f"genai: builder -p {GENAI_PRECISION[precision]} on {ckpt} -> {out} (log {log}) ...")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=TIMEOUT).returncode
+    if code != 0 or not (out / "genai_config.json").is_file():
+        raise BenchError(f"onnxruntime-genai's builder failed at {GENAI_PRECISION[precision]} on {ckpt}: {last_line(log)}; "
+                         f"its whole output: {log}")
+    shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
+    stamp_it(out, stamp)
+    return time.perf_counter() - t0
+
+
+def edgelin_export(ckpt: Path, out: Path, precision: str, ops: str, say: Progress) -> dict[str, Any]:
+    """``edgelin export`` of ``ckpt`` at ``precision`` (a name of EXPORT_OPTIONS) with ``--ops ops``, checked against PyTorch
+    (where the check fails: exported unchecked, the failure recorded); reused while its stamp matches."""
+    from .checkpoints import export_checked
+
+    options = {**EXPORT_OPTIONS[precision], "ops": ops}
+    stamp = {"checkpoint": str(ckpt), "checkpoint_fingerprint": folder_fingerprint(ckpt), "options": options, "code": code_fingerprint()}
+    if stamped_export(out, stamp):
+        return {**json.loads((out / STAMP).read_text()), "reused": True}
+    say(f"genai: edgelin export {precision} --ops {ops} -> {out} ...")
+    t0 = time.perf_counter()
+    shutil.rmtree(out, ignore_errors=True)
+    check = export_checked(ckpt, out, options, trace_cache=out.parent / f"traces-{ops}")
+    made = {**stamp, "check": check, "export_s": time.perf_counter() - t0}
+    stamp_it(out, made)
+    return made
+
+
+def stamped_export(out: Path, stamp: dict[str, Any]) -> bool:
+    """Whether ``out`` holds an export made as ``stamp`` says (its stamp adds the check and the time taken)."""
+    try:
+        got = json.loads((out / STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    return all(got.get(k) == v for k, v in stamp.items())
+
+
+def weight_files(folder: Path) -> dict[str, int]:
+    """The bytes of an export's graph and weight files (.onnx, .data, .onnx.data), by name."""
+    return {f.name: f.stat().st_size for f in sorted(folder.iterdir()) if f.suffix in (".onnx", ".data")}
+
+
+# ---- one measurement, in its own process --------------------------------------------------------------
+EDGELIN_ROUND = "python -m edgelin.bench --genai-round SPEC"
+
+GENAI_ROUND = r"""
+import json, sys, time
+import numpy as np
+import onnxruntime_genai as og
+spec = json.loads(sys.argv[1])
+prompt = np.asarray(spec["prompt"], dtype=np.int32)
+cfg = og.Config(spec["folder"])
+cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": spec["threads"], "inter_op_num_threads": 1}}}}))
+t = time.perf_counter()
+model = og.Model(cfg)
+load_s = time.perf_counter() - t
+
+def run(steps):
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps + 1, do_sample=False)
+    gen = og.Generator(model, params)
+    t = time.perf_counter()
+    gen.append_tokens(prompt)
+    prefill = time.perf_counter() - t
+    times, ids = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        gen.generate_next_token()
+        times.append(time.perf_counter() - t)
+        ids.append(int(gen.get_next_tokens()[0]))
+    return prefill, times, ids
+
+run(spec["warmup"])
+prefill, times, ids = run(spec["decode"])
+print(json.dumps({"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}))
+"""
+
+
+def edgelin_round_main(spec: dict[str, Any]) -> None:
+    """In ``python -m edgelin.bench --genai-round SPEC``: one edgelin measurement like GENAI_ROUND's (torch-free): load,
+    warm up, one prefill call of the prompt, then greedy steps (argmax + Session.decode), printed as JSON."""
+    from edgelin.runtime.session import Session
+
+    prompt = np.asarray([spec["prompt"]], dtype=np.int64)  # [1, L]
+    t = time.perf_counter()
+    sess = Session(spec["folder"], "cpu", spec["threads"], session_options={"inter_op_num_threads": 1}, io_binding=True)
+    load_s = time.perf_counter() - t
+
+    def run(steps: int) -> tuple[float, list[float], list[int]]:
+        state = sess.new_state(1)
+        t = time.perf_counter()
+        logits = sess.prefill(prompt, state, last_only=True)  # [1, V]: one call (the prompt is shorter than a piece)
+        prefill = time.perf_counter() - t
+        times, ids = [], []
+        for _ in range(steps):
+            t = time.perf_counter()
+            ids.append(int(logits[0].argmax()))
+            logits = sess.decode(np.asarray([[ids[-1]]], dtype=np.int64), state)[:, -1]  # [1, V]
+            times.append(time.perf_counter() - t)
+        return prefill, times, ids
+
+    run(spec["warmup"])
+    prefill, times, ids = run(spec["decode"])
+    print(json.dumps({"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}))
+
+
+def measure_process(cmd: list[str], what: str) -> dict[str, Any]:
+    """One measuring process's JSON (its last stdout line), or {"status": "failed", "reason": ...}."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "reason": f"{what} did not finish within {TIMEOUT:.0f} s"}
+    lines = [x for x in done.stdout.strip().splitlines() if x.strip()]
+    if done.returncode != 0 or not lines:
+        errs = [x.strip() for x in done.stderr.splitlines() if x.strip()]
+        why = f"killed by signal {-done.returncode}" if done.returncode < 0 else (errs or [f"exit status {done.returncode}"])[-1][:300]
+        return {"status": "failed", "reason": f"{what}: {why}"}
+    try:
+        return json.loads(lines[-1])
+    except ValueError:
+        return {"status": "failed", "reason": f"{what} printed no result: {lines[-1][:200]}"}
+
+
+def figures(raw: dict[str, Any], prompt: int) -> dict[str, Any]:
+    """A measuring process's result as the record's figures: prefill tokens/s, decode median step (ms, tokens/s)."""
+    if "status" in raw:
+        return raw
+    step = stats(raw["decode_s"])
+    return {"prefill_tokens_per_s": prompt / raw["prefill_s"], "decode_ms": step["median"], "decode_tokens_per_s": 1e3 / step["median"],
+            "decode_p10_p90_ms": [step["p10"], step["p90"]], "load_s": raw["load_s"], "ids": raw["ids"]}
+
+
+# ---- llama.cpp beside them --------------------------------------------------------------------------
+def llama_no_repack(help_text: str) -> list[str] | None:
+    """llama-bench's flag turning repacking off, read from its --help (``--repack 0`` or ``-nr 1``), or None."""
+    if "--repack" in help_text.replace("--no-repack", ""):
+        return ["--repack", "0"]
+    if "--no-repack" in help_text:
+        return ["-nr", "1"]
+    return None
+
+
+def llama_round(bench_bin: Path, gguf: Path, threads: int, prompt: int, decode: int, no_repack: list[str] | None,
+                path: dict[str, str]) -> dict[str, Any]:
+    """One llama-bench run (``-p PROMPT -n DECODE -r 1``) as figures; ``path`` holds which path ran for this GGUF: its
+    default (repacked weights) or, where that crashed (a signal), repacking off, said in ``path["why"]``."""
+    from .llamacpp import parse_llama_bench
+
+    base = [str(bench_bin), "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(decode), "-r", "1", "-o", "json"]
+    extra = no_repack if path.get("ran") == "repacking off" else []
+    done = subprocess.run(base + (extra or []), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
+    if done.returncode < 0 and not extra and no_repack:
+        path.update(ran="repacking off", why=f"the default (repacked) path was killed by signal {-done.returncode}; ran with "
+                                               f"{' '.join(no_repack)}")
+        done = subprocess.run(base + no_repack, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
+    path.setdefault("ran", "default (repacked)")
+    if done.returncode != 0 or not done.stdout.strip():
+        why = f"killed by signal {-done.returncode}" if done.returncode < 0 else \
+            ([x for x in done.stderr.splitlines() if x.strip()] or [f"exit status {done.returncode}, no output"])[-1][:300]
+        return {"status": "failed", "reason": f"llama-bench: {why}"}
+    got = parse_llama_bench(done.stdout)
+    return {"prefill_tokens_per_s": got[f"pp{prompt}"], "decode_tokens_per_s": got[f"tg{decode}"], "decode_ms": 1e3 / got[f"tg{decode}"]}
+
+
+# ---- nodes as run ------------------------------------------------------------------------------------------
+COUNT = r"""
+import json, os, sys, tempfile
+import onnx, onnxruntime as ort
+graph = sys.argv[1]
+with tempfile.TemporaryDirectory() as tmp:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = 1
+    so.optimized_model_filepath = os.path.join(tmp, "as-run.onnx")
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "as-run.data")
+    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+    ops = {}
+    for node in onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+exported = len(onnx.load(graph, load_external_data=False).graph.node)
+print(json.dumps({"exported": exported, "as_run": sum(ops.values()), "as_run_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+                  "onnxruntime": ort.__version__}))
+"""
+
+
+def count_nodes(py: Path | str, graph: Path) -> dict[str, Any]:
+    """Nodes of ``graph`` as exported and as ONNX Runtime (CPU, all optimisations) runs it, in the ONNX Runtime of the Python
+    ``py`` (the one that runs that graph), or {"status": "failed", ...}."""
+    return measure_process([str(py), "-c", COUNT, str(graph)], f"counting the nodes of {graph.name}")
+
+
+def layers_of(ckpt: Path) -> int:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    return int((cfg.get("text_config") or cfg)["num_hidden_layers"])
+
+
+def vocab_of(ckpt: Path) -> int:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    return int((cfg.get("text_config") or cfg)["vocab_size"])
+
+
+# ---- the plan ------------------------------------------------------------------------------------------------
+def contenders(precision: str, ops: Sequence[str], llama: bool) -> list[str]:
+    """The contenders of one precision, in round order: edgelin per lowering, genai, llama.cpp where it runs that type."""
+    out = [f"edgelin {o}" for o in ops] + ["genai"]
+    return out + ([f"llama.cpp {GGUF[precision]}"] if llama and precision in GGUF else [])
+
+
+def plan_of(plan: Plan, models: Sequence[str], precisions: Sequence[str], threads: Sequence[int], ops: Sequence[str],
+            llama: bool) -> list[dict[str, Any]]:
+    """What the section runs, in order: per model, the builds and exports, then per precision and thread count the rounds
+    (each a list of contenders in the order they run: reversed every other round)."""
+    steps: list[dict[str, Any]] = []
+    for m in models:
+        steps.append({"model": m, "step": "checkpoint"})
+        for p in dict.fromkeys(GENAI_PRECISION[p] for p in precisions):
+            steps.append({"model": m, "step": "genai build", "precision": p})
+        for p in precisions:
+            for o in ops:
+                steps.append({"model": m, "step": "edgelin export", "precision": p, "ops": o})
+        if llama:
+            steps.append({"model": m, "step": "gguf", "types": list(dict.fromkeys(GGUF[p] for p in precisions if p in GGUF))})
+        for p in precisions:
+            for t in threads:
+                names = contenders(p, ops, llama)
+                steps.append({"model": m, "step": "rounds", "precision": p, "threads": t,
+                              "rounds": [round_order(names, r) for r in range(plan.genai_rounds)]})
+    return steps
+
+
+def describe_plan(steps: list[dict[str, Any]], plan: Plan) -> list[str]:
+    """The plan as lines for the progress output (what will run and what it measures)."""
+    lines = [f"genai: plan: prefill = one {plan.genai_prompt}-token call; decode = median step of {plan.genai_decode} greedy steps "
+             f"after it; {plan.genai_rounds} round(s), each contender in its own process, the order reversed every other round"]
+    for s in steps:
+        if s["step"] == "rounds":
+            lines.append(f"  {s['model']} {s['precision']} at {s['threads']} thread(s): " + " | ".join(", ".join(r) for r in s["rounds"]))
+    return lines
+
+
+# ---- the section -------------------------------------------------------------------------------------------------
+def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | os.PathLike | None = None,
+                  models: Sequence[str] | None = None, precisions: Sequence[str] | None = None,
+                  thread_counts: Sequence[int] | None = None, rounds: int | None = None, ops: Sequence[str] = OPS,
+                  venv: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
+                  record_dir: str | os.PathLike | None = None, on_model: Callable[[str, dict[str, Any]], None] | None = None,
+                  build: Callable[..., Path] = build_checkpoint) -> dict[str, Any]:
+    """The section: every model of ``models`` (default the plan's ``genai_models``; or the one ``checkpoint`` folder) at every
+    precision of ``precisions`` (default the plan's; names of EXPORT_OPTIONS) at ``thread_counts`` (default the plan's and
+    ``threads``), edgelin's lowerings ``ops``; ``on_model(name, part)`` is called with each model's part as it completes
+    (the CLI writes its record then)."""
+    import dataclasses
+
+    if rounds is not None:
+        plan = dataclasses.replace(plan, genai_rounds=int(rounds))
+    precisions = tuple(precisions or plan.genai_precisions)
+    unknown = [p for p in precisions if p not in EXPORT_OPTIONS]
+    if unknown:
+        raise BenchError(f"genai precisions: unknown {', '.join(unknown)}; choose from {', '.join(EXPORT_OPTIONS)}")
+    bad_ops = [o for o in ops if o not in OPS]
+    if bad_ops or not ops:
+        raise BenchError(f"genai ops: {', '.join(bad_ops) or 'none given'}; choose from {', '.join(OPS)}")
+    if checkpoint is not None:
+        ckpt_given = Path(checkpoint)
+        if not (ckpt_given / "config.json").is_file():
+            raise BenchError(f"--checkpoint {ckpt_given}: no config.json there; pass a transformers checkpoint folder (config.json + "
+                             "*.safetensors) that both tools read, e.g. an LFM2 or Qwen3.5 one")
+        names = [ckpt_given.resolve().name]
+    else:
+        names = list(models or plan.genai_models)
+        unknown = [m for m in names if m not in MODELS]
+        if unknown:
+            raise BenchError(f"genai models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)} or pass --checkpoint DIR")
+    thread_counts = sorted(set(thread_counts or (*plan.genai_threads, threads)))
+    cache = Path(cache_dir) if cache_dir is not None else default_dir()
+    from .llamacpp import binaries, find_llama_cpp, to_gguf, versions as llama_versions
+
+    src, llama_why = find_llama_cpp()
+    steps = plan_of(plan, names, precisions, thread_counts, ops, src is not None)
+    for line in describe_plan(steps, plan):
+        say(line)
+    py, versions = ensure_venv(Path(venv) if venv is not None else None, cache, say)
+    say(f"genai: onnxruntime-genai {versions['onnxruntime_genai']} (onnxruntime {versions['onnxruntime']}) from {py}")
+    llama_help, no_repack = "", None
+    if src is not None:
+        llama_help = subprocess.run([str(binaries(src)["llama-bench"]), "--help"], capture_output=True, text=True).stdout
+        no_repack = llama_no_repack(llama_help)
+    rng = np.random.default_rng(DATA_SEED)
+    out_models: dict[str, Any] = {}
+    load = {"start": load_average()}
+    for name in names:
+        ckpt = ckpt_given if checkpoint is not None else checkpoint_for(name, cache, say, build)
+        work = cache / name
+        work.mkdir(parents=True, exist_ok=True)
+        n_layers, vocab = layers_of(ckpt), vocab_of(ckpt)
+        prompt = rng.integers(0, vocab, plan.genai_prompt).tolist()
+        entry: dict[str, Any] = {"checkpoint": str(ckpt), "built_here": checkpoint is None, "layers": n_layers, "vocab_size": vocab,
+                                 "config": MODELS[name][1] if checkpoint is None else json.loads((ckpt / "config.json").read_text()),
+                                 "exports": {}, "rows": [], "greedy": {}, "failed": []}
+        folders: dict[tuple[str, str], Path] = {}
+        for gp in dict.fromkeys(GENAI_PRECISION[p] for p in precisions):
+            out = work / f"genai-{gp}"
+            seconds = genai_build(py, versions, ckpt, out, gp, say)
+            entry["exports"][f"genai {gp}"] = {"folder": str(out), "files": weight_files(out), "builder_s": seconds,
+                                               "command": " ".join(builder_command(py, ckpt, out, gp, out.parent / f"{out.name}-cache"))}
+        for p in precisions:
+            for o in ops:
+                out = work / f"edgelin-{p}-{o}"
+                made = edgelin_export(ckpt, out, p, o, say)
+                folders[p, o] = out
+                entry["exports"][f"edgelin {p} {o}"] = {"folder": str(out), "files": weight_files(out), "check": made.get("check"),
+                                                         "export_s": None if made.get("reused") else made.get("export_s"),
+                                                         "options": made.get("options")}
+        ggufs: dict[str, Path] = {}
+        if src is not None:
+            kinds = tuple(dict.fromkeys(GGUF[p] for p in precisions if p in GGUF))
+            say(f"genai: {name}: GGUF {'/'.join(kinds)} with llama.cpp's converter ...")
+            ggufs = to_gguf(src, ckpt, fresh(work / "gguf"), kinds)
+            entry["exports"].update({f"llama.cpp {k}": {"folder": str(g.parent), "files": {g.name: g.stat().st_size}} for k, g in ggufs.items()})
+        say(f"genai: {name}: decode nodes per layer as run ...")
+        nodes = {}
+        for gp in dict.fromkeys(GENAI_PRECISION[p] for p in precisions):
+            nodes[f"genai {gp}"] = count_nodes(py, work / f"genai-{gp}" / "model.onnx")
+        for (p, o), out in folders.items():
+            nodes[f"edgelin {p} {o}"] = count_nodes(sys.executable, out / "decode.onnx")
+        for n in nodes.values():
+            if "as_run" in n:
+                n["as_run_per_layer"] = n["as_run"] / n_layers
+        entry["decode_nodes"] = nodes
+        llama_paths: dict[str, dict[str, str]] = {}
+        for p in precisions:
+            for T in thread_counts:
+                names_now = contenders(p, ops, src is not None)
+                say(f"genai: {name} {p}, {T} thread(s): {plan.genai_rounds} round(s) of {', '.join(names_now)}, each in its own process ...")
+                got: dict[str, list[dict[str, Any]]] = {c: [] for c in names_now}
+                for r in range(plan.genai_rounds):
+                    for c in round_order(names_now, r):
+                        spec = {"prompt": prompt, "threads": T, "decode": plan.genai_decode, "warmup": WARMUP_STEPS}
+                        if c == "genai":
+                            spec["folder"] = str(work / f"genai-{GENAI_PRECISION[p]}")
+                            res = figures(measure_process([str(py), "-c", GENAI_ROUND, json.dumps(spec)], "genai's round"), plan.genai_prompt)
+                        elif c.startswith("edgelin"):
+                            spec["folder"] = str(folders[p, c.split()[1]])
+                            res = figures(measure_process([sys.executable, "-m", "edgelin.bench", "--genai-round", json.dumps(spec)],
+                                                          "edgelin's round"), plan.genai_prompt)
+                        else:
+                            kind = c.split()[1]
+                            path = llama_paths.setdefault(kind, {})
+                            res = llama_round(binaries(src)["llama-bench"], ggufs[kind], T, plan.genai_prompt, plan.genai_decode, no_repack, path)
+                        if "status" in res:
+                            say(f"    {c}: {res['status']}: {res['reason']}")
+                            entry["failed"].append({"precision": p, "threads": T, "contender": c, "round": r, **res})
+                        else:
+                            got[c].append(res)
+                rows = summarise(name, p, T, got, entry, nodes, llama_paths)
+                entry["rows"] += rows
+                for row in rows:
+                    say(f"    {row['contender']:28s} decode {row['decode_tokens_per_s']:8.2f} tok/s, prefill {row['prefill_tokens_per_s']:8.1f} tok/s"
+                        + (f"  (edgelin / genai: decode {row['decode_over_genai']:.2f}x, prefill {row['prefill_over_genai']:.2f}x)"
+                           if "decode_over_genai" in row else ""))
+        entry["llama_cpp_paths"] = llama_paths
+        entry["load_average_end"] = load_average()
+        out_models[name] = entry
+        part = section_part({name: entry}, plan, precisions, thread_counts, ops, versions, src, llama_why, load)
+        if record_dir is not None:
+            say(f"genai: wrote {write_model_record(Path(record_dir), name, part, max(thread_counts))}")
+        if on_model is not None:
+            on_model(name, part)
+    return section_part(out_models, plan, precisions, thread_counts, ops, versions, src, llama_why, load)
+
+
+def summarise(model: str, precision: str, threads: int, got: dict[str, list[dict[str, Any]]], entry: dict[str, Any],
+              nodes: dict[str, Any], llama_paths: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """The rows of one precision and thread count: per contender the medians over its rounds, its weight bytes and decode nodes
+    per layer, and edgelin / genai; the greedy ids of each export against genai's (recorded once per precision)."""
+    rows = []
+    gp = GENAI_PRECISION[precision]
+    base = got.get("genai") or []
+    for c, rounds in got.items():
+        if not rounds:
+            continue
+        key = f"genai {gp}" if c == "genai" else f"edgelin {precision} {c.split()[1]}" if c.startswith("edgelin") else f"llama.cpp {c.split()[1]}"
+        row: dict[str, Any] = {"model": model, "precision": precision, "threads": threads, "contender": c, "rounds": len(rounds),
+                               "decode_tokens_per_s": float(np.median([r["decode_tokens_per_s"] for r in rounds])),
+                               "decode_ms": float(np.median([r["decode_ms"] for r in rounds])),
+                               "prefill_tokens_per_s": float(np.median([r["prefill_tokens_per_s"] for r in rounds])),
+                               "decode_rounds": [r["decode_tokens_per_s"] for r in rounds],
+                               "prefill_rounds": [r["prefill_tokens_per_s"] for r in rounds],
+                               "weight_bytes": sum(entry["exports"].get(key, {}).get("files", {}).values()) or None,
+                               "decode_nodes_per_layer": (nodes.get(key) or {}).get("as_run_per_layer"),
+                               "load_average": load_average()}
+        if c.startswith("llama.cpp"):
+            row["llama_cpp_path"] = dict(llama_paths.get(c.split()[1], {}))
+        if base and c != "genai":
+            g = {k: float(np.median([r[k] for r in base])) for k in ("decode_tokens_per_s", "prefill_tokens_per_s")}
+            row["decode_over_genai"] = row["decode_tokens_per_s"] / g["decode_tokens_per_s"]
+            row["prefill_over_genai"] = row["prefill_tokens_per_s"] / g["prefill_tokens_per_s"]
+        if "ids" in rounds[0] and precision not in entry["greedy"].get(c, {}):
+            ids = rounds[0]["ids"]
+            entry["greedy"].setdefault(c, {})[precision] = {"ids": ids}
+            if base and c != "genai":
+                theirs = base[0]["ids"]
+                first = next((i for i, (a, b) in enumerate(zip(ids, theirs)) if a != b), min(len(ids), len(theirs)))
+                entry["greedy"][c][precision].update(same_as_genai_before=first, agreement=first / max(len(theirs), 1))
+        rows.append(row)
+    return rows
+
+
+def section_part(models: dict[str, Any], plan: Plan, precisions: Sequence[str], thread_counts: Sequence[int], ops: Sequence[str],
+                 versions: dict[str, str], src: Path | None, llama_why: str, load: dict[str, Any]) -> dict[str, Any]:
+    from .llamacpp import versions as llama_versions
+
+    return {
+        "status": "ok",
+        "what": f"edgelin vs onnxruntime-genai on the same transformers checkpoint: prefill tokens/s of one {plan.genai_prompt}-token "
+                f"call, decode = the median step of {plan.genai_decode} greedy steps after it (genai: generate_next_token; edgelin: "
+                "argmax + Session.decode), batch 1; each contender in its own process per round (load, warm-up, then timed), "
+                f"{plan.genai_rounds} round(s) in alternating order; medians over rounds; ratio edgelin / genai (above 1: edgelin faster)",
+        "prompt_tokens": plan.genai_prompt, "decode_steps": plan.genai_decode, "rounds": plan.genai_rounds,
+        "precisions": list(precisions), "precision_names": {p: DESCRIBE.get(p, p) for p in precisions},
+        "threads": list(thread_counts), "ops": list(ops), "models": models,
+        "versions": {**versions, "edgelin_onnxruntime": _ort_version()},
+        "llama_cpp": {"status": "ok", **llama_versions(src)} if src is not None else {"status": "skipped", "reason": llama_why},
+        "load_average": {**load, "end": load_average()},
+    }
+
+
+def write_model_record(folder: Path, name: str, part: dict[str, Any], threads: int) -> Path:
+    """``folder/genai-NAME.json``: a bench record (``report.record``) holding this section's part for one model, written
+    atomically as soon as the model is done (an earlier record of this bench there is replaced)."""
+    from edgelin.runtime.files import write_json
+
+    from .harness import machine_facts
+    from .report import BENCH_JSON, record
+
+    machine = machine_facts()
+    machine["load_average_start"] = part["load_average"]["start"]
+    settings = {"threads": threads, "provider_requested": "cpu", "provider_active": "CPUExecutionProvider", "sections": ["genai"]}
+    data = record({"genai": part}, machine=machine, settings=settings, quick=False, model=None, started=time.perf_counter())
+    data.pop("seconds", None)
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_json(folder / f"genai-{name}.json", data, ours=BENCH_JSON, what="bench report")
+
+
+def _ort_version() -> str | None:
+    from .harness import dist_version
+
+    return dist_version("onnxruntime-gpu", "onnxruntime")
+
+
+__all__ = ["ENV_DIR", "EXPORT_OPTIONS", "GENAI_PRECISION", "MODELS", "OPS", "VENV_PACKAGES", "contenders", "default_dir", "ensure_venv",
+           "genai_build", "genai_section", "llama_no_repack", "llama_round", "plan_of", "summarise"]

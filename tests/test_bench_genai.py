@@ -1,0 +1,216 @@
+"""The bench's opt-in ``genai`` section without onnxruntime-genai and without network: its plan (what would run, in which
+order), the rounds interleaved, the table and the record written from canned measurements, and its one-line failures (a
+venv without genai, a builder that fails, llama-bench's repacked path crashing). A fake venv Python (a shell script)
+stands in for genai's builder and its version probe; the measuring processes give canned figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgelin.bench import genai
+from edgelin.bench.plan import FULL, OPT_IN_SECTIONS, QUICK, SECTIONS, BenchError
+from edgelin.bench.report import format_table, genai_lines
+from edgelin.cli.bench import bench
+
+FAKE_PYTHON = """#!/bin/sh
+# a venv's Python: the version probe, and genai's builder (-o OUT): writes a build, or fails when FAKE_BUILDER_FAILS is set
+case "$*" in
+  *onnxruntime_genai.models.builder*)
+    while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out=$2; shift; done
+    echo "Saving ONNX model in $out"
+    if [ -n "$FAKE_BUILDER_FAILS" ]; then echo "NotImplementedError: The Foo architecture is not supported." >&2; exit 1; fi
+    mkdir -p "$out"; echo '{}' > "$out/genai_config.json"; head -c 1000 /dev/zero > "$out/model.onnx"
+    head -c 4000 /dev/zero > "$out/model.onnx.data";;
+  *) echo '{"onnxruntime_genai": "0.18.0", "onnxruntime": "1.32.0"}';;
+esac
+"""
+
+
+def fake_venv(folder: Path) -> Path:
+    py = genai.venv_python(folder)
+    py.parent.mkdir(parents=True)
+    py.write_text(FAKE_PYTHON)
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    return folder
+
+
+def fake_build(name, folder, models, auto_class="AutoModelForCausalLM"):
+    model_type, config = models[name]
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type, **config}))
+    (folder / "model.safetensors").write_bytes(b"\0" * 64)
+    return folder
+
+
+def test_the_section_is_opt_in_and_its_plans_sizes():
+    assert "genai" in OPT_IN_SECTIONS and "genai" not in SECTIONS
+    assert (FULL.genai_prompt, FULL.genai_decode, FULL.genai_rounds, FULL.genai_threads) == (512, 64, 3, (1, 2))
+    assert FULL.genai_models == ("lfm2-350m", "qwen3.5-0.8b") and set(FULL.genai_precisions) == set(genai.EXPORT_OPTIONS)
+    assert set(QUICK.genai_models) <= set(genai.MODELS)
+    # the published configurations, shared with scripts/real_size.py; Qwen3.5 in the form genai's builder reads
+    assert genai.MODELS["lfm2-350m"][1]["hidden_size"] == 1024 and genai.MODELS["lfm2-350m"][1]["num_hidden_layers"] == 16
+    qwen = genai.MODELS["qwen3.5-0.8b"]
+    assert qwen[0] == "qwen3_5" and qwen[2] == "AutoModelForImageTextToText" and qwen[1]["text_config"]["vocab_size"] == 248320
+
+
+def test_the_plan_says_what_runs_in_which_order():
+    steps = genai.plan_of(FULL, ["lfm2-350m"], ("fp32", "int4", "int4-table4"), (1, 2), ("portable", "fused"), llama=True)
+    kinds = [s["step"] for s in steps]
+    assert kinds[0] == "checkpoint"
+    # int4-table4 is compared with genai's one int4 build: two builds for three precisions
+    assert [s["precision"] for s in steps if s["step"] == "genai build"] == ["fp32", "int4"]
+    assert len([s for s in steps if s["step"] == "edgelin export"]) == 6
+    assert next(s for s in steps if s["step"] == "gguf")["types"] == ["F32", "Q4_0"]
+    rounds = {(s["precision"], s["threads"]): s["rounds"] for s in steps if s["step"] == "rounds"}
+    assert set(rounds) == {(p, t) for p in ("fp32", "int4", "int4-table4") for t in (1, 2)}
+    # every contender once per round, the order reversed every other round
+    assert rounds["int4", 2] == [["edgelin portable", "edgelin fused", "genai", "llama.cpp Q4_0"],
+                                 ["llama.cpp Q4_0", "genai", "edgelin fused", "edgelin portable"],
+                                 ["edgelin portable", "edgelin fused", "genai", "llama.cpp Q4_0"]]
+    assert rounds["int4-table4", 1][0] == ["edgelin portable", "edgelin fused", "genai"]  # no GGUF of genai's 4-bit table layout
+    lines = genai.describe_plan(steps, FULL)
+    assert "one 512-token call" in lines[0] and "64 greedy steps" in lines[0] and len(lines) == 1 + len(rounds)
+
+
+@pytest.fixture
+def canned(monkeypatch, tmp_path):
+    """The section run on the fake venv, with canned measurements: edgelin decodes 20 / 24 tokens/s (portable / fused)
+    against genai's 25, prefills 400 against 320; the processes' order is kept in ``calls``."""
+    calls = []
+    speeds = {"genai": (25.0, 320.0), "portable": (20.0, 400.0), "fused": (24.0, 400.0)}
+
+    def measure(cmd, what):
+        spec = json.loads(cmd[-1])
+        who = "genai" if "GENAI" in what or "genai's" in what else Path(spec["folder"]).name.rsplit("-", 1)[1]
+        calls.append((who, Path(spec["folder"]).name, spec["threads"]))
+        decode, prefill = speeds[who]
+        ids = list(range(spec["decode"])) if who != "fused" else [0, 1, 99] + list(range(3, spec["decode"]))
+        return {"load_s": 0.1, "prefill_s": len(spec["prompt"]) / prefill, "decode_s": [1 / decode] * spec["decode"], "ids": ids}
+
+    def export(ckpt, out, precision, ops, say):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decode.onnx").write_bytes(b"\0" * 100)
+        (out / "weights.data").write_bytes(b"\0" * 3000)
+        (out / "edgelin.json").write_text("{}")
+        return {"options": {**genai.EXPORT_OPTIONS[precision], "ops": ops}, "check": "passed", "export_s": 1.0}
+
+    monkeypatch.setattr(genai, "measure_process", measure)
+    monkeypatch.setattr(genai, "edgelin_export", export)
+    monkeypatch.setattr(genai, "count_nodes", lambda py, graph: {"exported": 80, "as_run": 64 if graph.name == "model.onnx" else 160})
+    monkeypatch.delenv("EDGELIN_LLAMA_CPP", raising=False)
+    said = []
+    part = genai.genai_section(QUICK, 1, said.append, venv=fake_venv(tmp_path / "venv"), cache_dir=tmp_path / "cache",
+                               ops=("portable", "fused"), record_dir=tmp_path / "records", build=fake_build)
+    return part, calls, said, tmp_path
+
+
+def test_the_rounds_interleave_each_contender_in_its_own_process(canned):
+    part, calls, said, _ = canned
+    assert part["status"] == "ok" and QUICK.genai_rounds == 2
+    fp32 = [(who, folder) for who, folder, _ in calls if folder.startswith(("edgelin-fp32", "genai-fp32"))]
+    assert fp32 == [("portable", "edgelin-fp32-portable"), ("fused", "edgelin-fp32-fused"), ("genai", "genai-fp32"),
+                    ("genai", "genai-fp32"), ("fused", "edgelin-fp32-fused"), ("portable", "edgelin-fp32-portable")]
+    assert any("plan:" in s for s in said) and any("edgelin / genai: decode 0.80x, prefill 1.25x" in s for s in said)
+
+
+def test_the_rows_hold_medians_ratios_bytes_nodes_and_greedy_agreement(canned):
+    part, _, _, _ = canned
+    m = part["models"]["lfm2-tiny"]
+    rows = {(r["precision"], r["contender"]): r for r in m["rows"]}
+    assert set(rows) == {(p, c) for p in ("fp32", "int4") for c in ("edgelin portable", "edgelin fused", "genai")}
+    r = rows["int4", "edgelin fused"]
+    assert r["decode_tokens_per_s"] == pytest.approx(24.0) and r["decode_over_genai"] == pytest.approx(24 / 25)
+    assert r["prefill_over_genai"] == pytest.approx(400 / 320) and r["rounds"] == 2
+    assert r["weight_bytes"] == 3100 and r["decode_nodes_per_layer"] == 160 / 4
+    assert rows["int4", "genai"]["weight_bytes"] == 5000 and rows["int4", "genai"]["decode_nodes_per_layer"] == 16
+    assert "decode_over_genai" not in rows["int4", "genai"]
+    assert m["greedy"]["edgelin portable"]["fp32"]["agreement"] == 1.0
+    assert m["greedy"]["edgelin fused"]["fp32"]["same_as_genai_before"] == 2
+    assert part["llama_cpp"]["status"] == "skipped" and "EDGELIN_LLAMA_CPP" in part["llama_cpp"]["reason"]
+
+
+def test_the_table_and_the_record_come_from_the_measurements(canned):
+    part, _, _, tmp = canned
+    lines = genai_lines(part)
+    assert lines[0].startswith("12. genai")
+    row = next(x for x in lines if "int4 (edgelin's 8-bit embedding table)" in x and "edgelin fused" in x)
+    assert "0.96x" in row and "1.25x" in row and " 40.0 " in row and row.rstrip().endswith("2/8")
+    assert any("llama.cpp: skipped" in x for x in lines) and any("load average" in x for x in lines)
+    record = json.loads((tmp / "records" / "genai-lfm2-tiny.json").read_text())
+    assert record["format"] == "edgelin-bench/1" and record["genai"]["models"]["lfm2-tiny"]["rows"] == part["models"]["lfm2-tiny"]["rows"]
+    assert "machine" in record and record["genai"]["load_average"]["start"] is not None
+    assert "12. genai" in format_table({**record, "seconds": 1.0})
+    assert genai_lines({"status": "skipped", "reason": "x"}) == [lines[0], "  skipped: x"]
+
+
+def test_a_second_run_reuses_the_checkpoint_and_genais_builds(canned, monkeypatch):
+    _, _, said, tmp = canned
+    assert any("building the checkpoint" in s for s in said) and sum("builder -p" in s for s in said) == 2
+    again = []
+    monkeypatch.setattr(genai, "checkpoint_for", genai.checkpoint_for)
+    genai.genai_section(QUICK, 1, again.append, venv=tmp / "venv", cache_dir=tmp / "cache", build=fake_build)
+    assert not any("building the checkpoint" in s or "builder -p" in s for s in again)
+
+
+def test_a_venv_without_genai_says_how_to_make_one(tmp_path):
+    with pytest.raises(BenchError) as err:
+        genai.ensure_venv(tmp_path / "nowhere", tmp_path, print)
+    msg = str(err.value)
+    assert "\n" not in msg and "onnxruntime-genai" in msg and "pip install" in msg and "--genai-venv" in msg
+
+
+def test_a_failing_builder_is_one_line_with_its_error_and_log(tmp_path, monkeypatch):
+    py = genai.venv_python(fake_venv(tmp_path / "venv"))
+    (tmp_path / "ckpt").mkdir()
+    ckpt = fake_build("lfm2-tiny", tmp_path / "ckpt", {"lfm2-tiny": genai.MODELS["lfm2-tiny"][:2]})
+    monkeypatch.setenv("FAKE_BUILDER_FAILS", "1")
+    with pytest.raises(BenchError) as err:
+        genai.genai_build(py, {"onnxruntime_genai": "0.18.0"}, ckpt, tmp_path / "genai-int4", "int4", print)
+    msg = str(err.value)
+    assert "\n" not in msg and "builder failed at int4" in msg and "The Foo architecture is not supported" in msg
+    assert str(tmp_path / "genai-int4.log") in msg
+    monkeypatch.delenv("FAKE_BUILDER_FAILS")
+    assert genai.genai_build(py, {"onnxruntime_genai": "0.18.0"}, ckpt, tmp_path / "genai-int4", "int4", print) is not None
+    assert genai.genai_build(py, {"onnxruntime_genai": "0.18.0"}, ckpt, tmp_path / "genai-int4", "int4", print) is None  # reused
+
+
+def test_unknown_precisions_models_and_a_checkpoint_without_config_are_refused(tmp_path):
+    for kwargs, words in (({"precisions": ["int3"]}, "unknown int3"), ({"models": ["gpt2"]}, "unknown gpt2"),
+                          ({"checkpoint": tmp_path}, "no config.json"), ({"ops": ("fast",)}, "fast")):
+        with pytest.raises(BenchError, match=words):
+            genai.genai_section(QUICK, 1, print, cache_dir=tmp_path, **kwargs)
+
+
+LLAMA_BENCH = """#!/bin/sh
+case "$*" in
+  *--help*) echo "  -nr, --no-repack <0|1>   (default: 0)"; exit 0;;
+  *"-nr 1"*) echo '[{"n_prompt": 64, "n_gen": 0, "avg_ts": 900.0}, {"n_prompt": 0, "n_gen": 8, "avg_ts": 40.0}]';;
+  *) kill -SEGV $$;;
+esac
+"""
+
+
+def test_llama_benchs_repack_crash_is_detected_and_said(tmp_path):
+    exe = tmp_path / "llama-bench"
+    exe.write_text(LLAMA_BENCH)
+    exe.chmod(0o755)
+    assert genai.llama_no_repack("  --repack <0|1>  (default: 1)") == ["--repack", "0"]
+    assert genai.llama_no_repack("  -nr, --no-repack <0|1>") == ["-nr", "1"] and genai.llama_no_repack("") is None
+    flag = genai.llama_no_repack(os.popen(f"{exe} --help").read())
+    path: dict = {}
+    got = genai.llama_round(exe, tmp_path / "Q4_0.gguf", 2, 64, 8, flag, path)
+    assert got == {"prefill_tokens_per_s": 900.0, "decode_tokens_per_s": 40.0, "decode_ms": 25.0}
+    assert path["ran"] == "repacking off" and "killed by signal 11" in path["why"] and "-nr 1" in path["why"]
+    assert genai.llama_round(exe, tmp_path / "Q4_0.gguf", 2, 64, 8, flag, path)["decode_tokens_per_s"] == 40.0  # straight to -nr 1
+    crashed = genai.llama_round(exe, tmp_path / "Q4_0.gguf", 2, 64, 8, None, {})
+    assert crashed["status"] == "failed" and "signal 11" in crashed["reason"]
+
+
+def test_genai_options_without_the_section_are_refused(tmp_path):
+    result = CliRunner().invoke(bench, ["--genai-model", "lfm2-350m", "--no-plots", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "--genai-model: options of the genai section; add --section genai" in result.output
