@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from edgelin import streaming
 from edgelin.config import ModelConfig
 from edgelin.errors import CheckpointError, ConfigError
 from edgelin.importers import import_checkpoint
@@ -61,6 +62,10 @@ def load_checkpoint(path: "str | Path | Checkpoint") -> LinearLM:
     problems = shape_problems(expected_shapes(lambda: LinearLM(cfg), cfg), header_shapes(path / WEIGHTS_FILE))
     if problems:
         raise CheckpointError(f"{path}: weights do not match {CONFIG_FILE}: {'; '.join(problems)}")
+    if streaming.active() is not None:  # mapped from a scratch file, one tensor read at a time (edgelin.streaming)
+        from edgelin.importers.weights import Renamer, load_checkpoint_weights
+
+        return load_checkpoint_weights(ckpt, lambda: LinearLM(cfg), Renamer([]))
     try:
         tensors = load_file(path / WEIGHTS_FILE, device="cpu")
     except (SafetensorError, OSError, ValueError) as exc:

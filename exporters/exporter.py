@@ -14,6 +14,7 @@ smoke check and its floors), ``convert`` (the precision), ``write`` (the manifes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -23,7 +24,7 @@ from typing import Callable
 import onnx
 import torch
 
-from edgelin import parity, protocol, upstream
+from edgelin import parity, protocol, streaming, upstream
 from edgelin.checkpoint import open_checkpoint
 from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.check import (
@@ -33,7 +34,7 @@ from edgelin.exporters.convert import convert_graphs, op_histogram
 from edgelin.exporters.precision import check_precision, embedding_choice, int8_scheme_choice, state_dtypes
 from edgelin.exporters.precision.int4 import eight_bit_digests
 from edgelin.exporters.result import ExportResult, peak_resident
-from edgelin.exporters.source import resolve_source
+from edgelin.exporters.source import check_largest_tensor, resolve_source
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.tracing import export_graph, failure_cause, trace_graphs
 from edgelin.exporters.weights import store_once, tied_head_in_place
@@ -82,6 +83,7 @@ def export(
     max_sequence: int = DEFAULT_MAX_SEQUENCE,
     trace_cache: str | Path | None = None,
     logits_at: bool = True,
+    streamed: bool = False,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -125,7 +127,13 @@ def export(
 
     ``logits_at``: the prefill graph takes the positions whose logits it returns (the manifest's ``logits_at``;
     the runtimes ask for a prompt's last one, so the head runs on one row, not T). False: it
-    returns every position's logits, as exports made before that input -- for a client that predates it."""
+    returns every position's logits, as exports made before that input -- for a client that predates it.
+
+    ``streamed``: a checkpoint folder's weights are read one tensor at a time into a scratch file in the export's work
+    folder and mapped from it (``edgelin.streaming``), not held in memory: the export's own memory is then bounded by
+    its graphs and activations and the largest tensor, whatever the model's size; the files written are the same
+    bytes. A checkpoint whose largest tensor cannot fit in the memory available is refused before any work. A model
+    passed in as a module is in memory already: refused with ``streamed``."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size, max_sequence)
     if ops not in fused.LOWERINGS:
@@ -138,6 +146,9 @@ def export(
     if isinstance(source, (str, os.PathLike, bytes)):  # a path that cannot be one (a NUL in it): one line, before any work
         source = check_path(source, "checkpoint folder", ExportError)
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
+    if streamed and not protect:
+        raise ExportError("a streamed export reads a checkpoint folder; save the model with save_checkpoint and export the folder, "
+                          "or export the module without streamed")
     replacing = check_output_dir(out_dir, force=force, protect=protect)  # before any work; never a user's folder
     _check_trace_cache(trace_cache, out_dir, protect)
     out_dir = Path(out_dir)
@@ -149,10 +160,13 @@ def export(
     try:
         # a checkpoint folder is read once, here: its config and weight files go on as one value
         checkpoint = open_checkpoint(source) if isinstance(source, (str, os.PathLike)) else None
+        if streamed:
+            check_largest_tensor(checkpoint)
         tokenizer_json = find_tokenizer(checkpoint, tokenizer)
         int8_scheme = int8_scheme_choice(precision, int8_scheme, None if checkpoint is None else upstream.framework_of(checkpoint))
         say(f"loading {source if checkpoint is not None else type(source).__name__}")
-        model, digest = resolve_source(checkpoint or source, chunk_size)
+        with streaming.mapped_weights(tmp) if streamed else contextlib.nullcontext():
+            model, digest = resolve_source(checkpoint or source, chunk_size)
         tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint)
         if tok is not None:
             say(f"tokenizer: {tokenizer_json} (" + ", ".join(f"{k} {tok.spec[k]} from {tok.sources[k]}" for k in ("bos_id", "eos_id", "pad_id") if k in tok.sources)
@@ -240,6 +254,8 @@ def export(
                     + "; run `edgelin validate` on an export made with --no-check to see where, "
                     "or state a budget of your own with --budget"
                 )
+        with contextlib.suppress(OSError):  # unlinked once mapped where the system allows (edgelin.streaming)
+            (tmp / streaming.SCRATCH_FILE).unlink(missing_ok=True)
         files = {p.name: p.stat().st_size for p in work_files(tmp)}
         if replacing:
             say(f"replacing {out_dir}: {replacing}")

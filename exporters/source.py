@@ -8,7 +8,8 @@ import torch
 from edgelin import protocol
 from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256
 from edgelin.errors import ExportError
-from edgelin.safety import check_finite_weights
+from edgelin.runtime.memory import available_memory
+from edgelin.safety import check_finite_weights, header_shapes
 
 
 def resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, str]:
@@ -43,3 +44,23 @@ def _check_epsilons(model) -> None:
                 f"config field {name!r} is {value:g}, below {MIN_GRAPH_EPS:g}: ONNX's graph optimiser drops such a constant "
                 f"from the exported graph; use {name} >= {MIN_GRAPH_EPS:g}"
             )
+
+
+def check_largest_tensor(checkpoint: Checkpoint) -> None:
+    """Refuse, before any work, a checkpoint whose largest tensor cannot be held in memory: a streamed export reads
+    one tensor at a time, as stored and as float32 (up to 8 bytes per value: a float32 copy of a float32 tensor), so
+    that tensor alone bounds what loading needs beyond the export's own working memory."""
+    if checkpoint is None or checkpoint.config_only:
+        return
+    largest, where = 0, ""
+    for file in checkpoint.files:
+        for name, shape in header_shapes(file).items():
+            count = 1
+            for d in shape:
+                count *= d
+            if count > largest:
+                largest, where = count, f"{name} in {file.name}"
+    need, have = 8 * largest, available_memory()
+    if have is not None and need > have:
+        raise ExportError(f"the checkpoint's largest tensor ({where}, {largest:,} values) needs {need:,} bytes to read and "
+                          f"convert, but {have:,} bytes of memory are available; export on a machine with more memory")

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from edgelin import streaming
 from edgelin.errors import CheckpointError
 
 WEIGHTS_FILE = "model.safetensors"
@@ -156,6 +157,14 @@ def load_weights(model: nn.Module, read: Callable[[str], torch.Tensor], groups: 
     one tensor, not the model and the whole checkpoint. CheckpointError if a tensor is not floating point or
     tied copies differ."""
     targets = model.state_dict(keep_vars=False)  # tensors sharing the parameters' and buffers' storage
+    for target, first in checked_tensors(read, groups, where):
+        with torch.no_grad():
+            targets[target].copy_(first.to(torch.float32))
+        del first
+
+
+def checked_tensors(read: Callable[[str], torch.Tensor], groups: dict[str, list[str]], where: Path):
+    """(model name, checkpoint tensor) along ``groups``, one at a time, each checked as ``load_weights`` says."""
     for target, sources in groups.items():
         first = read(sources[0])
         if not first.is_floating_point():
@@ -163,8 +172,7 @@ def load_weights(model: nn.Module, read: Callable[[str], torch.Tensor], groups: 
         for source in sources[1:]:
             if not torch.equal(first.to(torch.float32), read(source).to(torch.float32)):
                 raise CheckpointError(f"{where}: tied tensors {sources[0]} and {source} differ; the config ties them")
-        with torch.no_grad():
-            targets[target].copy_(first.to(torch.float32))
+        yield target, first
         del first
 
 
@@ -208,7 +216,8 @@ def load_checkpoint_weights(
             raise CheckpointError(f"{where}: tensor {twice[0]} is held twice: on its own and in the rows of {name}")
         found.update(parts)
     groups = match(expected_shapes(build), found, rename, where)
-    model = build()
+    scratch = streaming.active()  # inside edgelin.streaming.mapped_weights: parameters mapped from a scratch file
+    model = build() if scratch is None else streaming.build_mapped(build)
     with contextlib.ExitStack() as stack:
         handles = {file: _open_safetensors(file, stack) for file in files}
         pending: dict[str, torch.Tensor] = {}  # the parts of a fused tensor read, not yet copied
@@ -227,7 +236,13 @@ def load_checkpoint_weights(
             pending.update(fused[fused_name].split(fused_name, stored(fused_name)))
             return pending.pop(name)
 
-        load_weights(model, read, groups, where)
+        if scratch is None:
+            load_weights(model, read, groups, where)
+        else:
+            streaming.map_parameters(model, checked_tensors(read, groups, where), scratch)
+            unread = streaming.meta_parameters(model)
+            if unread:
+                raise CheckpointError(f"{where}: no tensor holds parameter(s) {_names(unread)}; the weights loader cannot map them")
     return model.eval()
 
 
