@@ -46,7 +46,8 @@ def _load_transformers(folder: str, dtype: str = "float64"):
     if getattr(config, "vision_config", None) is not None:  # a vision-language checkpoint (qwen3_5): its own class
         auto = transformers.AutoModelForImageTextToText
     # mixture-of-experts MLPs: transformers' own loop over the experts (its grouped matmul takes no float64)
-    options = {"experts_implementation": "eager"} if getattr(config, "num_experts", None) else {}
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)  # (Granite's, Nemotron-H's)
+    options = {"experts_implementation": "eager"} if experts else {}
     model = _loaded(auto, folder, options, dtype=getattr(torch, dtype))
     if dtype != "float64":  # as a user runs it at that precision: its float32 islands kept
         return model, config, f"transformers' own PyTorch paths in {dtype} (triton and fla hidden in its process)"
