@@ -38,6 +38,7 @@ from torch import nn
 from edgelin.layers import runs
 from edgelin.layers.mlp import SwiGLU
 from edgelin.layers.norms import RMSNorm
+from edgelin.ops import fused
 from edgelin.ops.lengths import check_lengths
 from edgelin.protocol import select_positions
 from edgelin.runtime.manifest import StateSpec, state_key
@@ -95,7 +96,18 @@ class Block(nn.Module):
             layout = {**layout, **{MLP_STATE + name: entry for name, entry in self.mlp.state_layout().items()}}
         return layout
 
-    def forward(self, x: torch.Tensor, state: State, **run: Any) -> tuple[torch.Tensor, State]:
+    @property
+    def defers_residual(self) -> bool:
+        """Its residual adds can ride in the norm after them (the fused lowering's SkipSimplifiedLayerNormalization):
+        norms before each sublayer only, that take a residual (``RMSNorm``), and no residual scale."""
+        return self.placement == "pre" and self.residual_scale == 1.0 and getattr(self.attn_norm, "takes_residual", False)
+
+    def forward(
+        self, x: torch.Tensor, state: State, *, pending: torch.Tensor | None = None, defer: bool = False, **run: Any,
+    ) -> tuple[Any, State]:
+        """-> (x, state). ``pending`` (only where ``defers_residual``): a branch output not yet added to ``x`` (the
+        stream is x + pending; this block's first norm adds it). ``defer``: return ((x, h), state), the last branch's
+        output h not added (the next block's norm, or the final one, adds it)."""
         embeddings = run.pop("embeddings", None)
         carry = run.pop("carry", None)
         mlp_run = dict(run)
@@ -106,17 +118,24 @@ class Block(nn.Module):
         if self.mlp_stateful:
             mlp_state = {name[len(MLP_STATE):]: value for name, value in state.items() if name.startswith(MLP_STATE)}
             state = {name: value for name, value in state.items() if not name.startswith(MLP_STATE)}
-        h, state = self.attn(x if self.attn_norm is None else self.attn_norm(x), state, **run)
-        x = self._add(x, h, self.attn_post_norm)
+        if pending is None:
+            normed = x if self.attn_norm is None else self.attn_norm(x)
+        else:
+            normed, x = self.attn_norm(x, pending)
+        h, state = self.attn(normed, state, **run)
         if self.mlp is None:
-            return x, state
-        h = x if self.mlp_norm is None else self.mlp_norm(x)
+            return ((x, h) if defer else self._add(x, h, self.attn_post_norm)), state
+        if fused.active() and self.defers_residual:  # the add and the norm after it: one node
+            h, x = self.mlp_norm(x, h)
+        else:
+            x = self._add(x, h, self.attn_post_norm)
+            h = x if self.mlp_norm is None else self.mlp_norm(x)
         if self.mlp_stateful:
             h, mlp_state = self.mlp(h, mlp_state, **mlp_run)
             state = {**state, **{MLP_STATE + name: value for name, value in mlp_state.items()}}
         else:
             h = self.mlp(h)
-        return self._add(x, h, self.mlp_post_norm), state
+        return ((x, h) if defer else self._add(x, h, self.mlp_post_norm)), state
 
 
 class CausalLM(nn.Module):
@@ -206,10 +225,10 @@ class CausalLM(nn.Module):
         return tuple(sorted(common))
 
     # ---- running ----------------------------------------------------------------------------------------
-    def _logits(self, x: torch.Tensor, at: torch.Tensor | None = None) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, at: torch.Tensor | None = None, pending: torch.Tensor | None = None) -> torch.Tensor:
         # the final norm on every row, the head on the asked ones (at [B, P]): a norm is ~D flops a row against the
         # head's D x V, and on every row it stays one node with the last residual add (ONNX Runtime fuses the two)
-        x = self.norm(x)
+        x = self.norm(x) if pending is None else self.norm(x, pending)[0]  # pending: the last block's output, not yet added
         if at is not None:
             x = select_positions(x, at)
         logits = x @ self.embed.weight.T if self.lm_head is None else self.lm_head(x)  # [B, T, vocab]
@@ -254,10 +273,20 @@ class CausalLM(nn.Module):
             x = self.embed_norm(x)
         new_state: State = {}
         run = {"form": form, "chunk_size": self.chunk_size, "lengths": lengths, "embeddings": x, "carry": {}}
+        if self._defers_residual():  # each block's last add rides in the next norm (one fused node each)
+            pending = None
+            for block, keys in zip(self.blocks, self.layer_keys()):
+                (x, pending), layer = block(x, {name: state[key] for name, key in keys.items()}, pending=pending, defer=True, **run)
+                new_state.update({key: layer[name] for name, key in keys.items()})
+            return self._logits(x, logits_at, pending), new_state
         for block, keys in zip(self.blocks, self.layer_keys()):
             x, layer = block(x, {name: state[key] for name, key in keys.items()}, **run)
             new_state.update({key: layer[name] for name, key in keys.items()})
         return self._logits(x, logits_at), new_state
+
+    def _defers_residual(self) -> bool:
+        """Under the fused lowering, when every block and the final norm can take a pending residual (``Block.defers_residual``)."""
+        return fused.active() and all(b.defers_residual for b in self.blocks) and getattr(self.norm, "takes_residual", False)
 
     def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """One token per sequence: input_ids [B, 1] -> logits [B, 1, vocab], the next state."""

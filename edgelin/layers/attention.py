@@ -26,7 +26,9 @@ o * sigmoid(W_g x) before o_proj; ``packed_gate``: W_g's rows inside q_proj, per
 stores them); LFM3's gate per head (``head_gate``: o_h * sigmoid(w_h . x), one gate value per head); q/k norms over
 the whole projection instead of each head (``qk_norm_whole``: OLMo's, an RMSNorm of width H D and H_kv D before
 the heads are split); a bias on o_proj (``o_bias``). Only portable operators (Concat, Slice, MatMul, Softmax,
-Where): the graphs run in every runtime edgelin has.
+Where): the graphs run in every runtime edgelin has. Under the fused lowering (edgelin.ops.fused) a decode step's
+attention is one ``com.microsoft.GroupQueryAttention`` node with this mask rule as its additive bias; the cache
+keeps this layout, so the state contract is the same.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from torch import nn
 
 from edgelin.layers import check_form, register_mixer
 from edgelin.layers.norms import RMSNorm, UnitOffsetRMSNorm
+from edgelin.ops import fused
 from edgelin.state import State
 
 PAST = "past"  # the manifest's symbol for the positions a growing state holds
@@ -177,14 +180,17 @@ class Attention(nn.Module):
         k = self._rope(self._heads(k, o.num_kv_heads, self.k_norm), positions)  # [B, Hkv, T, D]
         v = self._heads(self.v_proj(x) if v is None else v, o.num_kv_heads, None)  # [B, Hkv, T, D]
         past = state["key"].shape[2]
-        keys = torch.cat([state["key"], k], dim=2)  # [B, Hkv, P + T, D]
-        values = torch.cat([state["value"], v], dim=2)  # [B, Hkv, P + T, D]
-        seen = cache_mask(pos, past, T, o.window)  # [B, 1, T, P + T]
-        if form == "naive":
-            y = self._naive(q, keys, values, seen)
+        if form == "step" and fused.active():  # one GroupQueryAttention node (edgelin.ops.fused); T = 1: Reshapes only
+            y, keys, values = fused.group_query_attention(
+                q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1), state["key"], state["value"],
+                cache_mask(pos, past, T, o.window), o.num_heads, o.num_kv_heads, self.scale,
+            )  # [B, T, H D], [B, Hkv, P + T, D] x 2
         else:
-            y = self._grouped(q, keys, values, seen)  # [B, H, T, D]
-        y = y.transpose(1, 2).reshape(B, T, o.num_heads * o.head_dim)  # [B, T, H D]
+            keys = torch.cat([state["key"], k], dim=2)  # [B, Hkv, P + T, D]
+            values = torch.cat([state["value"], v], dim=2)  # [B, Hkv, P + T, D]
+            seen = cache_mask(pos, past, T, o.window)  # [B, 1, T, P + T]
+            y = self._naive(q, keys, values, seen) if form == "naive" else self._grouped(q, keys, values, seen)  # [B, H, T, D]
+            y = y.transpose(1, 2).reshape(B, T, o.num_heads * o.head_dim)  # [B, T, H D]
         if gate is not None and o.head_gate:  # one value per head: [B, T, H] over each head's D features
             y = (y.view(B, T, o.num_heads, o.head_dim) * torch.sigmoid(gate)[..., None]).reshape(B, T, o.num_heads * o.head_dim)
         elif gate is not None:

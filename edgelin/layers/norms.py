@@ -7,17 +7,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edgelin.ops import fused
+
 
 class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * w over the last dim. ``norm(x, residual)`` norms x + residual and returns (the norm,
+    the sum): one SkipSimplifiedLayerNormalization node under the fused lowering (edgelin.ops.fused), the add and the
+    norm otherwise."""
+
+    takes_residual = True  # forward(x, residual) -> (norm of x + residual, x + residual)
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            return self._skip(x, residual)
         # x / sqrt, not x * rsqrt: ONNX Runtime fuses exactly this pattern (Pow, ReduceMean, Add, Sqrt, Div, Mul)
         # into one SimplifiedLayerNormalization node when it loads a graph; the rsqrt form stays 8 nodes
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    def gain(self) -> torch.Tensor:
+        """The factor after the division by the RMS, [dim]."""
+        return self.weight
+
+    def _skip(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if fused.active():
+            return fused.skip_rms_norm(x, residual, self.gain(), self.eps)
+        total = x + residual
+        return self(total), total
 
 
 class UnitOffsetRMSNorm(RMSNorm):
@@ -28,8 +48,13 @@ class UnitOffsetRMSNorm(RMSNorm):
         super().__init__(dim, eps)
         nn.init.zeros_(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            return self._skip(x, residual)
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+    def gain(self) -> torch.Tensor:
+        return 1.0 + self.weight
 
 
 class LayerNorm(nn.Module):

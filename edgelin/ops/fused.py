@@ -8,7 +8,19 @@ translates that operator into one ``com.microsoft.LinearAttention`` node (ONNX R
 onnxruntime-web's WASM backend). Two smaller pieces go the same way: each short causal convolution with a carried
 window (``causal_conv``: ``edgelin::causal_conv`` -> one ``com.microsoft.CausalConvWithState`` node) and softplus
 (``softplus``: ``edgelin::softplus`` -> one ``Softplus`` node, not torch's Softplus + Greater + Where). Everything
-else around them (projections, feature maps, gates, norms) is unchanged.
+else around them (projections, feature maps, gates) is unchanged.
+
+The block around the mixers goes the same way. A residual add and the RMSNorm after it (``x + h``, then
+x / sqrt(mean(x^2) + eps) * w) are one ``com.microsoft.SkipSimplifiedLayerNormalization`` node
+(``skip_rms_norm``: ``edgelin::skip_rms_norm``, the norm and the sum both out), across the block boundary too
+(edgelin.skeleton defers each block's last add to the next norm). A softmax-attention decode step (T = 1) is one
+``com.microsoft.GroupQueryAttention`` node (``group_query_attention``): the cache concatenation, the grouped
+scores, edgelin's mask rule (as the node's additive ``attention_bias``: 0 where a slot is seen, -inf elsewhere,
+so left-padded rows and windows keep their meaning), the softmax and the weighted values; RoPE, the q/k norms and
+the output gate stay outside, and the KV cache keeps the portable layout ([B, H_kv, P, D], right-aligned), so the
+state contract is the portable export's. The node's ``seqlens_k`` is P + T - 1 for every row and its
+``total_sequence_length`` P + T: it reads the whole cache, and the bias masks what a row has not seen. Its prefill
+form (T > 1 with a past) takes batch 1 only in ONNX Runtime, so the prefill graph keeps portable attention.
 
 The operator's recurrence, per head (state [B, H, d_k, d_v], key-major as edgelin's):
 
@@ -144,6 +156,54 @@ def _(x):
     return x.new_empty(x.shape)
 
 
+def _skip_rms_norm_reference(x, skip, weight, eps: float):
+    """s = x + skip; (s / sqrt(mean(s^2) + eps) * weight, s) over the last dim: the portable RMSNorm's arithmetic."""
+    s = x + skip
+    return s / torch.sqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight, s
+
+
+@torch.library.custom_op("edgelin::skip_rms_norm", mutates_args=())
+def skip_rms_norm_op(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    y, s = _skip_rms_norm_reference(x, skip, weight, eps)
+    return y.contiguous(), s.contiguous()
+
+
+@skip_rms_norm_op.register_fake
+def _(x, skip, weight, eps):
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def _gqa_reference(q, k, v, past_key, past_value, bias, heads: int, kv_heads: int, scale: float):
+    """com.microsoft.GroupQueryAttention as edgelin drives it (no rotary, the whole cache read, an additive bias):
+    q [B, T, H D], k, v [B, T, H_kv D], past_key / past_value [B, H_kv, P, D], bias [B, 1, T, P + T] ->
+    (o [B, T, H D], present_key, present_value [B, H_kv, P + T, D]); query head h reads key/value head h // (H / H_kv)."""
+    B, T, _ = q.shape
+    D = past_key.shape[3]
+    keys = torch.cat([past_key, k.view(B, T, kv_heads, D).transpose(1, 2)], dim=2)  # [B, H_kv, P + T, D]
+    values = torch.cat([past_value, v.view(B, T, kv_heads, D).transpose(1, 2)], dim=2)
+    G = heads // kv_heads
+    qh = q.view(B, T, kv_heads, G, D).permute(0, 2, 3, 1, 4)  # [B, H_kv, G, T, D]
+    scores = (qh @ keys[:, :, None].transpose(3, 4)) * scale + bias[:, :, None]  # [B, H_kv, G, T, P + T]
+    o = torch.softmax(scores, dim=-1) @ values[:, :, None]  # [B, H_kv, G, T, D]
+    return o.permute(0, 3, 1, 2, 4).reshape(B, T, heads * D), keys, values
+
+
+@torch.library.custom_op("edgelin::group_query_attention", mutates_args=())
+def group_query_attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor, bias: torch.Tensor,
+    heads: int, kv_heads: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    o, keys, values = _gqa_reference(q, k, v, past_key, past_value, bias, heads, kv_heads, scale)
+    return o.contiguous(), keys.contiguous(), values.contiguous()
+
+
+@group_query_attention_op.register_fake
+def _(q, k, v, past_key, past_value, bias, heads, kv_heads, scale):
+    B, T, _ = q.shape
+    size = (B, past_key.shape[1], past_key.shape[2] + T, past_key.shape[3])
+    return q.new_empty(q.shape), past_key.new_empty(size), past_value.new_empty(size)
+
+
 def _schema() -> None:
     """Declare the contrib operators to onnx (once per process), so that the exporter's onnxscript can emit them
     and onnx.checker can check them: the inputs, outputs and attributes edgelin uses."""
@@ -175,9 +235,36 @@ def _schema() -> None:
             attributes=attributes(("channels_last", OpSchema.AttrType.INT), ("activation", OpSchema.AttrType.STRING)),
         ))
 
+    if not onnx.defs.has("SkipSimplifiedLayerNormalization", MS_DOMAIN):
+        onnx.defs.register_schema(OpSchema(
+            "SkipSimplifiedLayerNormalization", MS_DOMAIN, 1,
+            inputs=[param("input", "T"), param("skip", "T"), param("gamma", "T"), param("bias", "T", param_option=optional)],
+            outputs=[param("output", "T"), param("mean", "U", param_option=optional), param("inv_std_var", "U", param_option=optional),
+                     param("input_skip_bias_sum", "T", param_option=optional)],
+            type_constraints=[*floats, ("U", ["tensor(float)"], "statistics")],
+            attributes=attributes(("epsilon", OpSchema.AttrType.FLOAT)),
+        ))
+    if not onnx.defs.has("GroupQueryAttention", MS_DOMAIN):
+        ints = ("M", ["tensor(int32)"], "lengths")
+        onnx.defs.register_schema(OpSchema(
+            "GroupQueryAttention", MS_DOMAIN, 1,
+            inputs=[param("query", "T"), param("key", "T", param_option=optional), param("value", "T", param_option=optional),
+                    param("past_key", "T", param_option=optional), param("past_value", "T", param_option=optional),
+                    param("seqlens_k", "M"), param("total_sequence_length", "M"), param("cos_cache", "T", param_option=optional),
+                    param("sin_cache", "T", param_option=optional), param("position_ids", "P", param_option=optional),
+                    param("attention_bias", "T", param_option=optional)],
+            outputs=[param("output", "T"), param("present_key", "T"), param("present_value", "T")],
+            type_constraints=[*floats, ints, ("P", ["tensor(int64)"], "positions")],
+            attributes=attributes(("num_heads", OpSchema.AttrType.INT), ("kv_num_heads", OpSchema.AttrType.INT),
+                                  ("scale", OpSchema.AttrType.FLOAT), ("do_rotary", OpSchema.AttrType.INT),
+                                  ("rotary_interleaved", OpSchema.AttrType.INT), ("local_window_size", OpSchema.AttrType.INT),
+                                  ("softcap", OpSchema.AttrType.FLOAT), ("smooth_softmax", OpSchema.AttrType.INT)),
+        ))
+
 
 def translation_table() -> dict:
     """torch.onnx's ``custom_translation_table``: edgelin's operators -> their ONNX Runtime nodes."""
+    import onnx
     import onnxscript
     from onnxscript import opset18 as op
 
@@ -195,9 +282,22 @@ def translation_table() -> dict:
     def softplus(x):
         return op.Softplus(x)
 
+    def skip_rms_norm(x, skip, weight, eps: float):
+        y, _, _, s = ms.SkipSimplifiedLayerNormalization(x, skip, weight, epsilon=eps, _outputs=4)
+        return y, s
+
+    def group_query_attention(q, k, v, past_key, past_value, bias, heads: int, kv_heads: int, scale: float):
+        total = op.Add(op.Shape(past_key, start=2, end=3), op.Shape(q, start=1, end=2))  # [1] int64: P + T
+        seqlens = op.Expand(op.Sub(total, op.Constant(value_ints=[1])), op.Shape(q, start=0, end=1))  # [B]: P + T - 1
+        int32 = onnx.TensorProto.INT32
+        return ms.GroupQueryAttention(q, k, v, past_key, past_value, op.Cast(seqlens, to=int32), op.Cast(op.Squeeze(total), to=int32),
+                                      None, None, None, bias, num_heads=heads, kv_num_heads=kv_heads, scale=scale, _outputs=3)
+
     return {torch.ops.edgelin.linear_attention.default: linear_attention,
             torch.ops.edgelin.causal_conv.default: causal_conv,
-            torch.ops.edgelin.softplus.default: softplus}
+            torch.ops.edgelin.softplus.default: softplus,
+            torch.ops.edgelin.skip_rms_norm.default: skip_rms_norm,
+            torch.ops.edgelin.group_query_attention.default: group_query_attention}
 
 
 # ---- the forms' fused path ---------------------------------------------------------------------------
@@ -263,5 +363,21 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return causal_conv_op(x, weight, bias, past, channels_last, silu)
 
 
-__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "fused_additive", "linear_attention_op", "lowering", "softplus",
-           "softplus_op", "translation_table"]
+def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x + skip and the RMSNorm of it, (norm [.., d], sum [.., d]), through one SkipSimplifiedLayerNormalization node;
+    the caller checks ``active()``."""
+    return skip_rms_norm_op(x, skip, weight, eps)
+
+
+def group_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
+                          seen: torch.Tensor, heads: int, kv_heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Softmax attention over the cache through one GroupQueryAttention node: q [B, T, H D], k, v [B, T, H_kv D] (RoPE
+    and norms applied), past_key / past_value [B, H_kv, P, D], seen [B, 1, T, P + T] bool (edgelin's mask rule) ->
+    (o [B, T, H D], keys, values [B, H_kv, P + T, D]). The caller checks ``active()`` and a batch-wide T of 1."""
+    bias = torch.where(seen, 0.0, float("-inf")).to(q.dtype)  # [B, 1, T, P + T]
+    return group_query_attention_op(q, k, v, past_key, past_value, bias, heads, kv_heads, scale)
+
+
+__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "fused_additive",
+           "group_query_attention", "group_query_attention_op", "linear_attention_op", "lowering", "skip_rms_norm", "skip_rms_norm_op",
+           "softplus", "softplus_op", "translation_table"]
