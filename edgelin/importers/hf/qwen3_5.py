@@ -2,15 +2,9 @@
 model; the vision tower is left out): their configs read onto Qwen's hybrid (edgelin.importers.hf.qwen_hybrid has
 the layers and the math); and their mixture-of-experts kind, ``qwen3_5_moe_text`` (``load_moe_text``:
 Qwen3_5MoeForCausalLM) and ``qwen3_5_moe`` (``load_moe``: Qwen3_5MoeForConditionalGeneration, its text model), Qwen3.5's
-hybrid with, as transformers 5.x computes it, every block's MLP a mixture of experts (edgelin.layers.moe):
-
-- router logits l = gate x (no bias), scores softmax(l); the top ``num_experts_per_tok`` chosen, their scores
-  divided by their sum (always: Qwen3.5-MoE's router renormalises with no epsilon and no scaling)
-- each expert a SwiGLU of width ``moe_intermediate_size`` (gate_proj, up_proj, down_proj)
-- a shared expert, a SwiGLU of width ``shared_expert_intermediate_size``, times sigmoid(shared_expert_gate x),
-  added to the experts' sum
-- the experts' weights per expert (``mlp.experts.{e}.gate_proj`` ..., what save_pretrained writes) or in transformers'
-  in-memory layout (``mlp.experts.gate_up_proj`` [E, 2I, D], ``mlp.experts.down_proj`` [E, D, I])
+hybrid with, as transformers 5.x computes it, every block's MLP a mixture of experts (edgelin.layers.moe; the rules in
+edgelin.importers.hf.qwen_hybrid's ``read_moe``, shared with Qwen3-Next): its chosen scores always divided by their sum
+(Qwen3.5-MoE's router renormalises with no epsilon and no scaling).
 """
 
 from __future__ import annotations
@@ -21,9 +15,9 @@ from typing import Any
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf.qwen_hybrid import LEFT_OUT, TEXT_FIELDS, build
-from edgelin.importers.weights import ExpertSplit, load_checkpoint_weights
-from edgelin.layers.moe import MoE, MoEOptions
+from edgelin.importers.hf.qwen_hybrid import LEFT_OUT, MOE_RENAMES, TEXT_FIELDS, build, read_moe
+from edgelin.importers.weights import load_checkpoint_weights
+from edgelin.layers.moe import MoE
 from edgelin.skeleton import CausalLM
 
 
@@ -95,26 +89,12 @@ MOE_FIELDS: dict[str, Any] = {  # Qwen3_5MoeTextConfig's fields and defaults (tr
     "output_router_logits": False,  # training only: the router logits returned for an auxiliary loss
     "router_aux_loss_coef": 0.001,  # training only: that loss's weight
 }
-MOE_RENAMES = (  # before Qwen3.5's: the router (``gate``), the shared expert and its gate, each expert's SwiGLU
-    (".mlp.gate.", ".mlp.router."), (".mlp.shared_expert_gate.", ".mlp.shared_gate."), (".mlp.shared_expert.", ".mlp.shared."),
-    (".gate_proj.", ".gate."), (".up_proj.", ".up."), (".down_proj.", ".down."),
-)
 
 
 def moe(f: Fields) -> dict[str, Any]:
-    """``build``'s MLP arguments from the checked text config (every block's MLP the mixture of experts), and the
-    weights loader's splits of the experts' in-memory layout."""
-    hidden, experts, k = f.integer("hidden_size"), f.integer("num_experts"), f.integer("num_experts_per_tok")
-    if k > experts:
-        raise f.fail("num_experts_per_tok", f"must be at most num_experts ({experts}), got {k}")
-    f.flag("output_router_logits")
-    f.get("router_aux_loss_coef")
-    options = MoEOptions(
-        d_model=hidden, num_experts=experts, top_k=k, expert_hidden=f.integer("moe_intermediate_size"), scoring="softmax",
-        renormalise=True, shared_hidden=f.integer("shared_expert_intermediate_size"), shared_gate=True,
-    )
-    splits = (ExpertSplit("experts.gate_up_proj", ("gate_proj.weight", "up_proj.weight"), experts),  # gate rows, then up
-              ExpertSplit("experts.down_proj", ("down_proj.weight",), experts))
+    """``build``'s MLP arguments from the checked text config (every block's MLP the mixture of experts, its chosen
+    scores always renormalised), and the weights loader's splits of the experts' in-memory layout."""
+    options, splits = read_moe(f, renormalise=True)
     return {"mlp": lambda i: (lambda sizes: MoE(options)), "mlp_hidden": options.expert_hidden, "renames": MOE_RENAMES, "splits": splits}
 
 

@@ -1,5 +1,6 @@
 """Qwen's hybrid text model read onto the skeleton, as transformers 5.x computes it: Qwen3.5's (``qwen3_5``,
-``qwen3_5_text``) and Qwen3-Next's (``qwen3_next``, dense) importers build it from their configs:
+``qwen3_5_text``, ``qwen3_5_moe``, ``qwen3_5_moe_text``) and Qwen3-Next's (``qwen3_next``) importers build it from their
+configs:
 
 - blocks: x + mixer(norm(x)), then + SwiGLU(norm(.)); every RMSNorm of the stack (the blocks', the final one and
   the attention's q/k norms) is zero-centred, x / rms(x) * (1 + w) (``UnitOffsetRMSNorm``)
@@ -12,6 +13,13 @@
   zero-centred q/k norms before RoPE, RoPE by halves on the first head_dim * partial_rotary_factor features,
   scale head_dim^-0.5, grouped heads, o * sigmoid(gate) before o_proj. For text, Qwen3.5's multimodal RoPE
   (interleaved sections over three position rows that are equal for text tokens) is exactly 1-D RoPE.
+- mixture-of-experts MLPs (``read_moe``; Qwen3.5-MoE's everywhere, Qwen3-Next's where its config says): router
+  logits l = gate x (no bias), scores softmax(l), the top ``num_experts_per_tok`` chosen, their scores divided by
+  their sum where the family renormalises (no epsilon, no scaling); each expert a SwiGLU of width
+  ``moe_intermediate_size``; a shared SwiGLU of width ``shared_expert_intermediate_size`` times
+  sigmoid(shared_expert_gate x) added to the experts' sum. The experts' weights per expert
+  (``mlp.experts.{e}.gate_proj`` ..., what save_pretrained writes) or stacked as transformers holds them in memory
+  (``mlp.experts.gate_up_proj`` [E, 2I, D], ``mlp.experts.down_proj`` [E, D, I]).
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from edgelin.layers import LayerSizes
 from edgelin.layers.delta import DeltaOptions, FlaDeltaAttention
 from edgelin.layers.mlp import SwiGLU
 from edgelin.importers.hf import declare_context, read_rope
-from edgelin.importers.weights import Renamer
+from edgelin.importers.weights import ExpertSplit, Renamer
+from edgelin.layers.moe import MoEOptions
 from edgelin.protocol import DEFAULT_CHUNK
 from edgelin.skeleton import CausalLM
 from edgelin.layers.norms import UnitOffsetRMSNorm
@@ -50,6 +59,29 @@ LEFT_OUT = ("model.visual.", "mtp.")  # the vision tower; the multi-token-predic
 
 
 LAYER_KINDS = ("linear_attention", "full_attention")
+
+
+MOE_RENAMES = (  # before the others: the router (``gate``), the shared expert and its gate, each expert's SwiGLU
+    (".mlp.gate.", ".mlp.router."), (".mlp.shared_expert_gate.", ".mlp.shared_gate."), (".mlp.shared_expert.", ".mlp.shared."),
+    (".gate_proj.", ".gate."), (".up_proj.", ".up."), (".down_proj.", ".down."),
+)
+
+
+def read_moe(f: Fields, *, renormalise: bool = True) -> tuple[MoEOptions, tuple[ExpertSplit, ExpertSplit]]:
+    """The mixture-of-experts MLP of the checked text config (the module docstring; ``renormalise``: the chosen
+    scores divided by their sum), and the weights loader's splits of the experts' stacked layout."""
+    hidden, experts, k = f.integer("hidden_size"), f.integer("num_experts"), f.integer("num_experts_per_tok")
+    if k > experts:
+        raise f.fail("num_experts_per_tok", f"must be at most num_experts ({experts}), got {k}")
+    f.flag("output_router_logits")
+    f.get("router_aux_loss_coef")
+    options = MoEOptions(
+        d_model=hidden, num_experts=experts, top_k=k, expert_hidden=f.integer("moe_intermediate_size"), scoring="softmax",
+        renormalise=renormalise, shared_hidden=f.integer("shared_expert_intermediate_size"), shared_gate=True,
+    )
+    splits = (ExpertSplit("experts.gate_up_proj", ("gate_proj.weight", "up_proj.weight"), experts),  # gate rows, then up
+              ExpertSplit("experts.down_proj", ("down_proj.weight",), experts))
+    return options, splits
 
 
 def read_layer_types(f: Fields, n_layers: int) -> list[str]:
@@ -122,4 +154,4 @@ def build(f: Fields, *, tie: bool | None = None, source: dict[str, Any], family:
     return make, Renamer(pairs)
 
 
-__all__ = ["LAYER_KINDS", "LEFT_OUT", "TEXT_FIELDS", "build", "read_layer_types"]
+__all__ = ["LAYER_KINDS", "LEFT_OUT", "MOE_RENAMES", "TEXT_FIELDS", "build", "read_layer_types", "read_moe"]
