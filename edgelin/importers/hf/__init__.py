@@ -4,7 +4,7 @@ One module per ``model_type``; each reads its config with the shared field frame
 builds ``edgelin.skeleton.CausalLM`` from the registered mixer kinds, and loads the weights with the shared
 matching (edgelin.importers.weights); what several families read alike is here (RoPE, attention heads, the
 declared context, the Mamba2 layer of Mamba2 and its hybrids). Families: ``qwen3_5`` (Qwen3.5's text model, also from the vision-language
-checkpoint) in ``edgelin.importers.hf.qwen3_5``, ``qwen3_next`` (its dense models, the fused projections unpacked
+checkpoint) in ``edgelin.importers.hf.qwen3_5``, ``qwen3_next`` (dense or with experts, the fused projections unpacked
 at load time) in ``edgelin.importers.hf.qwen3_next``, ``lfm2`` (LFM2 and LFM2.5: gated short convs and attention) in
 ``edgelin.importers.hf.lfm2``. docs/importers.md lists every config field each reads.
 """

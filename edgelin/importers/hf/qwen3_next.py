@@ -1,4 +1,4 @@
-"""transformers' ``qwen3_next`` (Qwen3NextForCausalLM) with dense MLPs, on the skeleton.
+"""transformers' ``qwen3_next`` (Qwen3NextForCausalLM), dense or with mixture-of-experts MLPs, on the skeleton.
 
 Qwen3-Next is the model Qwen3.5's text stack came from: the same blocks (zero-centred RMSNorms, Gated DeltaNet
 layers with grouped value heads and a gated output norm, gated softmax attention with partial RoPE; see
@@ -11,9 +11,13 @@ checkpoint's layout: each Gated DeltaNet layer projects with two fused matrices 
 which edgelin reads as Qwen3.5's ``in_proj_qkv`` ([all q | all k | all v]), ``in_proj_z``, ``in_proj_b`` and
 ``in_proj_a`` (a row permutation at load time: the graphs are Qwen3.5's, nothing is reshuffled per token).
 
-Mixture-of-experts layers are refused: a layer i is one when ``num_experts`` > 0, i is not in ``mlp_only_layers``
-and (i + 1) is a multiple of ``decoder_sparse_step`` (transformers' rule). A dense checkpoint sets ``num_experts``
-to 0 (or lists every layer in ``mlp_only_layers``); its other expert fields are then not read.
+A layer's MLP is a mixture of experts (edgelin.layers.moe, the rules in qwen_hybrid's ``read_moe``: softmax router,
+top ``num_experts_per_tok``, a gated shared expert) when ``num_experts`` > 0, its index i is not in ``mlp_only_layers``
+and (i + 1) is a multiple of ``decoder_sparse_step`` (transformers' rule, Qwen3NextDecoderLayer); every other layer's
+MLP is a dense SwiGLU of width ``intermediate_size``. The chosen scores are divided by their sum when
+``norm_topk_prob`` (the default; no epsilon, no scaling), kept as softmax probabilities otherwise. Without a sparse
+layer the expert fields are not read. Released checkpoints store the experts per expert (``mlp.experts.{e}.gate_proj``
+...); the stacked layout transformers holds in memory is read too.
 """
 
 from __future__ import annotations
@@ -24,18 +28,21 @@ from typing import Any
 from edgelin.checkpoint import open_checkpoint
 from edgelin.importers import CONFIG_FILE
 from edgelin.importers.fields import Fields, check_fields
-from edgelin.importers.hf.qwen_hybrid import LEFT_OUT, TEXT_FIELDS, build
+from edgelin.importers.hf.qwen_hybrid import LEFT_OUT, MOE_RENAMES, TEXT_FIELDS, build, read_moe
 from edgelin.importers.weights import RowSplit, load_checkpoint_weights
+from edgelin.layers.mlp import SwiGLU
+from edgelin.layers.moe import MoE
 from edgelin.skeleton import CausalLM
 
 FIELDS: dict[str, Any] = {  # Qwen3NextConfig's fields and defaults (transformers 5.x); the rest as Qwen3.5's
     **TEXT_FIELDS,
     "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 48,
     "num_key_value_heads": 2,
-    # the experts: read only to find which layers are mixture-of-experts (refused); without any, not read
+    # the experts: which layers have them, and their sizes and routing (not read without a sparse layer)
     "num_experts": 512, "decoder_sparse_step": 1, "mlp_only_layers": None, "num_experts_per_tok": 10,
     "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "norm_topk_prob": True,
-    "output_router_logits": False, "router_aux_loss_coef": 0.001,
+    "output_router_logits": False,  # training only: the router logits returned for an auxiliary loss
+    "router_aux_loss_coef": 0.001,  # training only: that loss's weight
 }
 FAMILY = "hf/qwen3_next"
 
@@ -78,17 +85,18 @@ def fused_splits(f: Fields) -> tuple[RowSplit, RowSplit]:
 
 
 def load(path: str | Path) -> CausalLM:
-    """A ``qwen3_next`` checkpoint folder (Qwen3NextForCausalLM) whose MLPs are all dense."""
+    """A ``qwen3_next`` checkpoint folder (Qwen3NextForCausalLM): dense MLPs, or mixture-of-experts ones where
+    ``moe_layers`` says."""
     ckpt = open_checkpoint(path)  # the folder read once (a Checkpoint passed in is not read again)
     source = ckpt.config
     f = check_fields(source, defaults=FIELDS, refused={}, importer=FAMILY, where=ckpt.path / CONFIG_FILE)
-    sparse = moe_layers(f, f.integer("num_hidden_layers"))
+    sparse = set(moe_layers(f, f.integer("num_hidden_layers")))
+    options, experts = {}, ()
     if sparse:
-        listed = ", ".join(map(str, sparse[:6])) + (f" (+{len(sparse) - 6} more)" if len(sparse) > 6 else "")
-        raise f.unsupported("num_experts", f"is {f.get('num_experts')}: layers {listed} are mixture-of-experts blocks, which edgelin "
-                     "does not export (dense MLPs only: num_experts 0, or every layer in mlp_only_layers)")
-    make, rename = build(f, source=source, family=FAMILY)
-    return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT, splits=fused_splits(f))
+        moe, experts = read_moe(f, renormalise=f.flag("norm_topk_prob"))
+        options = {"mlp": lambda i: (lambda sizes: MoE(moe)) if i in sparse else SwiGLU, "renames": MOE_RENAMES}
+    make, rename = build(f, source=source, family=FAMILY, **options)
+    return load_checkpoint_weights(ckpt, make, rename, left_out=LEFT_OUT, splits=fused_splits(f) + experts)
 
 
 __all__ = ["FIELDS", "fused_splits", "group_rows", "load", "moe_layers"]
