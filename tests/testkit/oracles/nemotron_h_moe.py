@@ -20,4 +20,4 @@ def perturb(model, gen) -> None:
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
     for name, b in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
-            b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+            b.copy_(0.6 * torch.randn(b.shape, generator=gen))
