@@ -55,10 +55,14 @@ GGUF = {"fp32": "F32", "int8": "Q8_0", "int4": "Q4_0"}  # edgelin precision -> t
 # Qwen3.5 as its released checkpoints are (Qwen3_5ForConditionalGeneration, the text model nested beside a vision config):
 # genai's builder reads only that form. A one-block vision tower keeps the folder small; both tools leave it out.
 _TINY_VISION = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 1024}
+# with the released config's multimodal rotary sections (text positions: the same in every section, plain RoPE for edgelin):
+# without them genai's graph takes 3-D position ids its RotaryEmbedding refuses
+_QWEN_TEXT = {**PUBLISHED["qwen3.5-0.8b"][1], "rope_parameters": {**PUBLISHED["qwen3.5-0.8b"][1]["rope_parameters"],
+                                                                 "mrope_section": [11, 11, 10], "mrope_interleaved": True}}
 MODELS: dict[str, tuple[str, dict[str, Any], str]] = {  # name -> (model_type, config, transformers Auto class)
     "lfm2-350m": (*PUBLISHED["lfm2-350m"], "AutoModelForCausalLM"),
-    "qwen3.5-0.8b": ("qwen3_5", {"text_config": PUBLISHED["qwen3.5-0.8b"][1], "vision_config": _TINY_VISION,
-                                 "tie_word_embeddings": True}, "AutoModelForImageTextToText"),
+    "qwen3.5-0.8b": ("qwen3_5", {"text_config": _QWEN_TEXT, "vision_config": _TINY_VISION, "tie_word_embeddings": True},
+                     "AutoModelForImageTextToText"),
     "lfm2-tiny": ("lfm2", {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
                            "num_attention_heads": 4, "num_key_value_heads": 2, "layer_types": ["conv", "conv", "full_attention", "conv"],
                            "tie_word_embeddings": True}, "AutoModelForCausalLM"),  # the quick plan's; tied, as LFM2's published
@@ -275,7 +279,8 @@ load_s = time.perf_counter() - t
 
 def run(steps):
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + steps + 1, do_sample=False)
+    # min_length = max_length: no end-of-sequence stop before the last step (random weights may pick that token)
+    params.set_search_options(max_length=len(prompt) + steps + 1, min_length=len(prompt) + steps + 1, do_sample=False)
     gen = og.Generator(model, params)
     t = time.perf_counter()
     gen.append_tokens(prompt)
