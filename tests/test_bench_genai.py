@@ -77,16 +77,18 @@ def test_the_plan_says_what_runs_in_which_order():
     assert "one 512-token call" in lines[0] and "64 greedy steps" in lines[0] and len(lines) == 1 + len(rounds)
 
 
-@pytest.fixture
-def canned(monkeypatch, tmp_path):
+def run_canned(monkeypatch, tmp_path, llama=None):
     """The section run on the fake venv, with canned measurements: edgelin decodes 20 / 24 tokens/s (portable / fused)
-    against genai's 25, prefills 400 against 320; the processes' order is kept in ``calls``."""
+    against genai's 25, prefills 400 against 320; the processes' order is kept in ``calls``. ``llama``: a fake
+    llama-bench, with llama.cpp's conversion faked."""
+    from edgelin.bench import llamacpp
+
     calls = []
     speeds = {"genai": (25.0, 320.0), "portable": (20.0, 400.0), "fused": (24.0, 400.0)}
 
     def measure(cmd, what):
         spec = json.loads(cmd[-1])
-        who = "genai" if "GENAI" in what or "genai's" in what else Path(spec["folder"]).name.rsplit("-", 1)[1]
+        who = "genai" if "genai's" in what else Path(spec["folder"]).name.rsplit("-", 1)[1]
         calls.append((who, Path(spec["folder"]).name, spec["threads"]))
         decode, prefill = speeds[who]
         ids = list(range(spec["decode"])) if who != "fused" else [0, 1, 99] + list(range(3, spec["decode"]))
@@ -99,14 +101,28 @@ def canned(monkeypatch, tmp_path):
         (out / "edgelin.json").write_text("{}")
         return {"options": {**genai.EXPORT_OPTIONS[precision], "ops": ops}, "check": "passed", "export_s": 1.0}
 
+    def gguf(src, ckpt, out, kinds):
+        for k in kinds:
+            (out / f"{k}.gguf").write_bytes(b"\0" * 2000)
+        return {k: out / f"{k}.gguf" for k in kinds}
+
     monkeypatch.setattr(genai, "measure_process", measure)
     monkeypatch.setattr(genai, "edgelin_export", export)
     monkeypatch.setattr(genai, "count_nodes", lambda py, graph: {"exported": 80, "as_run": 64 if graph.name == "model.onnx" else 160})
     monkeypatch.delenv("EDGELIN_LLAMA_CPP", raising=False)
+    if llama is not None:
+        monkeypatch.setattr(llamacpp, "find_llama_cpp", lambda: (tmp_path, ""))
+        monkeypatch.setattr(llamacpp, "binaries", lambda src: {"llama-bench": llama})
+        monkeypatch.setattr(llamacpp, "to_gguf", gguf)
     said = []
     part = genai.genai_section(QUICK, 1, said.append, venv=fake_venv(tmp_path / "venv"), cache_dir=tmp_path / "cache",
                                ops=("portable", "fused"), record_dir=tmp_path / "records", build=fake_build)
     return part, calls, said, tmp_path
+
+
+@pytest.fixture
+def canned(monkeypatch, tmp_path):
+    return run_canned(monkeypatch, tmp_path)
 
 
 def test_the_rounds_interleave_each_contender_in_its_own_process(canned):
@@ -214,3 +230,16 @@ def test_llama_benchs_repack_crash_is_detected_and_said(tmp_path):
 def test_genai_options_without_the_section_are_refused(tmp_path):
     result = CliRunner().invoke(bench, ["--genai-model", "lfm2-350m", "--no-plots", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "--genai-model: options of the genai section; add --section genai" in result.output
+
+
+def test_llama_cpps_rows_stand_beside_them_saying_which_path_ran(monkeypatch, tmp_path):
+    exe = tmp_path / "llama-bench"
+    exe.write_text(LLAMA_BENCH.replace('"n_prompt": 64', f'"n_prompt": {QUICK.genai_prompt}').replace('"n_gen": 8', f'"n_gen": {QUICK.genai_decode}'))
+    exe.chmod(0o755)
+    part, calls, _, _ = run_canned(monkeypatch, tmp_path, llama=exe)
+    rows = {(r["precision"], r["contender"]): r for r in part["models"]["lfm2-tiny"]["rows"]}
+    q4 = rows["int4", "llama.cpp Q4_0"]
+    assert q4["decode_tokens_per_s"] == 40.0 and q4["decode_over_genai"] == pytest.approx(40 / 25) and q4["weight_bytes"] == 2000
+    assert q4["llama_cpp_path"]["ran"] == "repacking off" and "signal 11" in q4["llama_cpp_path"]["why"]
+    assert ("fp32", "llama.cpp F32") in rows and part["llama_cpp"]["status"] == "ok"
+    assert any("[repacking off: the default (repacked) path was killed by signal 11" in x for x in genai_lines(part))

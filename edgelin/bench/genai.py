@@ -540,7 +540,11 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
         if src is not None:
             kinds = tuple(dict.fromkeys(GGUF[p] for p in precisions if p in GGUF))
             say(f"genai: {name}: GGUF {'/'.join(kinds)} with llama.cpp's converter ...")
-            ggufs = to_gguf(src, ckpt, fresh(work / "gguf"), kinds)
+            try:
+                ggufs = to_gguf(src, ckpt, fresh(work / "gguf"), kinds)
+            except BenchError as exc:  # the other contenders go on without llama.cpp's rows
+                entry["llama_cpp_failed"] = str(exc)
+                say(f"    llama.cpp: {exc}")
             entry["exports"].update({f"llama.cpp {k}": {"folder": str(g.parent), "files": {g.name: g.stat().st_size}} for k, g in ggufs.items()})
         say(f"genai: {name}: decode nodes per layer as run ...")
         nodes = {}
@@ -555,7 +559,7 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
         llama_paths: dict[str, dict[str, str]] = {}
         for p in precisions:
             for T in thread_counts:
-                names_now = contenders(p, ops, src is not None)
+                names_now = contenders(p, ops, bool(ggufs))
                 say(f"genai: {name} {p}, {T} thread(s): {plan.genai_rounds} round(s) of {', '.join(names_now)}, each in its own process ...")
                 got: dict[str, list[dict[str, Any]]] = {c: [] for c in names_now}
                 for r in range(plan.genai_rounds):

@@ -413,6 +413,8 @@ def genai_lines(x: dict) -> list[str]:
         for e, info in m.get("exports", {}).items():
             if info.get("check") not in (None, "passed"):
                 lines.append(f"    {e}: export check {info['check']}")
+        if m.get("llama_cpp_failed"):
+            lines.append(f"    llama.cpp: {m['llama_cpp_failed']}")
         for f in m.get("failed", []):
             lines.append(f"    failed: {f['precision']} {f['threads']} thread(s) {f['contender']} round {f['round'] + 1}: {f['reason']}")
     ll = x.get("llama_cpp") or {}
