@@ -59,7 +59,8 @@ def load_checkpoint(path: "str | Path | Checkpoint") -> LinearLM:
     except ConfigError as exc:
         raise CheckpointError(f"{path / CONFIG_FILE}: {exc}") from None
     # the config is checked against the weights file's header before any memory is spent on either
-    problems = shape_problems(expected_shapes(lambda: LinearLM(cfg), cfg), header_shapes(path / WEIGHTS_FILE))
+    headers = header_shapes if streaming.active() is None else streaming.header_shapes  # the latter maps nothing
+    problems = shape_problems(expected_shapes(lambda: LinearLM(cfg), cfg), headers(path / WEIGHTS_FILE))
     if problems:
         raise CheckpointError(f"{path}: weights do not match {CONFIG_FILE}: {'; '.join(problems)}")
     if streaming.active() is not None:  # mapped from a scratch file, one tensor read at a time (edgelin.streaming)

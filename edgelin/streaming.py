@@ -19,6 +19,7 @@ as the export runs.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Callable, Iterator
@@ -66,6 +67,77 @@ def parameters_on_meta() -> Iterator[None]:
         yield
     finally:
         nn.Module.register_parameter = register
+
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+MAX_HEADER = 100 << 20  # bytes: safetensors' own bound on a header
+
+
+class SafetensorsReader:
+    """One safetensors file read a tensor at a time with plain reads into a tensor of its own: no mapping of the file
+    (safetensors' reader maps the whole file copy-on-write for torch, which a data limit such as ``RLIMIT_DATA``
+    counts as the file's size). ``get_tensor(name)`` as ``safetensors.safe_open``'s; ValueError for a file that is
+    not one."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.file = open(self.path, "rb")
+        try:
+            head = self.file.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= MAX_HEADER:
+                raise ValueError("its header length is not that of a safetensors file")
+            header = json.loads(self.file.read(n).decode("utf-8"))
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
+        except (ValueError, UnicodeDecodeError):
+            self.file.close()
+            raise
+        header.pop("__metadata__", None)
+        self.start, self.header = 8 + n, header
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        try:
+            info = self.header[name]
+            dtype, shape, (begin, end) = SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"its header does not describe tensor {name} (dtype, shape, data_offsets)") from None
+        out = torch.empty(shape, dtype=dtype)
+        nbytes = out.numel() * out.element_size()
+        if end - begin != nbytes:
+            raise ValueError(f"tensor {name} holds {end - begin} bytes, its dtype and shape say {nbytes}")
+        self.file.seek(self.start + begin)
+        if nbytes and self.file.readinto(memoryview(out.view(-1).view(torch.uint8).numpy())) != nbytes:
+            raise ValueError(f"the file ends inside tensor {name}")
+        return out
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "SafetensorsReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def header_shapes(file: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from a safetensors file's header, read with ``SafetensorsReader`` (no mapping of the file);
+    CheckpointError for a file that is not one."""
+    from edgelin.errors import CheckpointError
+
+    try:
+        with SafetensorsReader(file) as reader:
+            return {name: tuple(info["shape"]) for name, info in reader.header.items()}
+    except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
 
 
 def tied_slots(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
@@ -125,9 +197,17 @@ def meta_parameters(model: nn.Module) -> list[str]:
 
 
 def build_mapped(build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()``'s model with its parameters on the meta device and its buffers real (``parameters_on_meta``)."""
-    with parameters_on_meta():
+    """``build()``'s model with its parameters on the meta device and its buffers real (``parameters_on_meta``); a
+    model whose construction computes from its parameters (a buffer made from random features) cannot be built so:
+    it is built as usual, its parameters in memory until ``map_parameters`` replaces them."""
+    try:
+        with parameters_on_meta():
+            model = build()
+    except (RuntimeError, NotImplementedError):
         return build()
+    if any(b.device.type == "meta" for b in model.buffers()):
+        return build()
+    return model
 
 
-__all__ = ["SCRATCH_FILE", "active", "build_mapped", "map_parameters", "mapped_weights", "meta_parameters", "parameters_on_meta", "tied_slots"]
+__all__ = ["SCRATCH_FILE", "SafetensorsReader", "header_shapes", "active", "build_mapped", "map_parameters", "mapped_weights", "meta_parameters", "parameters_on_meta", "tied_slots"]

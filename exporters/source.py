@@ -9,7 +9,8 @@ from edgelin import protocol
 from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256
 from edgelin.errors import ExportError
 from edgelin.runtime.memory import available_memory
-from edgelin.safety import check_finite_weights, header_shapes
+from edgelin.safety import check_finite_weights
+from edgelin.streaming import header_shapes
 
 
 def resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, str]:

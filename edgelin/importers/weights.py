@@ -197,6 +197,9 @@ def load_checkpoint_weights(
         return build().eval()
 
     files = list(path.files) if isinstance(path, Checkpoint) else weight_files(path)
+    scratch = streaming.active()  # inside edgelin.streaming.mapped_weights: parameters mapped from a scratch file
+    if scratch is not None:  # headers and tensors read without mapping the files (edgelin.streaming.SafetensorsReader)
+        header_shapes = streaming.header_shapes
     path = Path(path)
     found: dict[str, tuple[int, ...]] = {}
     home: dict[str, Path] = {}
@@ -216,10 +219,9 @@ def load_checkpoint_weights(
             raise CheckpointError(f"{where}: tensor {twice[0]} is held twice: on its own and in the rows of {name}")
         found.update(parts)
     groups = match(expected_shapes(build), found, rename, where)
-    scratch = streaming.active()  # inside edgelin.streaming.mapped_weights: parameters mapped from a scratch file
     model = build() if scratch is None else streaming.build_mapped(build)
     with contextlib.ExitStack() as stack:
-        handles = {file: _open_safetensors(file, stack) for file in files}
+        handles = {file: _open_safetensors(file, stack, plain=scratch is not None) for file in files}
         pending: dict[str, torch.Tensor] = {}  # the parts of a fused tensor read, not yet copied
 
         def stored(name: str) -> torch.Tensor:
@@ -270,10 +272,13 @@ def _join_shapes(found: dict[str, tuple[int, ...]], joins: tuple[RowJoin, ...], 
     return joined
 
 
-def _open_safetensors(file: Path, stack: contextlib.ExitStack):
+def _open_safetensors(file: Path, stack: contextlib.ExitStack, plain: bool = False):
+    """safetensors' reader, or with ``plain`` edgelin's (``streaming.SafetensorsReader``: no mapping of the file)."""
     from safetensors import SafetensorError, safe_open
 
     try:
+        if plain:
+            return stack.enter_context(streaming.SafetensorsReader(file))
         return stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
