@@ -8,8 +8,8 @@ export has the portable export's states and io, its graphs give the portable gra
 two rows, then decode steps fed back, past the window), with one skip norm per residual add in both graphs and one
 GroupQueryAttention node per attention layer in the decode graph (the prefill graph keeps portable attention); rows of
 different lengths (left-padded caches, ``Session.prefill_batch``) decode together as in the portable graphs; and
-eager PyTorch under the lowering equals the portable forms in float64.
-(The portable graphs' bytes are held by tests/exporters/test_export_files.py and the trace-cache tests.)
+eager PyTorch under the lowering equals the portable forms in float64; the JavaScript runtime runs the fused graphs in
+node.
 """
 
 from __future__ import annotations
@@ -138,3 +138,11 @@ def test_eager_fused_forms_equal_the_portable_forms_in_float64(name):
     assert (runs["fused"][0] - runs["portable"][0]).abs().max() < 1e-12
     for key, value in runs["portable"][1].items():
         assert (runs["fused"][1][key].double() - value.double()).abs().max() < 1e-12, key
+
+
+def test_the_javascript_runtime_runs_the_fused_block_in_node(exports, tmp_path):
+    """onnxruntime-node runs both contrib nodes: the export's golden prefill and decode outputs reproduced."""
+    from testkit.node import javascript_check
+
+    report = javascript_check(exports["lfm2-like"][1]["fused"], tmp_path)
+    assert report["passed"], report
