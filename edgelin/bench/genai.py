@@ -536,6 +536,8 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                 entry["exports"][f"edgelin {p} {o}"] = {"folder": str(out), "files": weight_files(out), "check": made.get("check"),
                                                          "export_s": None if made.get("reused") else made.get("export_s"),
                                                          "options": made.get("options")}
+        for o in ops:  # the traces served this run's precisions; the next run's code may differ: gigabytes not kept
+            shutil.rmtree(work / f"traces-{o}", ignore_errors=True)
         ggufs: dict[str, Path] = {}
         if src is not None:
             kinds = tuple(dict.fromkeys(GGUF[p] for p in precisions if p in GGUF))
