@@ -162,3 +162,14 @@ def test_experts_in_transformers_in_memory_layout_load_the_same(tmp_path_factory
     shutil.copy(folder / "config.json", tmp_path / "mem" / "config.json")
     with torch.no_grad():
         assert torch.equal(load_checkpoint(tmp_path / "mem")(prompt[:, :30])[0], load_checkpoint(folder)(prompt[:, :30])[0])
+
+
+def test_released_config_fields_are_read(tmp_path_factory, tmp_path, refused):
+    """Released Granite-4.0-H configs carry ``rope_scaling: null`` (the older RoPE field) and ``normalization_function:
+    "rmsnorm"`` (read by no module of transformers' model): the same model; a scaled RoPE is refused by name."""
+    folder, prompt, *_ = oracle("granite-moe-k1-tied", tmp_path_factory)
+    released = load_checkpoint(edited_copy(folder, tmp_path / "ckpt", rope_scaling=None, normalization_function="rmsnorm"))
+    with torch.no_grad():
+        assert torch.equal(released(prompt[:, :30])[0], load_checkpoint(folder)(prompt[:, :30])[0])
+    refused(edited_copy(folder, tmp_path / "ckpt2", rope_parameters=None, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+            "'rope_parameters'", "'factor'")
