@@ -33,7 +33,7 @@ from edgelin.exporters.check import (
 from edgelin.exporters.convert import convert_graphs, op_histogram
 from edgelin.exporters.precision import check_precision, embedding_choice, int8_scheme_choice, state_dtypes
 from edgelin.exporters.precision.int4 import eight_bit_digests
-from edgelin.exporters.result import ExportResult, peak_resident
+from edgelin.exporters.result import ExportResult, OwnMemoryPeak, peak_resident
 from edgelin.exporters.source import check_largest_tensor, resolve_source
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.tracing import export_graph, failure_cause, trace_graphs
@@ -83,7 +83,7 @@ def export(
     max_sequence: int = DEFAULT_MAX_SEQUENCE,
     trace_cache: str | Path | None = None,
     logits_at: bool = True,
-    streamed: bool = False,
+    streamed: bool | None = None,
 ) -> ExportResult:
     """Export ``source`` (a checkpoint folder, or a model that follows edgelin.protocol) into ``out_dir``;
     see the module docstring. ``precision`` (fp32, fp16, int8, int4) and ``state_dtype`` (float16: fp16
@@ -132,8 +132,9 @@ def export(
     ``streamed``: a checkpoint folder's weights are read one tensor at a time into a scratch file in the export's work
     folder and mapped from it (``edgelin.streaming``), not held in memory: the export's own memory is then bounded by
     its graphs and activations and the largest tensor, whatever the model's size; the files written are the same
-    bytes. A checkpoint whose largest tensor cannot fit in the memory available is refused before any work. A model
-    passed in as a module is in memory already: refused with ``streamed``."""
+    bytes. A checkpoint whose largest tensor cannot fit in the memory available is refused before any work. None (the
+    default): streamed for a checkpoint folder; a model passed in as a module is in memory already (refused with
+    ``streamed=True``). False: a checkpoint's weights loaded into memory, the scratch file's disk space spared."""
     say = progress or (lambda _msg: None)
     _check_options(opset, chunk_size, max_sequence)
     if ops not in fused.LOWERINGS:
@@ -146,6 +147,8 @@ def export(
     if isinstance(source, (str, os.PathLike, bytes)):  # a path that cannot be one (a NUL in it): one line, before any work
         source = check_path(source, "checkpoint folder", ExportError)
     protect = (source,) if isinstance(source, (str, os.PathLike)) else ()
+    if streamed is None:
+        streamed = bool(protect)
     if streamed and not protect:
         raise ExportError("a streamed export reads a checkpoint folder; save the model with save_checkpoint and export the folder, "
                           "or export the module without streamed")
@@ -156,6 +159,7 @@ def export(
     for stale in remove_stale_temps(parent, out_dir.name):
         say(f"removed {stale}, left by an earlier export that was killed")
     tmp, created = work_dir(out_dir)
+    own = OwnMemoryPeak().start()
 
     try:
         # a checkpoint folder is read once, here: its config and weight files go on as one value
@@ -261,6 +265,7 @@ def export(
             say(f"replacing {out_dir}: {replacing}")
         replace_dir(tmp, out_dir, force=force, protect=protect)
     except BaseException as exc:
+        own.stop()
         full = write_failure(exc, tmp)  # before the files go: their sizes tell a file-size limit
         with uninterrupted():  # a second Ctrl-C does not leave the work folder half removed
             shutil.rmtree(tmp, ignore_errors=True)
@@ -272,7 +277,7 @@ def export(
             raise ExportError(f"export failed: {full}, while writing {out_dir}; make room (or raise the limit) and export again; {left}") from None
         raise ExportError(f"export failed ({failure_cause(exc)}); {left}") from exc
     return ExportResult(out_dir=out_dir, manifest=manifest, files=files, nodes=nodes, seconds=seconds, smoke=smoke, op_types=op_types,
-                        smoke_bounds=smoke_held, peak_bytes=peak_resident())
+                        smoke_bounds=smoke_held, peak_bytes=peak_resident(), peak_own_bytes=own.stop(), streamed=streamed)
 
 
 def _check_trace_cache(trace_cache, out_dir, protect: tuple) -> None:

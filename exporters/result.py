@@ -25,6 +25,8 @@ class ExportResult:
     smoke_bounds: dict[str, dict[str, float]] = field(default_factory=dict)
     op_types: dict[str, dict[str, int]] = field(default_factory=dict)  # graph -> op type -> count
     peak_bytes: int | None = None  # the process's peak resident memory when the export returned (``peak_resident``)
+    peak_own_bytes: int | None = None  # the largest anonymous resident memory seen during the export (``OwnMemoryPeak``)
+    streamed: bool = False  # the weights were mapped from a scratch file, not held in memory (edgelin.streaming)
 
     def summary(self) -> str:
         lines = [f"exported to {self.out_dir}"]
@@ -54,13 +56,64 @@ class ExportResult:
                                                         if bounds[k]["max_rel"] > table["max_rel"] else "")
                               for k, e in self.smoke.items())
             lines.append(f"  smoke check (ORT CPU vs PyTorch, logits max abs / max |logit|; budget {table['max_rel']:.0e}): {parts} -> {'ok' if ok else 'FAIL'}")
+        if self.peak_own_bytes is not None:
+            lines.append(f"  peak memory of its own: {self.peak_own_bytes / 1e6:,.0f} MB ({OWN_MEANS})")
         if self.peak_bytes is not None:
             lines.append(f"  peak memory: {self.peak_bytes / 1e6:,.0f} MB resident ({PEAK_MEANS})")
+        if self.streamed:
+            lines.append("  weights: read one tensor at a time and mapped from a scratch file (streamed), never held in memory whole")
         return "\n".join(lines)
 
 
 PEAK_MEANS = ("ru_maxrss: the process's largest resident set so far, its own memory and the pages it mapped from the "
               "checkpoint and the weights file, which the system can drop and read again")
+
+
+OWN_MEANS = "RssAnon, sampled every 0.05 s: what had to fit in memory; the mapped weights and files are not in it"
+
+
+class OwnMemoryPeak:
+    """The largest anonymous resident memory (Linux's RssAnon: not the pages of mapped files, which the system can
+    drop and read again) of this process between ``start()`` and ``stop()``, sampled every ``interval`` seconds by a
+    thread; ``stop()`` returns it in bytes, None where /proc is missing."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import threading
+
+        self.interval, self.peak, self._stop = interval, None, threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgelin-memory-peak", daemon=True)
+
+    @staticmethod
+    def now() -> int | None:
+        try:
+            with open("/proc/self/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+    def _run(self) -> None:
+        while True:
+            value = self.now()
+            if value is None:
+                return
+            self.peak = max(self.peak or 0, value)
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> "OwnMemoryPeak":
+        if self.now() is not None:
+            self._thread.start()
+        return self
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        last = self.now()
+        return None if self.peak is None else max(self.peak, last or 0)
 
 
 def peak_resident() -> int | None:
