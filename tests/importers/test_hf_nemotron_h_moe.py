@@ -188,3 +188,12 @@ def test_experts_in_transformers_in_memory_layout_load_the_same(tmp_path_factory
     shutil.copy(folder / "config.json", tmp_path / "mem" / "config.json")
     with torch.no_grad():
         assert torch.equal(load_checkpoint(tmp_path / "mem")(prompt[:, :30])[0], load_checkpoint(folder)(prompt[:, :30])[0])
+
+
+def test_released_config_fields_are_accepted(tmp_path_factory, tmp_path):
+    """Nemotron 3 Nano's released config.json carries ``rope_theta``, ``partial_rotary_factor`` and ``norm_eps``, which
+    no module of transformers' NemotronH reads (no RoPE; the norms read layer_norm_epsilon): the same model."""
+    folder, prompt, *_ = oracle("nemotron-moe-plain", tmp_path_factory)
+    released = edited_copy(folder, tmp_path / "ckpt", rope_theta=10000, partial_rotary_factor=1.0, norm_eps=1e-3)
+    with torch.no_grad():
+        assert torch.equal(load_checkpoint(released)(prompt[:, :30])[0], load_checkpoint(folder)(prompt[:, :30])[0])

@@ -55,6 +55,9 @@ FIELDS: dict[str, Any] = {  # NemotronHConfig's fields and defaults (transformer
     "expand": 2, "mamba_proj_bias": False, "time_step_max": 0.1, "time_step_limit": [0.0, float("inf")], "time_step_floor": 1e-4, "chunk_size": 128,
     "use_mamba_kernels": True, "initializer_range": 0.02, "rescale_prenorm_residual": True, "hidden_dropout": 0.0,
     "attention_dropout": 0.0, "num_logits_to_keep": 1,
+    # in released configs (Nemotron 3 Nano's), read by no module of transformers' model: its attention applies no RoPE,
+    # its norms read layer_norm_epsilon
+    "rope_theta": None, "partial_rotary_factor": None, "norm_eps": None,
     # the experts: read by "moe" layers only
     "n_routed_experts": 8, "moe_intermediate_size": 7688, "moe_shared_expert_intermediate_size": 7688,
     "moe_latent_size": None, "num_experts_per_tok": 2, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
