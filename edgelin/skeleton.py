@@ -276,7 +276,8 @@ class CausalLM(nn.Module):
         if self._defers_residual():  # each block's last add rides in the next norm (one fused node each)
             pending = None
             for block, keys in zip(self.blocks, self.layer_keys()):
-                (x, pending), layer = block(x, {name: state[key] for name, key in keys.items()}, pending=pending, defer=True, **run)
+                layer_state = {name: state[key] for name, key in keys.items()}
+                (x, pending), layer = block(x, layer_state, pending=pending, defer=True, **run)
                 new_state.update({key: layer[name] for name, key in keys.items()})
             return self._logits(x, logits_at, pending), new_state
         for block, keys in zip(self.blocks, self.layer_keys()):
@@ -285,7 +286,8 @@ class CausalLM(nn.Module):
         return self._logits(x, logits_at), new_state
 
     def _defers_residual(self) -> bool:
-        """Under the fused lowering, when every block and the final norm can take a pending residual (``Block.defers_residual``)."""
+        """Under the fused lowering, when every block and the final norm can take a pending residual
+        (``Block.defers_residual``)."""
         return fused.active() and all(b.defers_residual for b in self.blocks) and getattr(self.norm, "takes_residual", False)
 
     def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:

@@ -239,8 +239,8 @@ def _schema() -> None:
         onnx.defs.register_schema(OpSchema(
             "SkipSimplifiedLayerNormalization", MS_DOMAIN, 1,
             inputs=[param("input", "T"), param("skip", "T"), param("gamma", "T"), param("bias", "T", param_option=optional)],
-            outputs=[param("output", "T"), param("mean", "U", param_option=optional), param("inv_std_var", "U", param_option=optional),
-                     param("input_skip_bias_sum", "T", param_option=optional)],
+            outputs=[param("output", "T"), param("mean", "U", param_option=optional),
+                     param("inv_std_var", "U", param_option=optional), param("input_skip_bias_sum", "T", param_option=optional)],
             type_constraints=[*floats, ("U", ["tensor(float)"], "statistics")],
             attributes=attributes(("epsilon", OpSchema.AttrType.FLOAT)),
         ))
@@ -290,8 +290,9 @@ def translation_table() -> dict:
         total = op.Add(op.Shape(past_key, start=2, end=3), op.Shape(q, start=1, end=2))  # [1] int64: P + T
         seqlens = op.Expand(op.Sub(total, op.Constant(value_ints=[1])), op.Shape(q, start=0, end=1))  # [B]: P + T - 1
         int32 = onnx.TensorProto.INT32
-        return ms.GroupQueryAttention(q, k, v, past_key, past_value, op.Cast(seqlens, to=int32), op.Cast(op.Squeeze(total), to=int32),
-                                      None, None, None, bias, num_heads=heads, kv_num_heads=kv_heads, scale=scale, _outputs=3)
+        return ms.GroupQueryAttention(q, k, v, past_key, past_value, op.Cast(seqlens, to=int32),
+                                      op.Cast(op.Squeeze(total), to=int32), None, None, None, bias,
+                                      num_heads=heads, kv_num_heads=kv_heads, scale=scale, _outputs=3)
 
     return {torch.ops.edgelin.linear_attention.default: linear_attention,
             torch.ops.edgelin.causal_conv.default: causal_conv,
@@ -369,8 +370,10 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps
     return skip_rms_norm_op(x, skip, weight, eps)
 
 
-def group_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
-                          seen: torch.Tensor, heads: int, kv_heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor, seen: torch.Tensor,
+    heads: int, kv_heads: int, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax attention over the cache through one GroupQueryAttention node: q [B, T, H D], k, v [B, T, H_kv D] (RoPE
     and norms applied), past_key / past_value [B, H_kv, P, D], seen [B, 1, T, P + T] bool (edgelin's mask rule) ->
     (o [B, T, H D], keys, values [B, H_kv, P + T, D]). The caller checks ``active()`` and a batch-wide T of 1."""
@@ -379,5 +382,5 @@ def group_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pas
 
 
 __all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "fused_additive",
-           "group_query_attention", "group_query_attention_op", "linear_attention_op", "lowering", "skip_rms_norm", "skip_rms_norm_op",
-           "softplus", "softplus_op", "translation_table"]
+           "group_query_attention", "group_query_attention_op", "linear_attention_op", "lowering", "skip_rms_norm",
+           "skip_rms_norm_op", "softplus", "softplus_op", "translation_table"]

@@ -84,7 +84,8 @@ def _drive(folder, prompt: np.ndarray, steps: np.ndarray):
 def test_fused_block_graphs_equal_the_portable_graphs(name, exports):
     model, folders = exports[name]
     manifests = {ops: json.loads((f / "edgelin.json").read_text()) for ops, f in folders.items()}
-    assert manifests["fused"]["states"] == manifests["portable"]["states"] and manifests["fused"]["io"] == manifests["portable"]["io"]
+    for field in ("states", "io"):
+        assert manifests["fused"][field] == manifests["portable"][field], field
     layers, attention = len(model.blocks), sum(isinstance(b.attn, Attention) for b in model.blocks)
     for graph in ("prefill", "decode"):
         fused_ops, portable_ops = _ops(folders["fused"], graph), _ops(folders["portable"], graph)
