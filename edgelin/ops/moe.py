@@ -18,13 +18,13 @@ experts; the graphs' ONNX TopK takes the lower index, as ``naive_route`` does. O
 
 The experts: y = sum over the chosen e of w_e * down_e(silu(gate_e x) * up_e(x)), in expert order (as transformers
 adds them); non-gated experts (modules with up and down only: Nemotron-H's) compute down_e(relu(up_e x)^2) and run
-through ``expert_add_relu2``, their own operator, lowered the same way with two MatMuls. ``expert_add`` is one expert's share: it runs the expert on the rows whose weight for it is not zero
-and adds the weighted rows into ``out``. Eagerly it is the torch operator ``edgelin::expert_add``; in the graphs
-``translation_table`` makes each call a small group of standard ONNX nodes (NonZero, GatherND, three MatMuls on
-that expert's own constant weights, a ScatterND of out[rows] + y): the row count is data dependent inside it,
-so an expert no token chose multiplies nothing, and a decode step reads only the chosen experts' weights. The
-torch side keeps static shapes, so torch.export traces it. ``naive_moe`` is the reference: a loop over tokens and
-their chosen experts (run it in float64).
+through ``expert_add_relu2``, their own operator, lowered the same way with two MatMuls. ``expert_add`` is one
+expert's share: it runs the expert on the rows whose weight for it is not zero and adds the weighted rows into
+``out``. Eagerly it is the torch operator ``edgelin::expert_add``; in the graphs ``translation_table`` makes each call
+a small group of standard ONNX nodes (NonZero, GatherND, three MatMuls on that expert's own constant weights, a
+ScatterND of out[rows] + y): the row count is data dependent inside it, so an expert no token chose multiplies
+nothing, and a decode step reads only the chosen experts' weights. The torch side keeps static shapes, so torch.export
+traces it. ``naive_moe`` is the reference: a loop over tokens and their chosen experts (run it in float64).
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ def _expert_add_relu2(out, x, weight, up, down):
 
 
 @torch.library.custom_op("edgelin::expert_add_relu2", mutates_args=())
-def expert_add_relu2(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def expert_add_relu2(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, up: torch.Tensor,
+                     down: torch.Tensor) -> torch.Tensor:
     """out [N, D] + (weight [N] * down(relu(up x)^2)) on the rows where weight != 0 only: a non-gated expert's share."""
     return _expert_add_relu2(out, x, weight, up, down).contiguous()
 
@@ -227,5 +228,5 @@ def translation_table() -> dict:
             torch.ops.edgelin.expert_add_relu2.default: expert_add_relu2_nodes}
 
 
-__all__ = ["SCORINGS", "dense_weights", "expert_add", "expert_add_relu2", "group_limit", "moe_experts", "naive_moe", "naive_route",
-           "relu2_mlp", "route", "swiglu", "top_mask", "translation_table"]
+__all__ = ["SCORINGS", "dense_weights", "expert_add", "expert_add_relu2", "group_limit", "moe_experts", "naive_moe",
+           "naive_route", "relu2_mlp", "route", "swiglu", "top_mask", "translation_table"]

@@ -20,7 +20,8 @@ from edgelin.layers.moe import MoE
 from testkit import hf_oracle
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.node import javascript_check
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import (edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree,
+                               protocol_and_naive_agree)
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -33,9 +34,9 @@ GRANITE = {
 }
 CASES = {
     # Mamba2, attention (RoPE), Mamba2; 4 experts, top 2; every multiplier away from 1
-    "granite-moe-rope": {**GRANITE, "num_hidden_layers": 3, "layer_types": ["mamba", "attention", "mamba"], "num_local_experts": 4,
-                         "num_experts_per_tok": 2, "position_embedding_type": "rope", "embedding_multiplier": 3.0,
-                         "residual_multiplier": 0.5, "logits_scaling": 1.25, "attention_multiplier": 0.2},
+    "granite-moe-rope": {**GRANITE, "num_hidden_layers": 3, "layer_types": ["mamba", "attention", "mamba"],
+                         "num_local_experts": 4, "num_experts_per_tok": 2, "position_embedding_type": "rope",
+                         "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "logits_scaling": 1.25, "attention_multiplier": 0.2},
     # attention (no position encoding), Mamba2; 3 experts, top 1 (its weight softmax of one logit: 1); tied
     "granite-moe-k1-tied": {**GRANITE, "num_hidden_layers": 2, "layer_types": ["attention", "mamba"], "num_local_experts": 3,
                             "num_experts_per_tok": 1, "tie_word_embeddings": True},
@@ -56,7 +57,8 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
     cfg = CASES[case_id]
     for i, block in enumerate(model.blocks):
         if block.attn.kind == "attention":
-            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL and rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
+            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL
+            assert rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
         else:
             S = ref[f"{i}.recurrent"].transpose(-1, -2)  # transformers: [B, H, P, N]; edgelin: [B, H, N, P]
             assert rel(state[f"{i}.S"], S) <= STATE_REL and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
@@ -140,8 +142,8 @@ def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory,
     refused(edited_copy(folder, tmp_path / "ckpt", num_local_experts=5), "model.layers.0.block_sparse_moe.input_linear.weight",
             "[5 experts")
     # an expert's rows of the stacked tensor, named by it and the expert
-    refused(edited_copy(folder, tmp_path / "ckpt2", intermediate_size=16), "model.layers.0.block_sparse_moe.input_linear.0.gate.weight",
-            "(24, 32), the config expects (16, 32)")
+    refused(edited_copy(folder, tmp_path / "ckpt2", intermediate_size=16),
+            "model.layers.0.block_sparse_moe.input_linear.0.gate.weight", "(24, 32), the config expects (16, 32)")
 
 
 def test_experts_in_transformers_in_memory_layout_load_the_same(tmp_path_factory, tmp_path):

@@ -20,7 +20,8 @@ from edgelin.ops.moe import group_limit
 from testkit import hf_oracle
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
 from testkit.node import javascript_check
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.stateful import (edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree,
+                               protocol_and_naive_agree)
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -28,7 +29,8 @@ MAX_ABS = 1e-4
 STATE_REL = 1e-5
 BATCH, PROMPT, STEPS = 2, 150, 20
 NEMOTRON = {
-    "vocab_size": 97, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 40,
+    "vocab_size": 97, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "intermediate_size": 40,
     "mamba_num_heads": 8, "mamba_head_dim": 6, "ssm_state_size": 8, "n_groups": 2, "conv_kernel": 3, "time_step_min": 1e-5,
     "moe_intermediate_size": 24, "moe_shared_expert_intermediate_size": 20,
 }
@@ -59,7 +61,8 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
     for i, block in enumerate(model.blocks):
         assert block.mlp is None
         if block.attn.kind == "attention":
-            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL and rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
+            assert rel(state[f"{i}.key"], ref[f"{i}.key"]) <= STATE_REL
+            assert rel(state[f"{i}.value"], ref[f"{i}.value"]) <= STATE_REL
         elif block.attn.kind == "mamba2":
             S = ref[f"{i}.recurrent"].transpose(-1, -2)  # transformers: [B, H, P, N]; edgelin: [B, H, N, P]
             assert rel(state[f"{i}.S"], S) <= STATE_REL and rel(state[f"{i}.conv"], ref[f"{i}.conv"]) <= STATE_REL
@@ -70,10 +73,11 @@ def test_import_matches_transformers(case_id, tmp_path_factory):
         assert isinstance(block.attn, MoEMixer)
         moe = block.attn.mlp
         o = moe.options
-        assert (o.num_experts, o.top_k, o.scoring, o.expert_kind, o.shared_kind, o.renormalise, o.scaling, o.latent, o.groups,
-                o.top_groups) == (cfg["n_routed_experts"], cfg["num_experts_per_tok"], "sigmoid", "relu2", "relu2",
-                                  cfg.get("norm_topk_prob", True), cfg.get("routed_scaling_factor", 1.0), cfg.get("moe_latent_size"),
-                                  cfg.get("n_group", 1), cfg.get("topk_group", 1))
+        assert (o.num_experts, o.top_k, o.scoring, o.expert_kind, o.shared_kind) == (
+            cfg["n_routed_experts"], cfg["num_experts_per_tok"], "sigmoid", "relu2", "relu2")
+        assert (o.renormalise, o.scaling, o.latent, o.groups, o.top_groups) == (
+            cfg.get("norm_topk_prob", True), cfg.get("routed_scaling_factor", 1.0), cfg.get("moe_latent_size"),
+            cfg.get("n_group", 1), cfg.get("topk_group", 1))
         assert moe.expert_bias.abs().max() > 0.05  # the perturbed bias was read
 
 
@@ -157,7 +161,8 @@ def test_unsupported_options_are_refused_by_name(changes, field, fragment, tmp_p
 
 def test_weights_that_disagree_with_the_config_name_the_tensor(tmp_path_factory, tmp_path, refused):
     folder, *_ = oracle("nemotron-moe-groups-latent", tmp_path_factory)
-    refused(edited_copy(folder, tmp_path / "ckpt", moe_intermediate_size=16), "backbone.layers.1.mixer.experts.0.", "the config expects")
+    refused(edited_copy(folder, tmp_path / "ckpt", moe_intermediate_size=16), "backbone.layers.1.mixer.experts.0.",
+            "the config expects")
     refused(edited_copy(folder, tmp_path / "ckpt1", moe_latent_size=None), "backbone.layers.1.mixer.fc1_latent_proj.weight",
             "does not describe")
     refused(edited_copy(folder, tmp_path / "ckpt2", n_routed_experts=4, n_group=2, topk_group=1), "backbone.layers.1.mixer.",

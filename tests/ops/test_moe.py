@@ -26,7 +26,8 @@ CASES = {
     "shared-gated": dict(num_experts=4, top_k=2, scoring="softmax", shared_hidden=12, shared_gate=True),
     "shared-ungated": dict(num_experts=4, top_k=2, scoring="sigmoid", score_bias=True, shared_hidden=12),
     # Granite-4.0-H's: top-k of the logits, softmax over the chosen; its shared expert with gate and up rows packed
-    "topk-softmax-packed-shared": dict(num_experts=6, top_k=2, scoring="topk_softmax", shared_hidden=12, shared_kind="packed_swiglu"),
+    "topk-softmax-packed-shared": dict(num_experts=6, top_k=2, scoring="topk_softmax", shared_hidden=12,
+                                       shared_kind="packed_swiglu"),
     # Nemotron-H's: relu^2 experts without a gate inside latent projections, sigmoid scores with a correction bias,
     # 2 of 4 groups, renormalised (+1e-20), scaled; a relu^2 shared expert
     "relu2-latent-groups": dict(num_experts=8, top_k=3, scoring="sigmoid", score_bias=True, renormalise_eps=1e-20, scaling=2.5,
@@ -104,8 +105,8 @@ def test_group_limited_routing_and_its_near_ties():
     x = torch.randn(200, 8, dtype=torch.float64, generator=g)
     bias = torch.randn(8, dtype=torch.float64, generator=g) * 0.3
     for k, top_groups in ((1, 1), (2, 1), (3, 2), (4, 3)):
-        ids, w = route(x, k, scoring="sigmoid", bias=bias, renormalise=True, eps=1e-20, scale=2.0, groups=4, top_groups=top_groups)
-        nids, nw = naive_route(x, k, scoring="sigmoid", bias=bias, renormalise=True, eps=1e-20, scale=2.0, groups=4, top_groups=top_groups)
+        rule = dict(scoring="sigmoid", bias=bias, renormalise=True, eps=1e-20, scale=2.0, groups=4, top_groups=top_groups)
+        (ids, w), (nids, nw) = route(x, k, **rule), naive_route(x, k, **rule)
         assert torch.equal(ids.sort(-1).values, nids.sort(-1).values)
         assert max_abs(w.gather(1, ids.argsort(-1)), nw.gather(1, nids.argsort(-1))) <= 1e-15
     logit = lambda p: torch.log(torch.tensor(p, dtype=torch.float64) / (1 - torch.tensor(p, dtype=torch.float64)))  # noqa: E731

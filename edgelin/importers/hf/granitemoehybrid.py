@@ -43,10 +43,11 @@ FIELDS: dict[str, Any] = {  # GraniteMoeHybridConfig's fields and defaults (tran
     # the experts' width and routing: read with experts (num_local_experts > 0) only
     "intermediate_size": 11008, "num_experts_per_tok": 2,
     # no effect at inference (the router's auxiliary loss and its logits as outputs: training)
-    "router_aux_loss_coef": 0.001, "output_router_logits": False, "mamba_chunk_size": 256,
+    "router_aux_loss_coef": 0.001, "output_router_logits": False, "mamba_chunk_size": 256, "attention_dropout": 0.0,
+    "num_logits_to_keep": 1, "z_loss_coefficient": 0.0,
     # in released configs (IBM's converter writes them): the older RoPE field (read by read_rope, as rope_parameters),
     # and the norm's name, which transformers' model does not read (its norms are RMSNorms whatever it says)
-    "rope_scaling": None, "normalization_function": "rmsnorm", "attention_dropout": 0.0, "num_logits_to_keep": 1, "z_loss_coefficient": 0.0,
+    "rope_scaling": None, "normalization_function": "rmsnorm",
 }
 LAYER_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention"}
 

@@ -111,13 +111,13 @@ def moe_options(f: Fields, hidden: int) -> MoEOptions:
     experts, k = f.integer("n_routed_experts"), f.integer("num_experts_per_tok")
     groups, top_groups = f.integer("n_group"), f.integer("topk_group")
     if experts % groups or experts // groups < 2:
-        raise f.fail("n_group", f"must divide n_routed_experts ({experts}) into groups of at least 2 experts (transformers scores "
-                     f"a group by its two best), got {groups}")
+        raise f.fail("n_group", f"must divide n_routed_experts ({experts}) into groups of at least 2 experts (transformers "
+                     f"scores a group by its two best), got {groups}")
     if top_groups > groups:
         raise f.fail("topk_group", f"must be at most n_group ({groups}), got {top_groups}")
     if k > experts or (top_groups < groups and k > top_groups * (experts // groups)):
-        raise f.fail("num_experts_per_tok", f"must be at most the experts of topk_group groups ({min(top_groups, groups) * experts // groups}), "
-                     f"got {k}")
+        kept = min(top_groups, groups) * experts // groups
+        raise f.fail("num_experts_per_tok", f"must be at most the experts of topk_group groups ({kept}), got {k}")
     scale = f.get("routed_scaling_factor")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise f.fail("routed_scaling_factor", f"must be a number, got {scale!r}")
@@ -137,7 +137,8 @@ def moe_renames(experts: int) -> list[tuple[str, str]]:
     return [
         (".mixer.gate.e_score_correction_bias", ".attn.mlp.expert_bias"), (".mixer.gate.", ".attn.mlp.router."),
         (".mixer.fc1_latent_proj.", ".attn.mlp.latent_in."), (".mixer.fc2_latent_proj.", ".attn.mlp.latent_out."),
-        (".mixer.shared_experts.up_proj.", ".attn.mlp.shared.up."), (".mixer.shared_experts.down_proj.", ".attn.mlp.shared.down."),
+        (".mixer.shared_experts.up_proj.", ".attn.mlp.shared.up."),
+        (".mixer.shared_experts.down_proj.", ".attn.mlp.shared.down."),
         (".mixer.experts.", ".attn.mlp.experts."),
         *[(f".experts.{e}.{name}_proj.", f".experts.{e}.{name}.") for e in range(experts) for name in ("up", "down")],
     ]
