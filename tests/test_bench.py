@@ -453,6 +453,25 @@ def test_decay_section_quick(tmp_path):
             assert set(m["prefill_tokens_per_s_over_none"]) == {"64", "256"}
     assert x["models"]["gla"]["parameters"] > x["models"]["none"]["parameters"]  # the gate projection's weights
     assert "6. decay" in report.table() and "in calls of 64 tokens" in report.table()
+    # fla's recurrences: none in the quick plan (test_decay_fla_models_build_and_import builds them), said
+    assert x["fla"]["status"] == "skipped" and "none of fla's models" in x["fla"]["reason"], x["fla"]
+    assert "fla's recurrences: skipped" in report.table()
+
+
+def test_decay_fla_models_build_and_import(tmp_path):
+    """The decay section's fla rows: each model (fla's config at tiny widths, 2 layers as RWKV-7's init needs; fla's
+    random init) builds, saves and imports through edgelin's fla importer as its family, with fla's parameter count."""
+    pytest.importorskip("fla.models", reason="flash-linear-attention (with triton) is not installed")
+    import fla.models
+
+    from edgelin.bench.decay import FLA_MODELS, build_fla, fla_config
+
+    for name, (config_class, model_class, _) in FLA_MODELS.items():
+        config = fla_config(name, (32, 2, 2, 16))
+        model = build_fla({"fla": name, "config": config, "checkpoint": str(tmp_path / name)})
+        assert model.model_config()["family"] == f"fla/{name}", name
+        fla_model = getattr(fla.models, model_class)(getattr(fla.models, config_class)(**config))
+        assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in fla_model.parameters()), name
 
 
 def test_hybrid_section_quick(tmp_path):

@@ -47,7 +47,7 @@ from .measure import session_options
 from .plan import DATA_SEED, MODEL_SEED, SOFTMAX_SEED, BenchError, Progress, Subject
 
 PRECISION = "fp32"  # every graph exported here is float32
-EXPORT_COST = {"linear": 3, "parallel": 2, "chunk": 2, "softmax_prefill": 1, "softmax_decode": 1, "softmax_gqa": 0}  # rough relative export times
+EXPORT_COST = {"linear": 3, "parallel": 2, "chunk": 2, "softmax_prefill": 1, "softmax_decode": 1, "softmax_gqa": 0, "fla": 3}  # rough relative export times
 NOT_LINEAR_LM = "the model is not a LinearLM ({}): the softmax twin and the O(T^2) form are built from a LinearLM's config"
 
 
@@ -117,6 +117,9 @@ def export_one(model: nn.Module, job: dict[str, Any]) -> dict[str, Any]:
     if kind == "linear":
         result = export(model, path, opset=opset, force=True, check=True)
         return {"seconds": time.perf_counter() - t0, "nodes": result.nodes}
+    if kind == "fla":  # an imported fla model (decay.build_fla), exact up to one call of max_sequence tokens
+        result = export(model, path, opset=opset, force=True, check=True, max_sequence=job["max_sequence"])
+        return {"seconds": time.perf_counter() - t0, "nodes": result.nodes, "parameters": sum(p.numel() for p in model.parameters())}
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
     if kind in ("parallel", "chunk"):
         if kind == "chunk":
@@ -147,7 +150,11 @@ def export_one(model: nn.Module, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rebuild(job: dict[str, Any]) -> nn.Module:
-    """The job's model, rebuilt in a worker from the config and the saved weights."""
+    """The job's model, rebuilt in a worker from the config and the saved weights (an fla job's: built with fla)."""
+    if job["kind"] == "fla":
+        from .decay import build_fla
+
+        return build_fla(job)
     cls = SoftmaxLM if job["kind"].startswith("softmax") else LinearLM
     model = cls(ModelConfig.from_dict(job["config"]))
     with np.load(job["weights"]) as weights:
@@ -199,6 +206,12 @@ def export_linear_models(configs: dict[str, ModelConfig], work: Path, say: Progr
         jobs.append({"name": name, "kind": "linear", "path": str(work / name), "opset": DEFAULT_OPSET,
                      "config": cfg.to_dict(), "weights": str(weights)})
     return _in_workers(jobs, work, say), parameters
+
+
+def export_fla_models(jobs: list[dict[str, Any]], work: Path, say: Progress) -> dict[str, dict]:
+    """fla models built with fla, imported and exported with the check by the export workers (jobs of kind "fla":
+    decay.build_fla): per name, the worker's result (nodes, seconds, parameters). The decay section's fla rows."""
+    return _in_workers(jobs, work, say)
 
 
 def _in_workers(jobs: list[dict[str, Any]], work: Path, say: Progress) -> dict[str, dict]:

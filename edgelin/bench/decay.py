@@ -17,11 +17,22 @@ the bench's other exports). Then:
 
 Ratios are against decay "none". Without a ``decay`` field in ``ModelConfig`` the section is skipped, with
 the reason.
+
+Beside them (``fla``): flash-linear-attention's newer recurrences against its Gated DeltaNet, of the plan's widths (the
+full run: the bundled model's size; vocabulary 512, MLP 3 x d_model): KDA (a gate per channel), Gated DeltaProduct (two
+Householder steps a token, forget gate) and RWKV-7 (the generalised delta rule), the plan's ``decay_fla`` models (none
+in --quick: an fla export alone costs ~15 s of CPU), each
+built with fla's own config and random init in an export worker, saved, imported through edgelin's fla importer and
+exported portable with the check (``max_sequence`` the longest length: one call of it is exact). Decode interleaved as
+above; prefill one call at each length and, above the plan's piece, in calls of the piece, the models back to back
+at each length. Ratios are against fla's Gated DeltaNet. Without fla (or triton, which its models import) these rows
+are skipped with the reason.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,12 +46,22 @@ from edgelin.runtime.session import Session
 from . import baselines
 from .harness import interleaved, ratio, stats
 from .measure import prefill_case
-from .plan import DATA_SEED, Plan, Progress
+from .plan import DATA_SEED, BenchError, Plan, Progress
 
 # The bundled model's shape (models/stdlib-linear, less its decay); the widths come from the plan.
 DECAY_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4}
 WIDTHS = ("d_model", "n_layers", "n_heads", "head_dim")
 DELTA_VARIANT = "scalar+delta"  # Gated DeltaNet: the scalar decay with the delta rule (no denominator)
+FLA_BASELINE = "gated_deltanet"
+FLA_MODELS = {  # name -> (fla config class, model class, options beside the plan's widths)
+    "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", {"expand_v": 1.0}),
+    "kda": ("KDAConfig", "KDAForCausalLM", {"expand_v": 1.0}),
+    "gated_deltaproduct": ("GatedDeltaProductConfig", "GatedDeltaProductForCausalLM",
+                           {"expand_v": 1.0, "num_householder": 2, "use_forget_gate": True}),
+    "rwkv7": ("RWKV7Config", "RWKV7ForCausalLM", {}),
+}
+FLA_VOCAB = 512
+FLA_HINT = "pip install -e '.[test]' installs flash-linear-attention and triton"
 
 
 def decays() -> tuple[str, ...] | None:
@@ -111,6 +132,7 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
                                      "pieces_tokens_per_s_ratio": in_pieces[d]["tokens_per_s"] / ok[(d, first)]["tokens_per_s"]}
         models[d] = entry
     return {
+        "fla": fla_section(plan, threads, say),
         "status": "ok",
         "what": "LinearLM of one size with each decay (random weights, exported and checked here): decode ms per token at "
                 "batch 1 (ORT, IO binding, interleaved) and prefill tokens/s per length (torch-free subprocesses, back to "
@@ -122,4 +144,101 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     }
 
 
-__all__ = ["DECAY_BASE", "DELTA_VARIANT", "decay_section", "decays", "variant_config"]
+def fla_config(name: str, widths: tuple[int, int, int, int]) -> dict[str, Any]:
+    """fla's config fields of model ``name`` at ``widths`` (d_model, n_layers, n_heads, head_dim)."""
+    d, layers, heads, head_dim = widths
+    options = {"num_heads": heads} if name != "rwkv7" else {}
+    return {"hidden_size": d, "num_hidden_layers": layers, "vocab_size": FLA_VOCAB, "intermediate_size": 3 * d,
+            "head_dim": head_dim, **options, **FLA_MODELS[name][2]}
+
+
+def build_fla(job: dict[str, Any]):
+    """In an export worker: the job's fla model (fla's config class, seed MODEL_SEED, random init) saved to
+    ``job["checkpoint"]``, then read back through edgelin's importer (the model exported)."""
+    import importlib
+
+    import torch
+
+    from edgelin.checkpoint import load_checkpoint
+
+    from .plan import MODEL_SEED
+
+    models = importlib.import_module("fla.models")
+    config_class, model_class, _ = FLA_MODELS[job["fla"]]
+    torch.manual_seed(MODEL_SEED)
+    getattr(models, model_class)(getattr(models, config_class)(**job["config"])).eval().save_pretrained(job["checkpoint"])
+    return load_checkpoint(job["checkpoint"]).float().eval()
+
+
+def fla_missing() -> str | None:
+    """Why fla's models cannot be built here (fla or triton not installed), or None."""
+    for module, what in (("fla", "flash-linear-attention"), ("triton", "triton (fla's models import it)")):
+        if importlib.util.find_spec(module) is None:
+            return f"{what} is not installed; {FLA_HINT}"
+    return None
+
+
+def fla_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
+    """The fla recurrences' rows (the module docstring), or {"status": "skipped", "reason": ...}."""
+    names = [n for n in FLA_MODELS if n in plan.decay_fla]
+    if not names:  # the quick plan: an fla export costs ~15 s of CPU even at its widths
+        return {"status": "skipped", "reason": f"this plan measures none of fla's models (the full run: {', '.join(FLA_MODELS)})"}
+    why = fla_missing()
+    if why:
+        return {"status": "skipped", "reason": why}
+    configs = {n: fla_config(n, plan.decay_widths) for n in names}
+    longest = plan.decay_lengths[-1]
+    say(f"decay: fla's {', '.join(names)} at widths {plan.decay_widths} (random init) ...")
+    with tempfile.TemporaryDirectory(prefix="edgelin-bench-decay-fla-") as tmp:
+        work = Path(tmp)
+        jobs = [{"name": n, "kind": "fla", "fla": n, "config": configs[n], "checkpoint": str(work / f"{n}-checkpoint"),
+                 "path": str(work / n), "opset": baselines.DEFAULT_OPSET, "max_sequence": longest} for n in names]
+        try:
+            done = baselines.export_fla_models(jobs, work, say)
+        except BenchError as exc:
+            return {"status": "failed", "reason": str(exc)}
+        sessions = {n: Session(work / n, "cpu", threads, session_options={"inter_op_num_threads": 1}, io_binding=True)
+                    for n in names}
+        rng = np.random.default_rng(DATA_SEED)
+        say("  decode, batch 1, interleaved ...")
+        tok = rng.integers(0, FLA_VOCAB, (1, 1), dtype=np.int64)  # [1, 1]
+        states = {n: s.new_state(1) for n, s in sessions.items()}
+        cases = {n: (lambda s=sessions[n], st=states[n]: s.decode(tok, st)) for n in names}
+        samples = interleaved(cases, warmup=plan.decode_warmup, rounds=plan.decode_rounds, per_round=plan.decode_per_round)
+        decode = {n: stats(samples[n]) for n in names}
+        rows = []
+        runs = [(T, None) for T in plan.decay_lengths] + [(T, plan.piece) for T in plan.decay_lengths if T > plan.piece]
+        for T, piece in runs:  # length-major: the models at one length back to back
+            for n in names:
+                say(f"  prefill {n:18s} T={T:,}" + (f" in pieces of {piece:,}" if piece else "") + " ...")
+                m = sessions[n].manifest
+                rows.append({"model": n, "T": T, "piece": piece,
+                             **prefill_case(m.graph_path(work / n, "prefill"), m.states, provider="cpu", threads=threads,
+                                            vocab=FLA_VOCAB, T=T, seed=DATA_SEED, plan=plan, piece=piece)})
+        sessions.clear()
+    ok = {(r["model"], r["T"], r["piece"]): r["tokens_per_s"] for r in rows if r["status"] == "ok"}
+    models = {}
+    for n in names:
+        entry: dict[str, Any] = {"config": configs[n], "decode_ms": decode[n], "nodes": done[n]["nodes"],
+                                 "export_seconds": done[n]["seconds"], "parameters": done[n]["parameters"],
+                                 "prefill_tokens_per_s": {str(T): ok.get((n, T, None)) for T in plan.decay_lengths},
+                                 "prefill_pieces_tokens_per_s": {str(T): ok.get((n, T, plan.piece)) for T in plan.decay_lengths
+                                                                 if T > plan.piece}}
+        if n != FLA_BASELINE and FLA_BASELINE in names:
+            entry["decode_over_baseline"] = ratio(decode[n], decode[FLA_BASELINE])
+            entry["prefill_tokens_per_s_over_baseline"] = {
+                f"{T}" + (f"/{piece}" if piece else ""): ok[(n, T, piece)] / ok[(FLA_BASELINE, T, piece)]
+                for T, piece in runs if (n, T, piece) in ok and (FLA_BASELINE, T, piece) in ok}
+        models[n] = entry
+    return {
+        "status": "ok", "baseline": FLA_BASELINE, "models": models, "prefill": rows, "lengths": list(plan.decay_lengths),
+        "piece": plan.piece, "max_sequence": longest,
+        "what": "fla's models (fla's configs, random init) imported by edgelin's fla importers and exported portable: decode "
+                "ms per token at batch 1 (ORT, IO binding, interleaved), prefill tokens/s in one call per length and in calls "
+                "of 'piece' tokens above it (torch-free subprocesses, back to back per length); ratios against fla's Gated "
+                "DeltaNet (decode: ms ratio, above 1 is slower; prefill: tokens/s ratio, below 1 is slower; key T or T/piece)",
+    }
+
+
+__all__ = ["DECAY_BASE", "DELTA_VARIANT", "FLA_BASELINE", "FLA_MODELS", "build_fla", "decay_section", "decays", "fla_config",
+           "fla_missing", "fla_section", "variant_config"]

@@ -105,6 +105,7 @@ class Plan:
     genai_rounds: int = 3  # ... rounds, every contender once per round in its own process, the order alternating
     genai_prompt: int = 512  # ... prompt tokens: prefill = one call of this many tokens
     genai_decode: int = 64  # ... greedy decode steps after the prompt (decode = their median step)
+    decay_fla: tuple[str, ...] = ("gated_deltanet", "kda", "gated_deltaproduct", "rwkv7")  # decay section: fla's models (decay.FLA_MODELS)
 
 
 FULL = Plan(
@@ -133,6 +134,7 @@ QUICK = Plan(
     hybrid_positions=(64, 256),
     hf_models=("lfm2",), hf_decode=8, hf_lengths=(32,), hf_rounds=1,
     genai_models=("lfm2-tiny",), genai_precisions=("fp32", "int4"), genai_threads=(1,), genai_rounds=2, genai_prompt=64, genai_decode=8,
+    decay_fla=(),  # none: one fla export costs ~15 s of CPU (the suite's budget); tests/test_bench.py builds each
 )
 
 

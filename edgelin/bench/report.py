@@ -279,6 +279,34 @@ def decay_lines(x: dict) -> list[str]:
         if r["status"] != "ok":
             at = f"T={r['T']:,}" + (f" in pieces of {r['piece']:,}" if r.get("piece") else "")
             lines.append(f"  prefill {r['decay']} {at}: {r['status']}: {r.get('reason', '')}")
+    return lines + fla_decay_lines(x.get("fla"))
+
+
+def fla_decay_lines(f: dict | None) -> list[str]:
+    """The decay section's fla rows: fla's recurrences against its Gated DeltaNet (decay.fla_section)."""
+    if not f:
+        return []
+    if f["status"] != "ok":
+        return ["", f"  fla's recurrences: {f['status']}: {f['reason']}"]
+    runs = [(T, None) for T in f["lengths"]] + [(T, f["piece"]) for T in f["lengths"] if T > f["piece"]]
+    key = lambda T, piece: f"{T}" + (f"/{piece}" if piece else "")  # noqa: E731
+    lines = ["", f"  fla's recurrences vs {f['baseline']} (fla's configs, random init; imported, exported portable, max_sequence "
+             f"{f['max_sequence']:,}); prefill tokens/s (x = over {f['baseline']}), T/{f['piece']:,} = in calls of {f['piece']:,}",
+             f"  {'model':18s} {'decode ms/token':>24s} {'x':>6s}  " + "  ".join(f"{'T=' + key(T, p):>18s}" for T, p in runs)
+             + f"  {'nodes decode/prefill':>21s}  {'params':>9s}"]
+    for n, m in f["models"].items():
+        cells = []
+        for T, piece in runs:
+            tps = (m["prefill_pieces_tokens_per_s"] if piece else m["prefill_tokens_per_s"]).get(str(T))
+            rel = m.get("prefill_tokens_per_s_over_baseline", {}).get(key(T, piece))
+            cells.append(f"{tps:>9,.0f} {'(' + format(rel, '.2f') + 'x)' if rel else '':>8s}" if tps else f"{'failed':>18s}")
+        rel = f"{m['decode_over_baseline']:.2f}x" if "decode_over_baseline" in m else "-"
+        lines.append(f"  {n:18s} {_ms(m['decode_ms']):>24s} {rel:>6s}  " + "  ".join(cells)
+                     + f"  {str(m['nodes'].get('decode')) + '/' + str(m['nodes'].get('prefill')):>21s}  {m['parameters']:>9,}")
+    for r in f["prefill"]:
+        if r["status"] != "ok":
+            lines.append(f"  prefill {r['model']} T={r['T']:,}" + (f" in pieces of {r['piece']:,}" if r.get("piece") else "")
+                         + f": {r['status']}: {r.get('reason', '')}")
     return lines
 
 
