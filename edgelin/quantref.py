@@ -20,6 +20,8 @@ Emulated (``arithmetic``), as exporters/precision.py writes the graphs:
                         quantiser), its input rounded per block as for int8's block scheme; the linears a layer
                         names in ``eight_bit_linears`` (Mamba-1's out_proj) in 8-bit blocks as int8's block scheme,
                         where the export recorded them (``manifest.extra["eight_bit_weights"]``)
+    routers             int8 and int4: a mixture-of-experts layer's router left in fp32, weights and input, where the
+                        export recorded it (``manifest.extra["fp32_routers"]``)
     embedding           the token table as the export stores it (``manifest.extra["embedding"]``: int8, int4 or fp32,
                         blocks of 32 along d_model); a tied head reads the same dequantised table, its input rounded
                         per block where the table is quantised (MatMulNBits) and not where it stays fp32; an int4
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from edgelin.layers.moe import moe_layers
 from edgelin.runtime.manifest import Manifest
 
 BLOCK = 32  # MatMulNBits' block and the activations' rounding block (exporters/precision.py: INT8_BLOCK, INT4_BLOCK)
@@ -57,6 +60,8 @@ def arithmetic(manifest: Manifest) -> str | None:
     eight = _eight_bit_count(manifest)
     if eight:
         weights += f" ({eight} with outlier inputs in 8-bit blocks)"
+    if manifest.extra.get("fp32_routers"):
+        weights += "; mixture-of-experts routers in fp32"
     return f"{weights}; the embedding table in {embedding}"
 
 
@@ -165,8 +170,12 @@ def quantised_model(model: nn.Module, manifest: Manifest) -> nn.Module | None:
         if storage != "fp32" and own_head.weight.shape[1] % BLOCK == 0:
             own_head.register_forward_pre_hook(lambda _m, a: (round_blocks(a[0]),) + tuple(a[1:]))
     eight = {id(m) for m in eight_bit_linears(q)} if _eight_bit_count(manifest) else set()
+    # mixture-of-experts routers the export left in fp32 (its manifest's fp32_routers: exports since that rule)
+    routers = {id(m.router) for m in moe_layers(q)} if manifest.extra.get("fp32_routers") else set()
+    for moe in moe_layers(q):  # each expert on the rows routed to it, as the graph gathers them: its inputs rounded there
+        moe.call_modules = True
     for module in q.modules():
-        if isinstance(module, nn.Linear) and module is not own_head:
+        if isinstance(module, nn.Linear) and module is not own_head and id(module) not in routers:
             stored = _int8_blocks if id(module) in eight else weights  # int4's 8-bit linears: MatMulNBits, 8 bits, block 32
             with torch.no_grad():
                 module.weight.copy_(torch.from_numpy(np.ascontiguousarray(stored(module.weight.detach().float().numpy().T).T)))

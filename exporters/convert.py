@@ -21,7 +21,7 @@ def convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manife
     resolved it; ``eight_bit``: int4's weights kept in 8-bit blocks, by digest); the manifest's extra fields record
     the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
-    nodes, op_types, kept, eight = {}, {}, {}, 0
+    nodes, op_types, kept, eight, routers = {}, {}, {}, 0, 0
     for graph, fname in GRAPH_FILES.items():
         if precision == "int8":  # the quantiser reads the file itself: no second copy of the weights in memory
             proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
@@ -31,11 +31,14 @@ def convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manife
         tied_head_in_place(proto)
         save_graph(proto, tmp / fname)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), op_histogram(proto), note.kept
-        eight = max(eight, note.eight_bit)
+        eight, routers = max(eight, note.eight_bit), max(routers, note.fp32_routers)
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
     if eight:  # validate's quantised reference stores the same linears in 8 bits (edgelin.quantref)
         manifest.extra["eight_bit_weights"] = eight
         say(f"{eight} weights whose layers read outlier inputs stored in 8-bit blocks")
+    if routers:  # validate's quantised reference leaves the same routers unquantised (edgelin.quantref)
+        manifest.extra["fp32_routers"] = routers
+        say(f"{routers} mixture-of-experts routers kept in fp32 (their top-k choice is a comparison that rounding flips)")
     if precision == "int8":
         manifest.extra["int8_scheme"] = int8_scheme
     if precision in ("int8", "int4"):  # how the token table is stored: validate's quantised reference reads it

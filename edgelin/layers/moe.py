@@ -16,7 +16,7 @@ from torch import nn
 
 from edgelin.layers import register_mixer
 from edgelin.layers.mlp import PackedSwiGLU, ReluSquaredMLP, SwiGLU
-from edgelin.ops.moe import SCORINGS, moe_experts, naive_moe, naive_route, route
+from edgelin.ops.moe import SCORINGS, module_experts, moe_experts, naive_moe, naive_route, route
 from edgelin.state import State
 
 EXPERT_KINDS = {"swiglu": SwiGLU, "relu2": ReluSquaredMLP}  # expert_kind -> its module
@@ -70,7 +70,10 @@ class MoE(nn.Module):
     expert's (gated). Modules: ``router`` (Linear d -> E, no bias), ``experts`` (E ``SwiGLU`` or ``ReluSquaredMLP``),
     ``expert_bias`` [E] (a buffer, with ``score_bias``), ``shared`` (of ``shared_kind``) and ``shared_gate`` (Linear
     d -> 1), ``latent_in`` (d -> latent) and ``latent_out`` (latent -> d) where configured.
-    ``naive=True`` runs the reference loops (``naive_route``, ``naive_moe``)."""
+    ``naive=True`` runs the reference loops (``naive_route``, ``naive_moe``); ``call_modules``: the experts run as
+    modules on their routed rows (``module_experts``: edgelin.quantref's hooks on their linears then see those rows)."""
+
+    call_modules = False
 
     def __init__(self, options: MoEOptions) -> None:
         super().__init__()
@@ -102,7 +105,7 @@ class MoE(nn.Module):
         flat = x.reshape(-1, x.shape[-1])  # [N, d], N = B T
         if self.options.latent:
             flat = self.latent_in(flat)  # [N, latent]
-        y = (naive_moe if naive else moe_experts)(flat, ids, weights, self.experts)
+        y = (naive_moe if naive else module_experts if self.call_modules else moe_experts)(flat, ids, weights, self.experts)
         if self.options.latent:
             y = self.latent_out(y)
         y = y.reshape(x.shape)

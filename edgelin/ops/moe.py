@@ -152,6 +152,18 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, exper
     return out
 
 
+def module_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts) -> torch.Tensor:
+    """``moe_experts`` with each expert called as a module on its routed rows (what a module's hooks see: edgelin.quantref
+    rounds a quantised linear's input there, as ONNX Runtime rounds the rows the graph gathers for that expert)."""
+    dense = dense_weights(ids, weights, len(experts))  # [N, E]
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        rows = torch.nonzero(dense[:, e]).flatten()
+        if rows.numel():
+            out = out.index_add(0, rows, dense[rows, e, None] * expert(x[rows]))
+    return out
+
+
 def _expert(e, x: torch.Tensor) -> torch.Tensor:
     """One expert module on x [n, D] by the formula of its kind (gated SwiGLU, or relu^2 without a gate)."""
     if not hasattr(e, "gate"):
@@ -228,5 +240,5 @@ def translation_table() -> dict:
             torch.ops.edgelin.expert_add_relu2.default: expert_add_relu2_nodes}
 
 
-__all__ = ["SCORINGS", "dense_weights", "expert_add", "expert_add_relu2", "group_limit", "moe_experts", "naive_moe",
+__all__ = ["SCORINGS", "dense_weights", "expert_add", "expert_add_relu2", "group_limit", "moe_experts", "module_experts", "naive_moe",
            "naive_route", "relu2_mlp", "route", "swiglu", "top_mask", "translation_table"]

@@ -59,6 +59,7 @@ class Conversion:
     kept: list[str] = field(default_factory=list)  # "what (why)": tensors/nodes left in higher precision
     fp32_nodes: int = 0  # fp16: nodes kept in fp32 (the accumulator region)
     eight_bit: int = 0  # int4: MatMuls stored in 8-bit blocks (a layer's eight_bit_linears)
+    fp32_routers: int = 0  # int8 / int4: mixture-of-experts routers' MatMuls left in fp32 (``router_matmuls``)
 
 
 def check_precision(precision: str, state_dtype: str = "float32") -> None:

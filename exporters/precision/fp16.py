@@ -128,6 +128,17 @@ def router_region(graph: onnx.GraphProto) -> set[str]:
     return region
 
 
+ROUTER_KEPT = "a mixture-of-experts router: a near tie between two experts flips under its rounding, and the token then " \
+              "takes another expert's output"
+
+
+def router_matmuls(graph: onnx.GraphProto) -> list[str]:
+    """The MatMul of each mixture-of-experts router (``router_region``'s MatMuls): int8 and int4 leave them in fp32
+    (a router is d x E, a few hundred KB at most per layer; its top-k choice is a comparison that rounding flips)."""
+    region = router_region(graph)
+    return [n.name for n in graph.node if n.op_type == "MatMul" and n.name in region]
+
+
 def _forward_from(graph: onnx.GraphProto, start: str | Callable[[onnx.NodeProto], bool], *, stop: set[str],
                   exclude: set[str] = frozenset()) -> set[str]:
     """Names of every node ``start`` names (an op type, or a test of the node) and of the nodes reachable forward

@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 from edgelin.exporters.precision.common import (
     ACCURACY_LEVEL, EMBEDDING_BITS, FLOAT, INT4_BLOCK, MS_DOMAIN, TABLE_BLOCK, Conversion, quiet,
 )
+from edgelin.exporters.precision.fp16 import ROUTER_KEPT, router_matmuls
 from edgelin.exporters.precision.int8 import _quantise_matmuls
 from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table, table_heads
 
@@ -118,14 +119,18 @@ def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int
 
     exact_head = _quantise_untied_head(proto, embedding)
     eight = _eight_bit_matmuls(proto.graph, eight_bit)
+    routers = router_matmuls(proto.graph)
     with quiet():
         quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
-                                     accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=([exact_head] if exact_head else []) + eight or None)
+                                     accuracy_level=ACCURACY_LEVEL,
+                                     nodes_to_exclude=([exact_head] if exact_head else []) + eight + routers or None)
         quant.process()
         out = quant.model.model
     if eight:
         _quantise_matmuls(out.graph, numpy_helper.to_array, "block", only=frozenset(eight))
     tables = quantise_embedding(out, embedding)
     why = {exact_head: "the head, stored as the embedding table is: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
-    note = Conversion("int4", kept=kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why), eight_bit=len(eight))
+    why.update(dict.fromkeys(routers, ROUTER_KEPT))
+    note = Conversion("int4", kept=kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why), eight_bit=len(eight),
+                      fp32_routers=len(routers))
     return out, note

@@ -15,6 +15,7 @@ from onnx import helper, numpy_helper
 from edgelin.exporters.precision.common import (
     ACCURACY_LEVEL, DEFAULT_INT8_SCHEME, FLOAT, INT8_BLOCK, MS_DOMAIN, Conversion, int8_scheme_choice,
 )
+from edgelin.exporters.precision.fp16 import ROUTER_KEPT, router_matmuls
 from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table
 
 
@@ -33,12 +34,14 @@ def int8_file(path: Path, embedding: str = "int8", scheme: str = DEFAULT_INT8_SC
     the tests hold the two to bit equality. Scheme "block": MatMulNBits, 8 bits, block INT8_BLOCK."""
     int8_scheme_choice("int8", scheme)
     proto = onnx.load(str(path), load_external_data=False)
-    _quantise_matmuls(proto.graph, lambda t: _read_tensor(t, path.parent), scheme)
+    routers = router_matmuls(proto.graph)
+    _quantise_matmuls(proto.graph, lambda t: _read_tensor(t, path.parent), scheme, exclude=frozenset(routers))
     for t in proto.graph.initializer:  # what stays in fp32 (the embedding, norms, ...), into memory
         if t.data_location == onnx.TensorProto.EXTERNAL:
             t.CopyFrom(numpy_helper.from_array(_read_tensor(t, path.parent), t.name))
     tables = quantise_embedding(proto, embedding)
-    note = Conversion("int8", kept=kept_matmuls(proto, "its weight is not a float [K, N] constant", tables))
+    note = Conversion("int8", kept=kept_matmuls(proto, "its weight is not a float [K, N] constant", tables, dict.fromkeys(routers, ROUTER_KEPT)),
+                      fp32_routers=len(routers))
     return proto, note
 
 
@@ -79,16 +82,17 @@ def quantise_int8_blocks(w: np.ndarray, block: int = INT8_BLOCK) -> tuple[np.nda
 
 
 def _quantise_matmuls(graph: onnx.GraphProto, read: Callable[[onnx.TensorProto], np.ndarray], scheme: str = DEFAULT_INT8_SCHEME,
-                      only: frozenset[str] | None = None) -> None:
+                      only: frozenset[str] | None = None, exclude: frozenset[str] = frozenset()) -> None:
     """Each MatMul of ``graph`` whose weight (input 1) is a float [K, N] initializer -> int8. Scheme "channel":
     quantize_dynamic's pattern: DynamicQuantizeLinear of the activation (one per activation, shared by its
     MatMuls), MatMulInteger on the int8 weight, Cast, and a Mul by the two scales. Scheme "block": one MatMulNBits
     (``quantise_int8_blocks``). A weight is read (``read``) and quantised once; one that no other node reads is
-    dropped. ``only``: the names of the MatMuls to quantise (int4's 8-bit ones); None: every one."""
+    dropped. ``only``: the names of the MatMuls to quantise (int4's 8-bit ones); None: every one but those ``exclude``
+    names (the routers)."""
     inits = {t.name: t for t in graph.initializer}
     targets = [n for n in graph.node if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.input[1] in inits
                and inits[n.input[1]].data_type == FLOAT and len(inits[n.input[1]].dims) == 2 and n.input[0] not in inits
-               and (only is None or n.name in only)]
+               and (only is None or n.name in only) and n.name not in exclude]
     if not targets:
         return
     taken = {v for n in graph.node for v in (*n.input, *n.output)} | set(inits) | {i.name for i in graph.input}

@@ -218,6 +218,45 @@ def test_mamba_layers_name_their_out_proj_for_8_bits():
     assert quantref.eight_bit_linears(layer) == [layer.out_proj]
 
 
+@pytest.mark.parametrize("arith", list(ARITHMETICS))
+def test_int8_and_int4_leave_each_router_in_fp32(arith):
+    """A mixture-of-experts layer's router (its MatMul up to the TopK) stays an fp32 MatMul in int8 and int4, every
+    expert's MatMuls are quantised, the note says why and counts it, and quantref's model computes the same once the
+    manifest records it (and, with the router quantised, measurably not)."""
+    import logging
+
+    from edgelin.layers.moe import MoE, MoEOptions
+    from edgelin.ops.moe import translation_table
+
+    precision, scheme, op = ARITHMETICS[arith]
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    moe = MoE(MoEOptions(d_model=64, num_experts=4, top_k=2, expert_hidden=32)).eval()
+    with torch.no_grad():
+        moe.router.weight.mul_(8.0)  # clear margins: the comparison below is of arithmetic, not of near ties
+    dims = torch.export.Dim("B"), torch.export.Dim("T")
+    program = torch.onnx.export(moe, (torch.randn(2, 5, 64),), input_names=["x"], output_names=["y"], dynamo=True, opset_version=18,
+                                optimize=True, dynamic_shapes=({0: dims[0], 1: dims[1]},), custom_translation_table=translation_table())
+    proto = program.model_proto
+    shapes = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    (router,) = [n.name for n in proto.graph.node if n.op_type == "MatMul" and shapes.get(n.input[1]) == (64, 4)]  # d x E
+    out, note = convert(proto, precision, int8_scheme=scheme)
+    ops = {n.name: n.op_type for n in out.graph.node}
+    assert ops[router] == "MatMul" and note.fp32_routers == 1
+    assert sum(t == op for t in ops.values()) == 3 * 4  # every expert's gate, up and down
+    assert any(router in k and "mixture-of-experts router" in k for k in note.kept), note.kept
+    x = np.random.default_rng(3).standard_normal((2, 7, 64)).astype(np.float32)
+    recorded = _manifest(precision, scheme)
+    recorded.extra["fp32_routers"] = 1
+    assert "routers in fp32" in quantref.arithmetic(recorded)
+    with torch.no_grad():
+        got = quantref.quantised_model(moe, recorded)(torch.from_numpy(x)).numpy()
+        routers_too = quantref.quantised_model(moe, _manifest(precision, scheme))(torch.from_numpy(x)).numpy()
+    ref = _run(out, x)
+    assert rel_l2(got, ref) <= 1e-5, rel_l2(got, ref)
+    assert rel_l2(routers_too, ref) > 10 * max(rel_l2(got, ref), 1e-7)
+
+
 def test_what_has_a_quantised_reference():
     assert quantref.arithmetic(_manifest("int8", "block")).startswith("8-bit weights in blocks of 32")
     assert quantref.arithmetic(_manifest("int8", "channel")).startswith("7-bit weights per output channel")

@@ -56,8 +56,10 @@ def test_moe_matches_the_naive_loops_in_float64(case):
         nids, nw = moe.routing(x, naive=True)
         assert torch.equal(ids, nids) and max_abs(w, nw) <= 1e-15
         got, ref = moe(x), moe(x, naive=True)
+        moe.call_modules = True  # the experts as modules on their routed rows (edgelin.quantref's path)
+        modules = moe(x)
     assert got.shape == x.shape and got.abs().max() > 0.1
-    assert max_abs(got, ref) <= 1e-13
+    assert max_abs(got, ref) <= 1e-13 and max_abs(modules, ref) <= 1e-13
 
 
 def test_routing_rules():
