@@ -20,6 +20,7 @@ Opt-in sections (``sections=["fla"]``, ``--section fla``) run only when named.
     lowering    lowering (opt-in): portable vs fused graphs (export --ops) in the Python runtime, node and WASM
     hybrid      hybrid (opt-in): linear, hybrid and softmax stacks of one size, decode and state against context
     transformers_eager  transformers (opt-in): each Hugging Face family's export vs transformers' eager model
+    genai       genai (opt-in): edgelin vs onnxruntime-genai's builder (its own venv) on the same checkpoint
     goals       the speed goals judged on a record's figures
     report      BenchReport, the record (its envelope, the JSON file, the output folder), the table of every section
     plots       the PNG plots (matplotlib, optional)
