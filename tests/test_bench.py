@@ -464,7 +464,7 @@ def test_decay_fla_models_build_and_import(tmp_path):
     pytest.importorskip("fla.models", reason="flash-linear-attention (with triton) is not installed")
     import fla.models
 
-    from edgelin.bench.decay import FLA_MODELS, build_fla, fla_config
+    from edgelin.bench.fla_models import FLA_MODELS, build_fla, fla_config
 
     for name, (config_class, model_class, _) in FLA_MODELS.items():
         config = fla_config(name, (32, 2, 2, 16))

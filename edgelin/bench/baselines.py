@@ -117,7 +117,7 @@ def export_one(model: nn.Module, job: dict[str, Any]) -> dict[str, Any]:
     if kind == "linear":
         result = export(model, path, opset=opset, force=True, check=True)
         return {"seconds": time.perf_counter() - t0, "nodes": result.nodes}
-    if kind == "fla":  # an imported fla model (decay.build_fla), exact up to one call of max_sequence tokens
+    if kind == "fla":  # an imported fla model (fla_models.build_fla), exact up to one call of max_sequence tokens
         result = export(model, path, opset=opset, force=True, check=True, max_sequence=job["max_sequence"])
         return {"seconds": time.perf_counter() - t0, "nodes": result.nodes, "parameters": sum(p.numel() for p in model.parameters())}
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
@@ -152,7 +152,7 @@ def export_one(model: nn.Module, job: dict[str, Any]) -> dict[str, Any]:
 def _rebuild(job: dict[str, Any]) -> nn.Module:
     """The job's model, rebuilt in a worker from the config and the saved weights (an fla job's: built with fla)."""
     if job["kind"] == "fla":
-        from .decay import build_fla
+        from .fla_models import build_fla
 
         return build_fla(job)
     cls = SoftmaxLM if job["kind"].startswith("softmax") else LinearLM
@@ -210,7 +210,7 @@ def export_linear_models(configs: dict[str, ModelConfig], work: Path, say: Progr
 
 def export_fla_models(jobs: list[dict[str, Any]], work: Path, say: Progress) -> dict[str, dict]:
     """fla models built with fla, imported and exported with the check by the export workers (jobs of kind "fla":
-    decay.build_fla): per name, the worker's result (nodes, seconds, parameters). The decay section's fla rows."""
+    fla_models.build_fla): per name, the worker's result (nodes, seconds, parameters). The decay section's fla rows."""
     return _in_workers(jobs, work, say)
 
 

@@ -32,7 +32,6 @@ are skipped with the reason.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from edgelin.config import ModelConfig
 from edgelin.runtime.session import Session
 
 from . import baselines
+from .fla_models import FLA_BASELINE, FLA_MODELS, FLA_VOCAB, fla_config, fla_missing
 from .harness import interleaved, ratio, stats
 from .measure import prefill_case
 from .plan import DATA_SEED, BenchError, Plan, Progress
@@ -52,16 +52,6 @@ from .plan import DATA_SEED, BenchError, Plan, Progress
 DECAY_BASE = {"vocab_size": 256, "feature_map": "relu", "conv_size": 4}
 WIDTHS = ("d_model", "n_layers", "n_heads", "head_dim")
 DELTA_VARIANT = "scalar+delta"  # Gated DeltaNet: the scalar decay with the delta rule (no denominator)
-FLA_BASELINE = "gated_deltanet"
-FLA_MODELS = {  # name -> (fla config class, model class, options beside the plan's widths)
-    "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", {"expand_v": 1.0}),
-    "kda": ("KDAConfig", "KDAForCausalLM", {"expand_v": 1.0}),
-    "gated_deltaproduct": ("GatedDeltaProductConfig", "GatedDeltaProductForCausalLM",
-                           {"expand_v": 1.0, "num_householder": 2, "use_forget_gate": True}),
-    "rwkv7": ("RWKV7Config", "RWKV7ForCausalLM", {}),
-}
-FLA_VOCAB = 512
-FLA_HINT = "pip install -e '.[test]' installs flash-linear-attention and triton"
 
 
 def decays() -> tuple[str, ...] | None:
@@ -144,40 +134,6 @@ def decay_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     }
 
 
-def fla_config(name: str, widths: tuple[int, int, int, int]) -> dict[str, Any]:
-    """fla's config fields of model ``name`` at ``widths`` (d_model, n_layers, n_heads, head_dim)."""
-    d, layers, heads, head_dim = widths
-    options = {"num_heads": heads} if name != "rwkv7" else {}
-    return {"hidden_size": d, "num_hidden_layers": layers, "vocab_size": FLA_VOCAB, "intermediate_size": 3 * d,
-            "head_dim": head_dim, **options, **FLA_MODELS[name][2]}
-
-
-def build_fla(job: dict[str, Any]):
-    """In an export worker: the job's fla model (fla's config class, seed MODEL_SEED, random init) saved to
-    ``job["checkpoint"]``, then read back through edgelin's importer (the model exported)."""
-    import importlib
-
-    import torch
-
-    from edgelin.checkpoint import load_checkpoint
-
-    from .plan import MODEL_SEED
-
-    models = importlib.import_module("fla.models")
-    config_class, model_class, _ = FLA_MODELS[job["fla"]]
-    torch.manual_seed(MODEL_SEED)
-    getattr(models, model_class)(getattr(models, config_class)(**job["config"])).eval().save_pretrained(job["checkpoint"])
-    return load_checkpoint(job["checkpoint"]).float().eval()
-
-
-def fla_missing() -> str | None:
-    """Why fla's models cannot be built here (fla or triton not installed), or None."""
-    for module, what in (("fla", "flash-linear-attention"), ("triton", "triton (fla's models import it)")):
-        if importlib.util.find_spec(module) is None:
-            return f"{what} is not installed; {FLA_HINT}"
-    return None
-
-
 def fla_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     """The fla recurrences' rows (the module docstring), or {"status": "skipped", "reason": ...}."""
     names = [n for n in FLA_MODELS if n in plan.decay_fla]
@@ -240,5 +196,4 @@ def fla_section(plan: Plan, threads: int, say: Progress) -> dict[str, Any]:
     }
 
 
-__all__ = ["DECAY_BASE", "DELTA_VARIANT", "FLA_BASELINE", "FLA_MODELS", "build_fla", "decay_section", "decays", "fla_config",
-           "fla_missing", "fla_section", "variant_config"]
+__all__ = ["DECAY_BASE", "DELTA_VARIANT", "decay_section", "decays", "fla_section", "variant_config"]

@@ -105,7 +105,7 @@ class Plan:
     genai_rounds: int = 3  # ... rounds, every contender once per round in its own process, the order alternating
     genai_prompt: int = 512  # ... prompt tokens: prefill = one call of this many tokens
     genai_decode: int = 64  # ... greedy decode steps after the prompt (decode = their median step)
-    decay_fla: tuple[str, ...] = ("gated_deltanet", "kda", "gated_deltaproduct", "rwkv7")  # decay section: fla's models (decay.FLA_MODELS)
+    decay_fla: tuple[str, ...] = ("gated_deltanet", "kda", "gated_deltaproduct", "rwkv7")  # decay section: fla's models (fla_models.FLA_MODELS)
 
 
 FULL = Plan(

@@ -127,7 +127,7 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
         fail(f"{', '.join(k for k, v in given.items() if v not in (None, ()))}: options of the genai section; add --section genai")
     genai = None
     if "genai" in names:
-        from edgelin.bench.genai import default_record_dir
+        from edgelin.bench.genai_cache import default_record_dir
 
         genai = {"checkpoint": genai_checkpoint, "models": genai_models or None, "precisions": genai_precisions or None,
                  "thread_counts": genai_threads or None, "rounds": genai_rounds, "ops": genai_ops or ("portable", "fused"),
