@@ -18,8 +18,10 @@ from edgelin.exporters.source import resolve_source
 from edgelin.exporters.tracing import failure_cause
 from edgelin.exporters.write import GRAPH_FILES
 from edgelin.runtime import golden
+from edgelin.layers.moe import moe_layers
 from edgelin.runtime.manifest import Manifest, file_sha256
 from edgelin.state import fresh_state, from_numpy, to_numpy
+from edgelin.validate.routing import differs, routing_capture, topk_session
 
 SMOKE_STEPS = 4  # greedy decode steps of the smoke check
 
@@ -69,13 +71,20 @@ def smoke_reference(model, manifest: Manifest, like: dict[str, Any] | None = Non
         ids = like["ids"]
     T = ids.shape[1]
     lengths = torch.tensor([T, max(T - 5, 1)]) if manifest.lengths else None
+    # a mixture-of-experts model: each run's chosen experts too (routing_capture), so that the check sets aside the
+    # tokens whose experts the graphs choose otherwise (a near tie: another expert's output, not rounding)
+    routed = bool(moe_layers(model))
     with torch.no_grad():
-        ref, state = model(ids, fresh_state(specs, 2, dtype=dtype), **({} if lengths is None else {"lengths": lengths}))
-        out = {"ids": ids, "lengths": lengths, "prefill": ref.numpy(), "steps": []}
+        with routing_capture(model) as chosen:
+            ref, state = model(ids, fresh_state(specs, 2, dtype=dtype), **({} if lengths is None else {"lengths": lengths}))
+        out = {"ids": ids, "lengths": lengths, "prefill": ref.numpy(), "steps": [], "routing": [list(chosen)] if routed else None}
         for i in range(SMOKE_STEPS):
             nxt = ref[:, -1:].argmax(-1) if like is None else like["steps"][i][0]  # [2, 1]
-            ref, state = model.step(nxt, state)
+            with routing_capture(model) as chosen:
+                ref, state = model.step(nxt, state)
             out["steps"].append((nxt, ref.numpy()))
+            if routed:
+                out["routing"].append(list(chosen))
     return out
 
 
@@ -90,28 +99,42 @@ def smoke_floor(reference: dict[str, Any], reference64: dict[str, Any]) -> dict[
 def smoke_check(reference: dict[str, Any], out: Path, manifest: Manifest) -> dict[str, parity.Errors]:
     """ORT CPU vs ``smoke_reference``'s PyTorch outputs: logits errors of the prefill and the worst decode step.
     The sessions keep the weights in the file's mapped pages (no prepacking: the check is not timed), shared by
-    both."""
+    both. A mixture-of-experts model's tokens whose chosen experts the graphs choose otherwise are set aside, as
+    validate does (``edgelin.validate.routing``): their count goes to ``reference["set_aside"]``."""
     from edgelin.runtime.providers import open_session
 
     sessions = {g: open_session(out / f, "cpu", prepack=False) for g, f in GRAPH_FILES.items()}
     specs = manifest.states
     lengths = reference["lengths"]
+    routing = reference.get("routing")  # PyTorch's chosen experts per run (a mixture-of-experts model), else None
+    tops = {g: topk_session(out / f, out) for g, f in GRAPH_FILES.items()} if routing else {}
+    reference["set_aside"] = 0  # tokens whose experts the graphs choose otherwise, left out of the comparison
 
-    def run(graph: str, x: torch.Tensor, st) -> tuple[np.ndarray, dict]:
+    def run(graph: str, x: torch.Tensor, st, want) -> tuple[np.ndarray, dict, np.ndarray | None]:
         feeds = {name: a.astype(spec.np_dtype, copy=False) for (name, a), spec in zip(to_numpy(specs, st).items(), specs)}
         if graph == "prefill" and lengths is not None:
             feeds[manifest.lengths] = lengths.numpy()
         if graph == "prefill":  # every position's logits, as the reference has
             feeds |= manifest.prefill_positions(*x.shape)
-        got = sessions[graph].run([manifest.logits] + [s.output for s in specs], {INPUT_IDS: x.numpy(), **feeds})
-        return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])})
+        feeds[INPUT_IDS] = x.numpy()
+        got = sessions[graph].run([manifest.logits] + [s.output for s in specs], feeds)
+        aside = None
+        if want is not None and tops[graph][0] is not None:  # [B, t] where the graph's experts differ
+            aside = differs(tops[graph][0].run(tops[graph][1], feeds), want, tuple(x.shape))
+        return got[0], from_numpy(specs, {s.input: v for s, v in zip(specs, got[1:])}), aside
 
-    got, ort_state = run("prefill", reference["ids"], fresh_state(specs, 2))
-    errors = {"prefill": parity.errors(got, reference["prefill"])}
+    def held(got: np.ndarray, ref: np.ndarray, aside: np.ndarray | None) -> parity.Errors:
+        if aside is None or not aside.any():
+            return parity.errors(got, ref)
+        reference["set_aside"] += int(aside.sum())
+        return parity.errors(got[~aside], ref[~aside]) if (~aside).any() else parity.NONE
+
+    got, ort_state, aside = run("prefill", reference["ids"], fresh_state(specs, 2), routing[0] if routing else None)
+    errors = {"prefill": held(got, reference["prefill"], aside)}
     worst = parity.NONE
-    for nxt, ref in reference["steps"]:
-        got, ort_state = run("decode", nxt, ort_state)
-        worst = worst.worst(parity.errors(got, ref))
+    for i, (nxt, ref) in enumerate(reference["steps"]):
+        got, ort_state, aside = run("decode", nxt, ort_state, routing[1 + i] if routing else None)
+        worst = worst.worst(held(got, ref, aside))
     errors["decode"] = worst
     return errors
 

@@ -10,7 +10,9 @@ of the others; the routing check counts them."""
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -25,41 +27,52 @@ from edgelin.validate.validator import Validator
 BATCH, LENGTH = 2, 200
 
 
-def reference_routing(model: torch.nn.Module, ids: np.ndarray, run: Callable[[torch.Tensor], object] | None = None) -> list[np.ndarray]:
-    """The model's chosen experts per MoE layer, [B T, k] each (module order = layer order), while ``run`` (default:
-    the model's prefill from a fresh state) runs on ``ids`` [B, T]."""
+@contextlib.contextmanager
+def routing_capture(model: torch.nn.Module) -> Iterator[list[np.ndarray]]:
+    """While inside: each MoE layer's chosen experts, [B T, k], appended as the model runs (module order = layer order),
+    read by hooks on the layers' inputs."""
     chosen: list[np.ndarray] = []
     def read(module, args) -> None:
         chosen.append(module.routing(args[0])[0].numpy())
 
     hooks = [m.register_forward_pre_hook(read) for m in moe_layers(model)]
     try:
-        with torch.no_grad():
-            (run or model)(torch.from_numpy(ids))
+        yield chosen
     finally:
         for h in hooks:
             h.remove()
+
+
+def reference_routing(model: torch.nn.Module, ids: np.ndarray, run: Callable[[torch.Tensor], object] | None = None) -> list[np.ndarray]:
+    """The model's chosen experts per MoE layer, [B T, k] each (module order = layer order), while ``run`` (default:
+    the model's prefill from a fresh state) runs on ``ids`` [B, T]."""
+    with routing_capture(model) as chosen, torch.no_grad():
+        (run or model)(torch.from_numpy(ids))
     return chosen
 
 
-def _routing_session(v: Validator, graph: str):
-    """(an ONNX Runtime session of a copy of ``graph`` whose outputs are its TopK nodes' indices, those outputs'
-    names), made once per validation; (None, []) where the graph has no TopK node."""
+def topk_session(graph_file: Path, folder: Path):
+    """(an ONNX Runtime session of a copy of the graph in ``graph_file`` whose outputs are its TopK nodes' indices, in
+    graph order, those outputs' names); (None, []) where the graph has no TopK node. ``folder``: where its weights are."""
     import onnx
     import onnxruntime as ort
 
+    proto = onnx.load(str(graph_file), load_external_data=False)
+    tops = [n.output[1] for n in proto.graph.node if n.op_type == "TopK"]
+    if not tops:
+        return None, []
+    del proto.graph.output[:]
+    proto.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None) for name in tops)
+    options = make_session_options(1)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"]), tops
+
+
+def _routing_session(v: Validator, graph: str):
+    """``topk_session`` of the export's ``graph``, made once per validation."""
     cache = v.__dict__.setdefault("_routing_sessions", {})
     if graph not in cache:
-        proto = onnx.load(str(v.manifest.graph_path(v.export_dir, graph)), load_external_data=False)
-        tops = [n.output[1] for n in proto.graph.node if n.op_type == "TopK"]
-        sess = None
-        if tops:
-            del proto.graph.output[:]
-            proto.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None) for name in tops)
-            options = make_session_options(1)
-            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(v.export_dir))
-            sess = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        cache[graph] = (sess, tops)
+        cache[graph] = topk_session(v.manifest.graph_path(v.export_dir, graph), v.export_dir)
     return cache[graph]
 
 
@@ -80,7 +93,7 @@ def graph_routing(v: Validator, session: Session, ids: np.ndarray) -> list[np.nd
     return sess.run(tops, feeds)
 
 
-def _agreeing(got: list[np.ndarray] | None, want: list[np.ndarray]) -> list[np.ndarray] | None:
+def agreeing(got: list[np.ndarray] | None, want: list[np.ndarray]) -> list[np.ndarray] | None:
     """Per MoE layer, [B T] bool: the token's chosen experts (as a set) are the same in the graph and the model; None
     where the graph's TopK nodes do not pair with the model's MoE layers."""
     if got is None or len(got) != len(want):
@@ -88,7 +101,10 @@ def _agreeing(got: list[np.ndarray] | None, want: list[np.ndarray]) -> list[np.n
     return [np.all(np.sort(g.reshape(w.shape), -1) == np.sort(w, -1), axis=-1) for g, w in zip(got, want)]
 
 
-def _differs(same: list[np.ndarray] | None, shape: tuple[int, int]) -> np.ndarray | None:
+def differs(got: list[np.ndarray] | None, want: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray | None:
+    """Bool of ``shape`` ([B, T] or [B, 1]): the tokens whose chosen experts differ between ``got`` and ``want`` in any
+    MoE layer (``agreeing``); None where they do not pair."""
+    same = agreeing(got, want)
     return None if same is None else ~np.logical_and.reduce(same).reshape(shape)
 
 
@@ -98,18 +114,18 @@ def prefill_differs(v: Validator, session: Session, ids: np.ndarray) -> np.ndarr
     do not pair with its MoE layers (the routing check says so)."""
     if not moe_layers(v.model):
         return None
-    return _differs(_agreeing(graph_routing(v, session, ids), reference_routing(v.model, ids)), ids.shape)
+    return differs(graph_routing(v, session, ids), reference_routing(v.model, ids), ids.shape)
 
 
 def step_routing(v: Validator, x: np.ndarray, state: dict) -> tuple[torch.Tensor, dict, list[np.ndarray] | None]:
     """The model's decode step on ``x`` [B, 1] from ``state``: (logits, next state, its chosen experts per MoE layer,
     None for a model without an MoE layer), read by hooks during that one step."""
-    out: list = []
     if not moe_layers(v.model):
         with torch.no_grad():
             return (*v.model.step(torch.from_numpy(x), state), None)
-    chosen = reference_routing(v.model, x, run=lambda ids: out.append(v.model.step(ids, state)))
-    return (*out[0], chosen)
+    with routing_capture(v.model) as chosen, torch.no_grad():
+        logits, state = v.model.step(torch.from_numpy(x), state)
+    return logits, state, chosen
 
 
 def decode_differs(v: Validator, x: np.ndarray, state_before: dict[str, np.ndarray], want: list[np.ndarray] | None) -> np.ndarray | None:
@@ -122,7 +138,7 @@ def decode_differs(v: Validator, x: np.ndarray, state_before: dict[str, np.ndarr
     if sess is None:
         return None
     got = sess.run(tops, {v.manifest.input_ids: x, **state_before})
-    return _differs(_agreeing(got, want), x.shape)
+    return differs(got, want, x.shape)
 
 
 def routing_agreement(v: Validator, session: Session) -> None:
@@ -134,7 +150,7 @@ def routing_agreement(v: Validator, session: Session) -> None:
     want = reference_routing(v.model, ids)
     got = graph_routing(v, session, ids)
     name = f"routing agreement ({BATCH * LENGTH} tokens x {len(layers)} MoE layers)"
-    same = _agreeing(got, want)
+    same = agreeing(got, want)
     if same is None:
         found = 0 if got is None else len(got)
         v.add(Check("routing", name, NA, where=f"the prefill graph has {found} TopK nodes for {len(layers)} MoE layers"))
@@ -147,4 +163,5 @@ def routing_agreement(v: Validator, session: Session) -> None:
                 FAIL if where else PASS, budget={"min_agreement": need}, where=where))
 
 
-__all__ = ["decode_differs", "graph_routing", "prefill_differs", "reference_routing", "routing_agreement", "step_routing"]
+__all__ = ["agreeing", "decode_differs", "differs", "graph_routing", "prefill_differs", "reference_routing", "routing_agreement",
+           "routing_capture", "step_routing", "topk_session"]

@@ -13,7 +13,9 @@ from edgelin import parity, upstream as up
 from edgelin.errors import EdgelinError
 from edgelin.parity import BUDGETS
 from edgelin.runtime.session import Session
+from edgelin.layers.moe import moe_layers
 from edgelin.validate.report import FAIL, NA, PASS, Check
+from edgelin.validate.routing import decode_differs, differs, graph_routing, routing_capture
 from edgelin.validate.validator import Validator, errors_or_inf, said_errors
 
 
@@ -36,7 +38,10 @@ def against_upstream(v: Validator, session: Session, checkpoint: Path, framework
     fp32 = parity.floored(fp32, v.floor["logits"], keep=v.overrides.get("upstream", {}))
     graph_budget = v.held("upstream")
     k = ref.greedy.shape[1]
-    mine_prefill, mine_decode, mine_greedy, mine_hidden = up.import_outputs(v.model, prompt, ids, k)
+    layers = len(moe_layers(v.model))  # a mixture-of-experts model: the import's chosen experts, per call (routing_capture)
+    with routing_capture(v.model) as chosen:
+        mine_prefill, mine_decode, mine_greedy, mine_hidden = up.import_outputs(v.model, prompt, ids, k)
+    mine_routing = [chosen[i * layers:(i + 1) * layers] for i in range(1 + steps)] if layers else None
     departs = ""
 
     def departure() -> str:
@@ -55,15 +60,30 @@ def against_upstream(v: Validator, session: Session, checkpoint: Path, framework
         where += f"; over the prompt it {departure()}"
     v.add(Check.of("upstream", f"import vs {framework}: {steps} cached decode steps", not where, e, fp32, where))
     # the graphs vs the framework
+    # tokens whose experts the graphs choose otherwise than the import (which is held to the framework above) are set
+    # aside, as in the prefill and decode checks (edgelin.validate.routing), and counted
     state = session.new_state(B)
     got_prefill = session.prefill(prompt, state)
-    got_decode = np.stack([session.decode(ids[:, t : t + 1], state)[:, -1] for t in range(steps)])
-    e = errors_or_inf(got_prefill, ref.prefill)
+    aside = differs(graph_routing(v, session, prompt), mine_routing[0], prompt.shape) if mine_routing else None
+    got_decode, aside_steps = [], []
+    for t in range(steps):
+        before = state.numpy() if mine_routing else None
+        got_decode.append(session.decode(ids[:, t : t + 1], state)[:, -1])
+        aside_steps.append(decode_differs(v, ids[:, t : t + 1], before, mine_routing[1 + t]) if mine_routing else None)
+    got_decode = np.stack(got_decode)
+    name = f"graphs vs {framework}: prefill T={T} batch={B}"
+    held, want = got_prefill, ref.prefill
+    if aside is not None and aside.any():
+        name += f", {int(aside.sum())} of {aside.size} positions set aside (their experts differ: see routing)"
+        held, want = held[~aside], want[~aside]
+    e = errors_or_inf(held, want)
     ok = parity.within(e, graph_budget)
     note = "" if ok else (f"logits {said_errors(e)}" + ("" if import_ok else f"; the import {departure()}"))
-    v.add(Check.of("upstream", f"graphs vs {framework}: prefill T={T} batch={B}", ok, e, graph_budget, note))
-    e, where = _steps(v, got_decode, ref.decode, graph_budget)
-    v.add(Check.of("upstream", f"graphs vs {framework}: {steps} decode steps, state fed back", not where, e, graph_budget, where))
+    v.add(Check.of("upstream", name, ok, e, graph_budget, note))
+    e, where = _steps(v, got_decode, ref.decode, graph_budget, aside_steps)
+    n = sum(int(a.sum()) for a in aside_steps if a is not None)
+    name = f"graphs vs {framework}: {steps} decode steps, state fed back" + (f", {n} tokens set aside (their experts differ: see routing)" if n else "")
+    v.add(Check.of("upstream", name, not where, e, graph_budget, where))
     # greedy ids after the prompt and the steps, each side through its own state
     got = up.greedy_ids(got_decode[-1], lambda tok: session.decode(tok, state)[:, -1], k)
     for who, ids_k in (("import", mine_greedy), ("graphs", got)):
@@ -76,11 +96,15 @@ def against_upstream(v: Validator, session: Session, checkpoint: Path, framework
             "prompt_tokens": T, "batch": B, "decode_steps": steps, "greedy_tokens": k}
 
 
-def _steps(v: Validator, got: np.ndarray, ref: np.ndarray, budget: dict) -> tuple[parity.Errors, str]:
-    """Worst errors over decode steps [N, B, V], and the first step out of budget."""
+def _steps(v: Validator, got: np.ndarray, ref: np.ndarray, budget: dict, aside: list | None = None) -> tuple[parity.Errors, str]:
+    """Worst errors over decode steps [N, B, V], and the first step out of budget; ``aside``: per step, the rows [B, 1]
+    to leave out (None: none)."""
     worst, where = parity.NONE, ""
     for t in range(ref.shape[0]):
-        e = errors_or_inf(got[t], ref[t])
+        rows = None if aside is None or aside[t] is None else ~aside[t].reshape(-1)
+        if rows is not None and not rows.any():
+            continue
+        e = errors_or_inf(got[t] if rows is None else got[t][rows], ref[t] if rows is None else ref[t][rows])
         worst = worst.worst(e)
         if not where and not parity.within(e, budget):
             where = f"first diverging step {t}: logits {said_errors(e)}"
