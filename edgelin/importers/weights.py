@@ -190,7 +190,7 @@ def load_checkpoint_weights(
     they are neither matched nor read. ``splits``: fused checkpoint tensors read as the tensors their rows hold
     (``RowSplit``, or ``ExpertSplit`` for stacked experts); the fused tensor's row count is checked from the header, its parts are matched by name.
     ``joins``: checkpoint tensors read as one, their rows concatenated (``RowJoin``), before any split."""
-    from edgelin.checkpoint import Checkpoint, weight_files
+    from edgelin.importers.folder import Checkpoint, weight_files
     from edgelin.safety import expected_shapes, header_shapes
 
     if isinstance(path, Checkpoint) and path.config_only:  # the architecture alone: weights as initialised
