@@ -18,9 +18,8 @@ from edgelin.layers.mlp import SwiGLU
 from edgelin.layers.moe import MoE
 from testkit import hf_oracle
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
-from testkit.experts import fused_experts
-from testkit.node import javascript_check
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.experts import fused_experts, moe_export_matches
+from testkit.stateful import edited_copy, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -112,25 +111,10 @@ def test_export_matches_transformers(tmp_path_factory, tmp_path):
     """Both graphs against transformers; validate passes, transformers (float64, its eager expert loop) and the
     routing agreement included; the JavaScript runtime in node. Each expert's MatMuls run on the rows routed to it
     only: one NonZero and one ScatterND per expert per MoE layer in both graphs."""
-    import onnx
-
-    from edgelin.exporters import export
-    from edgelin.validate import validate
-
     folder, prompt, steps, ref = oracle("lfm2moe-dense1-bias", tmp_path_factory)
     out = tmp_path_factory.mktemp("lfm2-moe-export") / "export"
-    export(folder, out, check=False)
-    experts = CASES["lfm2moe-dense1-bias"]["num_experts"] * 2  # two MoE layers
-    for graph in ("prefill", "decode"):
-        ops = [n.op_type for n in onnx.load(str(out / f"{graph}.onnx"), load_external_data=False).graph.node]
-        assert ops.count("NonZero") == experts and ops.count("ScatterND") == experts and ops.count("TopK") == 2, graph
-        assert "Loop" not in ops and "Scan" not in ops
-    export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
-    report = validate(out, folder, steps=16, long=300, upstream="required")  # and vs transformers itself
-    assert report.passed, report.table()
-    assert [c.status for c in report.checks if c.group == "routing"] == ["pass"], report.table()
-    report = javascript_check(out, tmp_path)  # NonZero, GatherND, ScatterND and empty rows in onnxruntime-node
-    assert report["passed"] and len(report["results"]) == 2, report
+    moe_export_matches(folder, prompt, steps, ref, out, tmp_path, MAX_ABS, moe_layers=2,
+                       experts=CASES["lfm2moe-dense1-bias"]["num_experts"])
 
 
 @pytest.mark.parametrize("changes, field, fragment", [

@@ -20,9 +20,8 @@ from edgelin.importers import IMPORTERS
 from edgelin.layers.moe import MoE
 from testkit import hf_oracle
 from testkit import rel_l2 as rel  # |got - ref|_2 / |ref|_2
-from testkit.experts import fused_experts
-from testkit.node import javascript_check
-from testkit.stateful import edited_copy, export_vs_reference, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
+from testkit.experts import fused_experts, moe_export_matches
+from testkit.stateful import edited_copy, import_vs_reference, pieces_and_steps_agree, protocol_and_naive_agree
 
 pytest.importorskip("transformers", reason="transformers is not installed; pip install -e '.[test]'")
 
@@ -96,18 +95,9 @@ def test_the_vision_language_checkpoint_imports_as_its_text_model(tmp_path_facto
 def test_export_matches_transformers(tmp_path_factory, tmp_path):
     """Both graphs against transformers; validate passes, transformers (float64, its eager expert loop) and the
     routing agreement included; the JavaScript runtime in node."""
-    from edgelin.exporters import export
-    from edgelin.validate import validate
-
     folder, prompt, steps, ref = oracle("qwen35moe-hybrid", tmp_path_factory)
     out = tmp_path_factory.mktemp("qwen35moe-export") / "export"
-    export(folder, out, check=False)
-    export_vs_reference(out, prompt, steps, ref["prefill"], ref["decode"], MAX_ABS, against="transformers")
-    report = validate(out, folder, steps=16, long=300, upstream="required")
-    assert report.passed, report.table()
-    assert [c.status for c in report.checks if c.group == "routing"] == ["pass"], report.table()
-    report = javascript_check(out, tmp_path)
-    assert report["passed"] and len(report["results"]) == 2, report
+    moe_export_matches(folder, prompt, steps, ref, out, tmp_path, MAX_ABS, moe_layers=2)
 
 
 @pytest.mark.parametrize("changes, field, fragment", [
