@@ -14,7 +14,8 @@ and each column of ``steps`` through the cache, and writes ``out`` (safetensors)
 
 A family whose model needs more than that has a module ``testkit/oracles/<model_type>.py`` (imported in the
 subprocess when present) with any of: ``CLASSES = (config class, model class)``; ``perturb(model, generator)``
-instead of the perturbation here; ``make_cache(cfg, model)`` instead of a DynamicCache; ``step_kwargs(spec, t)``
+instead of the perturbation here, or ``ROUTERS`` (name suffixes of router weights drawn afresh at std 0.3) and
+``BUFFERS`` ({name suffix: std} of buffers drawn after the parameters) beside it; ``make_cache(cfg, model)`` instead of a DynamicCache; ``step_kwargs(spec, t)``
 extra keyword arguments of decode step t; ``cache_tensors(cache, out)`` instead of ``read_cache``.
 """
 
@@ -60,8 +61,14 @@ def main(spec_file: str) -> None:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
             elif name.endswith(("A_log", "dt_bias")):
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(getattr(hooks, "ROUTERS", ())):  # mixture-of-experts routers: clear top-k margins
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
             else:
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        for suffix, std in getattr(hooks, "BUFFERS", {}).items():  # buffers the perturbation above leaves as built
+            for name, b in model.named_buffers():
+                if name.endswith(suffix):
+                    b.copy_(std * torch.randn(b.shape, generator=gen))
     model.save_pretrained(spec["folder"])
     prompt, steps = torch.tensor(spec["prompt"]), torch.tensor(spec["steps"])
     cache = hooks.make_cache(cfg, model) if hasattr(hooks, "make_cache") else transformers.DynamicCache(config=cfg)
