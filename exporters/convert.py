@@ -8,9 +8,8 @@ from typing import Callable
 
 import onnx
 
-from edgelin.exporters.precision import convert as convert_precision
-from edgelin.exporters.precision import embedding_choice, int8_file
-from edgelin.exporters.weights import load_graph, save_graph, tied_head_in_place
+from edgelin.exporters.precision import embedding_choice, fp16_file, int4_file, int8_file
+from edgelin.exporters.weights import save_graph, tied_head_in_place
 from edgelin.exporters.write import GRAPH_FILES
 from edgelin.runtime.manifest import Manifest
 
@@ -23,13 +22,16 @@ def convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manife
     say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
     nodes, op_types, kept, eight, routers = {}, {}, {}, 0, 0
     for graph, fname in GRAPH_FILES.items():
-        if precision == "int8":  # the quantiser reads the file itself: no second copy of the weights in memory
+        # each reads its graph's weights one tensor at a time from the data file and writes the new one likewise:
+        # the fp32 weights are never in memory
+        if precision == "int8":
             proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
+        elif precision == "int4":
+            proto, note = int4_file(tmp / fname, embedding_choice(precision, embedding), eight_bit)
         else:
-            proto, note = convert_precision(load_graph(tmp / fname), precision, state_dtype=state_dtype, embedding=embedding,
-                                            eight_bit=eight_bit)
+            proto, note = fp16_file(tmp / fname, state_dtype)
         tied_head_in_place(proto)
-        save_graph(proto, tmp / fname)
+        save_graph(proto, tmp / fname, note.recast)
         nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), op_histogram(proto), note.kept
         eight, routers = max(eight, note.eight_bit), max(routers, note.fp32_routers)
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -54,12 +54,11 @@ def external_files(proto: onnx.ModelProto) -> set[str]:
     return files
 
 
-def load_graph(path: Path) -> onnx.ModelProto:
-    """A graph file of the export being written, with the external data it names (files beside it, never
-    elsewhere: the exporter wrote them)."""
-    proto, _ = _structure(path)
-    onnx.load_external_data_for_model(proto, str(path.parent))
-    return proto
+def open_graph(path: Path) -> onnx.ModelProto:
+    """A graph file of the export being written, its large tensors left where they are: external references into
+    the files beside it (never elsewhere: the exporter wrote them), read one at a time with ``tensor_values`` and
+    written on with ``save_graph``. A graph in memory holds its nodes and small tensors, not the model's weights."""
+    return _structure(path)[0]
 
 
 def _structure(path: Path) -> tuple[onnx.ModelProto, set[str]]:
@@ -72,12 +71,49 @@ def _structure(path: Path) -> tuple[onnx.ModelProto, set[str]]:
     return proto, files
 
 
-def save_graph(proto: onnx.ModelProto, path: Path) -> None:
-    """Save a graph with its weights in ``<name>.data`` beside it (any such file is replaced), so that no graph
-    is ever limited by protobuf's 2 GB."""
+def tensor_values(t: onnx.TensorProto, folder: Path) -> np.ndarray:
+    """An initializer's values: inline, or one tensor read from its external file in ``folder``."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(t)
+    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+    return np.frombuffer(read_external(t, folder), dtype=dtype).reshape(tuple(t.dims))
+
+
+def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
+    """Save a graph with its weights in ``<name>.data`` beside it, so that no graph is ever limited by protobuf's 2 GB:
+    each inline tensor of at least ``MIN_BYTES`` written out, each tensor still external (a reference into a file in
+    ``path.parent``, ``<name>.data`` itself included) copied a piece of ``STREAM`` bytes at a time, through
+    ``recast[name]`` where one is given (a converter that changed the tensor's type without reading its bytes: fp16's,
+    elementwise, so piece by piece). The data file is written beside and moved over ``<name>.data`` at the end; memory
+    holds one piece."""
+    recast = recast or {}
     data = path.with_name(path.name + ".data")
-    data.unlink(missing_ok=True)  # onnx appends to an existing data file
-    onnx.save(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name, size_threshold=MIN_BYTES)
+    fresh = data.with_name(data.name + ".new")
+    with open(fresh, "wb") as out:
+        def refer(t: onnx.TensorProto, begin: int) -> None:
+            del t.external_data[:]
+            for key, value in (("location", data.name), ("offset", begin), ("length", out.tell() - begin)):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, str(value)
+            t.data_location = onnx.TensorProto.EXTERNAL
+
+        for t in initializers(proto.graph):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                convert = recast.get(t.name, lambda piece: piece)
+                pieces = (convert(piece) for piece in _read_range(*external_range(t, path.parent)))
+                out.write(b"\0" * (-out.tell() % SMALL_ALIGN))
+                begin = out.tell()
+                for piece in pieces:
+                    out.write(piece)
+                refer(t, begin)
+            elif t.HasField("raw_data") and len(t.raw_data) >= MIN_BYTES:
+                out.write(b"\0" * (-out.tell() % SMALL_ALIGN))
+                begin = out.tell()
+                out.write(t.raw_data)
+                t.ClearField("raw_data")
+                refer(t, begin)
+    onnx.save(proto, str(path))
+    fresh.replace(data)
 
 
 def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str]:
@@ -217,4 +253,4 @@ def tensor_bytes(proto: onnx.ModelProto) -> int:
     return total
 
 
-__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "external_files", "initializers", "load_graph", "save_graph", "store_once", "tensor_bytes", "tied_head_in_place"]
+__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "external_files", "initializers", "open_graph", "save_graph", "store_once", "tensor_bytes", "tensor_values", "tied_head_in_place"]

@@ -1,6 +1,6 @@
 """An export's peak memory, in memory against streamed: each export in a child process.
 
-    python scripts/export_memory.py CKPT [CKPT ...] [--precision fp32] [--out docs/bench/export_memory-streamed.json]
+    python scripts/export_memory.py CKPT [CKPT ...] [--precision fp32] [--modes memory,streamed] [--out docs/bench/export_memory-streamed.json]
 
 For each checkpoint folder, ``edgelin.exporters.export(CKPT, OUT, streamed=False)`` (the weights loaded into memory)
 and then the default, streamed (the weights read one tensor at a time into a scratch file mapped back: edgelin.streaming),
@@ -60,12 +60,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--modes", default="memory,streamed", help="which of memory,streamed to run (default both)")
     ap.add_argument("--out", default=None, help="a JSON record of the rows")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgelin-export-memory-") as tmp:
         for ckpt in args.checkpoints:
-            for mode in ("memory", "streamed"):
+            for mode in args.modes.split(","):
                 rows.append(one(ckpt, mode, args.precision, Path(tmp)))
                 print(json.dumps(rows[-1]), flush=True)
     if args.out:

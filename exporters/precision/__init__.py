@@ -55,8 +55,8 @@ from edgelin.exporters.precision.common import (
     DEFAULT_EMBEDDING, DEFAULT_INT8_SCHEME, DEFAULT_INT8_SCHEMES, EMBEDDING_BITS, EMBEDDINGS, INT4_BLOCK, INT8_BLOCK, INT8_SCHEMES,
     PRECISIONS, STATE_DTYPES, TABLE_BLOCK, Conversion, check_precision, embedding_choice, int8_scheme_choice, state_dtypes,
 )
-from edgelin.exporters.precision.fp16 import ACCUMULATORS, accumulator_region, angle_region, convert_fp16, decay_region, norm_region
-from edgelin.exporters.precision.int4 import convert_int4, untied_head
+from edgelin.exporters.precision.fp16 import ACCUMULATORS, accumulator_region, angle_region, convert_fp16, decay_region, fp16_file, norm_region
+from edgelin.exporters.precision.int4 import convert_int4, int4_file, untied_head
 from edgelin.exporters.precision.int8 import convert_int8, int8_file, quantise_int8_blocks, quantise_int8_columns
 from edgelin.exporters.precision.tables import dequantise_table, quantise_table
 
@@ -85,4 +85,4 @@ def convert(proto: onnx.ModelProto, precision: str, *, state_dtype: str = "float
 
 
 __all__ = ["ACCUMULATORS", "CONVERTERS", "Conversion", "DEFAULT_INT8_SCHEME", "DEFAULT_INT8_SCHEMES", "INT4_BLOCK", "INT8_BLOCK", "INT8_SCHEMES", "PRECISIONS", "STATE_DTYPES", "DEFAULT_EMBEDDING", "EMBEDDINGS", "EMBEDDING_BITS", "TABLE_BLOCK", "accumulator_region", "angle_region",
-           "check_precision", "convert", "decay_region", "dequantise_table", "embedding_choice", "int8_file", "int8_scheme_choice", "norm_region", "quantise_int8_blocks", "quantise_int8_columns", "quantise_table", "state_dtypes", "untied_head"]
+           "check_precision", "convert", "decay_region", "fp16_file", "int4_file", "dequantise_table", "embedding_choice", "int8_file", "int8_scheme_choice", "norm_region", "quantise_int8_blocks", "quantise_int8_columns", "quantise_table", "state_dtypes", "untied_head"]

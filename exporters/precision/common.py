@@ -9,7 +9,7 @@ import io
 import logging
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Iterable
+from typing import Callable, Iterable
 
 import onnx
 
@@ -60,6 +60,9 @@ class Conversion:
     fp32_nodes: int = 0  # fp16: nodes kept in fp32 (the accumulator region)
     eight_bit: int = 0  # int4: MatMuls stored in 8-bit blocks (a layer's eight_bit_linears)
     fp32_routers: int = 0  # int8 / int4: mixture-of-experts routers' MatMuls left in fp32 (``router_matmuls``)
+    # initializer -> converter of its bytes, for initializers the conversion retyped but left in their data file
+    # (fp16's): ``weights.save_graph`` converts them piece by piece on the way to the new one
+    recast: dict[str, Callable[[bytes], bytes]] = field(default_factory=dict)
 
 
 def check_precision(precision: str, state_dtype: str = "float32") -> None:

@@ -6,12 +6,16 @@ round trips through fp16 removed and its Casts put in order."""
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
 
 from edgelin.errors import ExportError
 from edgelin.exporters.precision.common import FLOAT, Conversion, quiet
+from edgelin.exporters.weights import open_graph
 from edgelin.runtime.manifest import STATE_PREFIX
 
 ACCUMULATORS = ("S", "z")  # state names (the part after "{layer}.") that are running sums
@@ -235,8 +239,30 @@ def _toposort(graph: onnx.GraphProto) -> None:
     graph.node.extend(ordered)
 
 
+@contextlib.contextmanager
+def _value_info_from_dims(module):
+    """The float16 converter makes each converted initializer's value info from its values (numpy_helper.to_array,
+    for the shape alone): from its dims here, the same value info, so that an initializer still in its data file
+    is not read (onnx's reader would look for it beside the current directory)."""
+    original = module.make_value_info_from_tensor
+    module.make_value_info_from_tensor = lambda t: onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    try:
+        yield
+    finally:
+        module.make_value_info_from_tensor = original
+
+
+def _to_fp16(piece: bytes) -> bytes:
+    """float32 bytes -> float16 bytes, as the float16 converter rounds an initializer (elementwise: piece by piece)."""
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+
+    return convert_np_to_float16(np.frombuffer(piece, dtype=np.float32)).tobytes()
+
+
 def convert_fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp16") -> tuple[onnx.ModelProto, Conversion]:
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    """``proto`` in fp16. Initializers still in the graph's data file (``fp16_file``) are left there: the converter
+    changes their type, and the note's ``recast`` names the ones whose bytes ``save_graph`` converts on the way."""
+    from onnxruntime.transformers import float16
 
     _unnamed_nodes(proto.graph)
     region = accumulator_region(proto.graph)
@@ -249,15 +275,17 @@ def convert_fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp1
     # the converter turns every float graph input/output it is not told to keep into fp16, and puts a
     # Cast in front of each blocked (fp32) node that reads one
     keep_io = [logits] + ([] if state_dtype == "float16" else states)
-    with quiet():
-        out = convert_float_to_float16(proto, keep_io_types=keep_io, node_block_list=sorted(region | decays | norms | angles | routers),
-                                       disable_shape_infer=False)
+    stored = {t.name for t in proto.graph.initializer if t.data_type == FLOAT and t.data_location == onnx.TensorProto.EXTERNAL}
+    with quiet(), _value_info_from_dims(float16):
+        out = float16.convert_float_to_float16(proto, keep_io_types=keep_io, node_block_list=sorted(region | decays | norms | angles | routers),
+                                               disable_shape_infer=False)
     _dedupe_casts(out.graph)
     _drop_round_trips(out.graph, region | decays | norms | angles | routers)
     _unnamed_nodes(out.graph)
     _toposort(out.graph)  # the converter appends its Casts at the end; onnx.checker wants producers first
     del out.graph.value_info[:]  # some intermediate types it left are stale; they are optional, ORT infers them
-    note = Conversion("fp16", fp32_nodes=len(region) + len(decays) + len(norms) + len(angles) + len(routers))
+    recast = {t.name: _to_fp16 for t in out.graph.initializer if t.name in stored and t.data_type == onnx.TensorProto.FLOAT16}
+    note = Conversion("fp16", fp32_nodes=len(region) + len(decays) + len(norms) + len(angles) + len(routers), recast=recast)
     note.kept.append(f"{len(region)} nodes of the state accumulation and normaliser (fp32: running sums outgrow fp16)")
     if decays:
         note.kept.append(f"{len(decays)} nodes of the decays' path into them, from each Softplus (fp32: fp16 log-decays, "
@@ -271,3 +299,9 @@ def convert_fp16(proto: onnx.ModelProto, state_dtype: str, embedding: str = "fp1
         note.kept.append(f"{len(routers)} nodes of the mixture-of-experts routers up to their TopK (fp32: fp16 router logits "
                          "flip near ties between experts)")
     return out, note
+
+
+def fp16_file(path: Path, state_dtype: str) -> tuple[onnx.ModelProto, Conversion]:
+    """``convert_fp16`` of the fp32 graph file ``path`` (its weights in files beside it), never holding its weights: they
+    stay in the data file, and ``save_graph`` converts each on its way to the new one (the note's ``recast``)."""
+    return convert_fp16(open_graph(path), state_dtype)

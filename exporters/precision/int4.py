@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import logging
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -18,6 +20,7 @@ from edgelin.exporters.precision.common import (
 from edgelin.exporters.precision.fp16 import ROUTER_KEPT, router_matmuls
 from edgelin.exporters.precision.int8 import _quantise_matmuls
 from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table, table_heads
+from edgelin.exporters.weights import initializers, open_graph, tensor_values
 
 
 def _import_leaving_logging_alone(module: str):
@@ -60,7 +63,7 @@ def untied_head(graph: onnx.GraphProto) -> onnx.NodeProto | None:
     return node if w.data_type == FLOAT and len(w.dims) == 2 else None
 
 
-def _quantise_untied_head(proto: onnx.ModelProto, embedding: str) -> str | None:
+def _quantise_untied_head(proto: onnx.ModelProto, embedding: str, read: Callable[[onnx.TensorProto], np.ndarray]) -> str | None:
     """An int4 export's untied head stored as the embedding table is (``embedding``: 8 bits by default, MatMulNBits
     over ``quantise_table`` of its transposed weight, as a tied head's). Returns the head's name where it stays
     fp32 (``--embedding fp32``, or K not a multiple of the block), else None.
@@ -79,7 +82,7 @@ def _quantise_untied_head(proto: onnx.ModelProto, embedding: str) -> str | None:
     if embedding not in EMBEDDING_BITS or K % TABLE_BLOCK:
         return node.name
     bits = EMBEDDING_BITS[embedding]
-    table_heads(graph, [node], *quantise_table(numpy_helper.to_array(w).T, bits), bits, f"{w.name}_head_q{bits}")
+    table_heads(graph, [node], *quantise_table(read(w).T, bits), bits, f"{w.name}_head_q{bits}")
     if not any(w.name in n.input for n in graph.node):
         graph.initializer.remove(w)
     if not any(o.domain == MS_DOMAIN for o in proto.opset_import):
@@ -98,7 +101,7 @@ def eight_bit_digests(linears) -> frozenset[str]:
     return frozenset(weight_digest(linear.weight.detach().float().numpy().T) for linear in linears)
 
 
-def _eight_bit_matmuls(graph: onnx.GraphProto, digests: frozenset[str]) -> list[str]:
+def _eight_bit_matmuls(graph: onnx.GraphProto, digests: frozenset[str], read: Callable[[onnx.TensorProto], np.ndarray]) -> list[str]:
     """The MatMuls whose constant float [K, N] weight has one of ``digests`` (``weight_digest``)."""
     if not digests:
         return []
@@ -106,19 +109,20 @@ def _eight_bit_matmuls(graph: onnx.GraphProto, digests: frozenset[str]) -> list[
     found = []
     for node in graph.node:
         w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
-        if w is not None and w.data_type == FLOAT and len(w.dims) == 2 and weight_digest(numpy_helper.to_array(w)) in digests:
+        if w is not None and w.data_type == FLOAT and len(w.dims) == 2 and weight_digest(read(w)) in digests:
             found.append(node.name)
     return found
 
 
-def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8",
-                 eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
+def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8", eight_bit: frozenset[str] = frozenset(),
+                 read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array) -> tuple[onnx.ModelProto, Conversion]:
     """``eight_bit``: the ``weight_digest`` of each weight to store in 8-bit blocks instead (MatMulNBits, bits 8, as
-    int8's block scheme): the linears a layer names in ``eight_bit_linears`` (edgelin.quantref)."""
+    int8's block scheme): the linears a layer names in ``eight_bit_linears`` (edgelin.quantref). ``read``: an
+    initializer's values (``int4_file`` reads them one at a time from the graph's data file)."""
     MatMulNBitsQuantizer = _import_leaving_logging_alone("onnxruntime.quantization.matmul_nbits_quantizer").MatMulNBitsQuantizer  # noqa: N806
 
-    exact_head = _quantise_untied_head(proto, embedding)
-    eight = _eight_bit_matmuls(proto.graph, eight_bit)
+    exact_head = _quantise_untied_head(proto, embedding, read)
+    eight = _eight_bit_matmuls(proto.graph, eight_bit, read)
     routers = router_matmuls(proto.graph)
     with quiet():
         quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
@@ -127,10 +131,23 @@ def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int
         quant.process()
         out = quant.model.model
     if eight:
-        _quantise_matmuls(out.graph, numpy_helper.to_array, "block", only=frozenset(eight))
-    tables = quantise_embedding(out, embedding)
+        _quantise_matmuls(out.graph, read, "block", only=frozenset(eight))
+    tables = quantise_embedding(out, embedding, read)
     why = {exact_head: "the head, stored as the embedding table is: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
     why.update(dict.fromkeys(routers, ROUTER_KEPT))
     note = Conversion("int4", kept=kept_matmuls(out, f"not block-quantisable with block {INT4_BLOCK}", tables, why), eight_bit=len(eight),
                       fp32_routers=len(routers))
     return out, note
+
+
+def int4_file(path: Path, embedding: str = "int8", eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
+    """``convert_int4`` of the fp32 graph file ``path`` (its weights in files beside it), read one weight at a time: the
+    graph in memory holds the 4-bit weights and scales, never the fp32 weights. ONNX Runtime's quantiser reads each
+    weight through onnx_ir, which maps an external tensor's file where its location is absolute (onnx's own reader
+    refuses such a location, so the graph is never saved with one: ``save_graph`` copies what stayed fp32 on)."""
+    proto, folder = open_graph(path), path.parent.resolve()
+    for t in initializers(proto.graph):
+        for entry in t.external_data if t.data_location == onnx.TensorProto.EXTERNAL else ():
+            if entry.key == "location":
+                entry.value = str(folder / entry.value)
+    return convert_int4(proto, "float32", embedding, eight_bit, read=lambda t: tensor_values(t, folder))

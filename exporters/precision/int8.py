@@ -17,13 +17,16 @@ from edgelin.exporters.precision.common import (
 )
 from edgelin.exporters.precision.fp16 import ROUTER_KEPT, router_matmuls
 from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table
+from edgelin.exporters.weights import open_graph, tensor_values
 
 
 def convert_int8(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8", scheme: str = DEFAULT_INT8_SCHEME) -> tuple[onnx.ModelProto, Conversion]:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in.onnx"
         onnx.save(proto, str(src), save_as_external_data=True, location="in.onnx.data")  # no 2 GB limit
-        return int8_file(src, embedding, scheme)
+        out, note = int8_file(src, embedding, scheme)
+        onnx.load_external_data_for_model(out, tmp)  # what stayed fp32, in memory as it came
+        return out, note
 
 
 def int8_file(path: Path, embedding: str = "int8", scheme: str = DEFAULT_INT8_SCHEME) -> tuple[onnx.ModelProto, Conversion]:
@@ -33,29 +36,16 @@ def int8_file(path: Path, embedding: str = "int8", scheme: str = DEFAULT_INT8_SC
     Scheme "channel": quantize_dynamic's numbers (MatMul, per channel, reduce_range, QInt8: ``_quantise_matmuls``);
     the tests hold the two to bit equality. Scheme "block": MatMulNBits, 8 bits, block INT8_BLOCK."""
     int8_scheme_choice("int8", scheme)
-    proto = onnx.load(str(path), load_external_data=False)
+    proto, read = open_graph(path), lambda t: tensor_values(t, path.parent)
     routers = router_matmuls(proto.graph)
-    _quantise_matmuls(proto.graph, lambda t: _read_tensor(t, path.parent), scheme, exclude=frozenset(routers))
-    for t in proto.graph.initializer:  # what stays in fp32 (the embedding, norms, ...), into memory
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            t.CopyFrom(numpy_helper.from_array(_read_tensor(t, path.parent), t.name))
-    tables = quantise_embedding(proto, embedding)
+    _quantise_matmuls(proto.graph, read, scheme, exclude=frozenset(routers))
+    tables = quantise_embedding(proto, embedding, read)  # what stays in fp32 stays in its file: save_graph copies it on
     note = Conversion("int8", kept=kept_matmuls(proto, "its weight is not a float [K, N] constant", tables, dict.fromkeys(routers, ROUTER_KEPT)),
                       fp32_routers=len(routers))
     return proto, note
 
 
 _INT8_STEP = 128.0  # reduce_range's int8 range, [-64, 64], as quantize_dynamic computes a symmetric scale over it
-
-
-def _read_tensor(t: onnx.TensorProto, base: Path) -> np.ndarray:
-    """An initializer's values, from the external-data file beside the graph (one tensor read) or inline."""
-    if t.data_location != onnx.TensorProto.EXTERNAL:
-        return numpy_helper.to_array(t)
-    from edgelin.exporters.weights import read_external
-
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
-    return np.frombuffer(read_external(t, base), dtype=dtype).reshape(tuple(t.dims))
 
 
 def quantise_int8_columns(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ the notes of what a quantiser left in fp32 (``kept_matmuls``). Shared by int8 an
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -46,10 +46,12 @@ def dequantise_table(packed: np.ndarray, scales: np.ndarray, bits: int, block: i
     return ((q.astype(np.float32) - zero).reshape(V, -1, block) * scales[..., None]).reshape(V, -1)
 
 
-def quantise_embedding(proto: onnx.ModelProto, embedding: str) -> list[tuple[str, str]]:
+def quantise_embedding(proto: onnx.ModelProto, embedding: str,
+                       read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array) -> list[tuple[str, str]]:
     """The token embedding's Gather (a constant float [V, D] table read at the graph's token ids) ->
     GatherBlockQuantized, and each tied head reading that table transposed (Transpose [1, 0] -> MatMul) ->
-    MatMulNBits on the same bytes. Returns (table, why) for each table left in fp32, for ``kept_matmuls``."""
+    MatMulNBits on the same bytes. ``read``: an initializer's values (one tensor from the graph's data file where
+    the graph was opened without them). Returns (table, why) for each table left in fp32, for ``kept_matmuls``."""
     graph = proto.graph
     ids = graph.input[0].name
     inits = {i.name: i for i in graph.initializer}
@@ -65,7 +67,7 @@ def quantise_embedding(proto: onnx.ModelProto, embedding: str) -> list[tuple[str
             notes.append((table.name, why))
             continue
         bits = EMBEDDING_BITS[embedding]
-        packed, scales = quantise_table(numpy_helper.to_array(table), bits)
+        packed, scales = quantise_table(read(table), bits)
         base = f"{table.name}_q{bits}"
         graph.initializer.extend([numpy_helper.from_array(packed, base), numpy_helper.from_array(scales, f"{base}_scales")])
         gather = helper.make_node("GatherBlockQuantized", [base, node.input[1], f"{base}_scales"], list(node.output), name=f"{node.name}_q{bits}",

@@ -12,7 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgelin.exporters.precision.int8 import _quantise_matmuls, _read_tensor, quantise_int8_columns
+from edgelin.exporters.precision.int8 import _quantise_matmuls, quantise_int8_columns
+from edgelin.exporters.weights import tensor_values
 
 
 def _reference(src, dst) -> onnx.ModelProto:
@@ -25,10 +26,10 @@ def _reference(src, dst) -> onnx.ModelProto:
 
 def _ours(src) -> onnx.ModelProto:
     proto = onnx.load(str(src), load_external_data=False)
-    _quantise_matmuls(proto.graph, lambda t: _read_tensor(t, src.parent))
+    _quantise_matmuls(proto.graph, lambda t: tensor_values(t, src.parent))
     for t in proto.graph.initializer:
         if t.data_location == TensorProto.EXTERNAL:
-            t.CopyFrom(numpy_helper.from_array(_read_tensor(t, src.parent), t.name))
+            t.CopyFrom(numpy_helper.from_array(tensor_values(t, src.parent), t.name))
     return proto
 
 

@@ -1,0 +1,98 @@
+"""The precision conversions that read a graph's weights one tensor at a time from its data file and write the new one
+likewise (``precision.fp16_file``, ``int4_file``, ``int8_file``, ``weights.save_graph``) against the same conversion of
+the graph loaded whole into memory (``precision.convert``): the same graph, every initializer's bytes equal. Traced
+graphs of the tiny model, tied and untied (the head's two paths), from the run's trace cache."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from edgelin.exporters.precision import convert, fp16_file, int4_file, int8_file
+from edgelin.exporters.precision.int4 import weight_digest
+from edgelin.exporters.tracing import trace_graphs
+from edgelin.exporters import weights
+from edgelin.exporters.weights import initializers, save_graph, tied_head_in_place
+from edgelin.exporters.write import GRAPH_FILES
+from tests.conftest import tiny_model
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory, trace_cache):
+    """tied -> a folder holding both fp32 graphs as traced (each with its ``.data`` file)."""
+    out = {}
+    for tied in (True, False):
+        folder = tmp_path_factory.mktemp("tied" if tied else "untied")
+        trace_graphs(tiny_model(tie_embeddings=tied), folder, ragged=False, logits_at=True, opset=18, ops="portable", max_sequence=4096,
+                     trace_cache=trace_cache, say=lambda _m: None)
+        out[tied] = folder
+    return out
+
+
+def _eight_bit_digest(path) -> frozenset[str]:
+    """The digest of one MatMul weight of the graph: int4 stores it in 8-bit blocks (the path a Mamba-1 takes)."""
+    proto = onnx.load(str(path))
+    inits = {t.name: t for t in proto.graph.initializer}
+    w = next(inits[n.input[1]] for n in proto.graph.node if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2)
+    return frozenset({weight_digest(numpy_helper.to_array(w))})
+
+
+CASES = {
+    "fp16": (lambda p, e: fp16_file(p, "float32"), {"precision": "fp16"}),
+    "fp16-state16": (lambda p, e: fp16_file(p, "float16"), {"precision": "fp16", "state_dtype": "float16"}),
+    "int4": (lambda p, e: int4_file(p, "int8", e), {"precision": "int4"}),
+    "int4-table4": (lambda p, e: int4_file(p, "int4", e), {"precision": "int4", "embedding": "int4"}),
+    "int4-fp32-table": (lambda p, e: int4_file(p, "fp32", e), {"precision": "int4", "embedding": "fp32"}),
+    "int8-block": (lambda p, e: int8_file(p, "int8", "block"), {"precision": "int8", "int8_scheme": "block"}),
+}
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_conversion_from_the_file_is_the_conversion_in_memory(traced, tmp_path, monkeypatch, case, tied):
+    streamed, options = CASES[case]
+    monkeypatch.setattr(weights, "STREAM", 4096)  # a tensor crosses several pieces, as a real model's do at 16 MB
+    for fname in GRAPH_FILES.values():
+        src = traced[tied] / fname
+        eight = _eight_bit_digest(src) if case == "int4" else frozenset()
+        whole, _ = convert(onnx.load(str(src)), **options, **({"eight_bit": eight} if eight else {}))
+        tied_head_in_place(whole)
+
+        work = tmp_path / fname.split(".")[0]
+        work.mkdir()
+        for f in (fname, fname + ".data"):
+            shutil.copyfile(traced[tied] / f, work / f)
+        proto, note = streamed(work / fname, eight)
+        stored = {t.name for t in initializers(onnx.load(str(src), load_external_data=False).graph) if t.data_location == onnx.TensorProto.EXTERNAL}
+        assert [t.name for t in initializers(proto.graph) if t.name in stored and t.HasField("raw_data")] == []  # not read into memory
+        tied_head_in_place(proto)
+        save_graph(proto, work / fname, note.recast)
+        assert sorted(p.name for p in work.iterdir()) == sorted([fname, fname + ".data"])  # nothing else left behind
+        ours = onnx.load(str(work / fname))
+
+        assert [n.SerializeToString() for n in ours.graph.node] == [n.SerializeToString() for n in whole.graph.node]
+        assert [t.name for t in ours.graph.initializer] == [t.name for t in whole.graph.initializer]
+        for a, b in zip(ours.graph.initializer, whole.graph.initializer):
+            assert (a.data_type, list(a.dims)) == (b.data_type, list(b.dims)), a.name
+            assert np.array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b), equal_nan=True), a.name
+        assert [(o.domain, o.version) for o in ours.opset_import] == [(o.domain, o.version) for o in whole.opset_import]
+        assert ours.graph.input == whole.graph.input and ours.graph.output == whole.graph.output
+
+
+def test_fp16_recast_piece_by_piece_rounds_as_the_converter_rounds_a_whole_tensor():
+    from onnxruntime.transformers.float16 import convert_np_to_float16
+
+    from edgelin.exporters.precision.fp16 import _to_fp16
+
+    rng = np.random.default_rng(0)
+    edge = np.array([1e-9, -1e-9, 3e-8, -3e-8, 7e4, -7e4, 65504.0, 0.0, -0.0, np.nan, np.inf, -np.inf, 6e-5], np.float32)
+    w = np.concatenate([rng.standard_normal(997).astype(np.float32), edge, rng.standard_normal(500).astype(np.float32) * 1e-7])
+    raw, cuts = w.tobytes(), [0, 4, 400, 4000, 4052, len(w.tobytes())]
+    ours = b"".join(_to_fp16(raw[a:b]) for a, b in zip(cuts, cuts[1:]))
+    whole = convert_np_to_float16(w).tobytes()
+    assert ours == whole
+    assert ours != w.astype(np.float16).tobytes()  # the converter's clamping is what is reproduced, not a plain cast
