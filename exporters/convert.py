@@ -1,5 +1,5 @@
-"""The checked fp32 graphs rewritten in the export's precision (``edgelin.exporters.precision``), a tied head
-rewritten in place, and the manifest's record of what changed."""
+"""A checked fp32 graph rewritten in the export's precision (``edgelin.exporters.precision``), a tied head rewritten
+in place, each graph as soon as it is traced; and the manifest's record of what changed."""
 
 from __future__ import annotations
 
@@ -8,32 +8,50 @@ from typing import Callable
 
 import onnx
 
-from edgelin.exporters.precision import embedding_choice, fp16_file, int4_file, int8_file
+from edgelin.errors import ExportError
+from edgelin.exporters.precision import Conversion, embedding_choice, fp16_file, int4_file, int8_file
 from edgelin.exporters.weights import save_graph, tied_head_in_place
 from edgelin.exporters.write import GRAPH_FILES
 from edgelin.runtime.manifest import Manifest
 
 
-def convert_graphs(tmp: Path, precision: str, state_dtype: str, manifest: Manifest, say: Callable[[str], None], embedding: str | None = None,
-                    int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset()) -> tuple[dict, dict]:
-    """The checked fp32 graphs in ``tmp`` rewritten in ``precision`` (``int8_scheme``: as ``int8_scheme_choice``
-    resolved it; ``eight_bit``: int4's weights kept in 8-bit blocks, by digest); the manifest's extra fields record
-    the node counts and what stayed in higher precision. Returns (nodes, op types) per graph."""
-    say(f"converting the graphs to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
-    nodes, op_types, kept, eight, routers = {}, {}, {}, 0, 0
-    for graph, fname in GRAPH_FILES.items():
-        # each reads its graph's weights one tensor at a time from the data file and writes the new one likewise:
-        # the fp32 weights are never in memory
-        if precision == "int8":
-            proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
-        elif precision == "int4":
-            proto, note = int4_file(tmp / fname, embedding_choice(precision, embedding), eight_bit)
-        else:
-            proto, note = fp16_file(tmp / fname, state_dtype)
-        tied_head_in_place(proto)
-        save_graph(proto, tmp / fname, note.recast)
-        nodes[graph], op_types[graph], kept[graph] = len(proto.graph.node), op_histogram(proto), note.kept
-        eight, routers = max(eight, note.eight_bit), max(routers, note.fp32_routers)
+def convert_graph(tmp: Path, graph: str, precision: str, state_dtype: str, say: Callable[[str], None], embedding: str | None = None,
+                  int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
+    """The checked fp32 graph ``graph`` in ``tmp`` rewritten in ``precision`` (``int8_scheme``: as ``int8_scheme_choice``
+    resolved it; ``eight_bit``: int4's weights kept in 8-bit blocks, by digest), in place. Each converter reads the
+    graph's weights one tensor at a time from its data file and the new one is written likewise: the float32 weights are
+    never in memory. Returns (the graph without its weights, the conversion's notes) for ``record_conversion``."""
+    fname = GRAPH_FILES[graph]
+    _check_fp32(tmp / fname, graph)
+    say(f"converting the {graph} graph to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
+    if precision == "int8":
+        proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
+    elif precision == "int4":
+        proto, note = int4_file(tmp / fname, embedding_choice(precision, embedding), eight_bit)
+    else:
+        proto, note = fp16_file(tmp / fname, state_dtype)
+    tied_head_in_place(proto)
+    save_graph(proto, tmp / fname, note.recast)
+    return proto, note
+
+
+def _check_fp32(path: Path, graph: str) -> None:
+    """torch's graph, checked (onnx.checker, full check) before it is converted."""
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"the exported {graph} graph failed onnx.checker: {str(exc).splitlines()[0]}") from None
+
+
+def record_conversion(converted: dict[str, tuple[onnx.ModelProto, Conversion]], precision: str, manifest: Manifest, say: Callable[[str], None],
+                      embedding: str | None = None, int8_scheme: str | None = None) -> tuple[dict, dict]:
+    """The manifest's extra fields for the graphs ``convert_graph`` made: node counts and what stayed in higher
+    precision. Returns (nodes, op types) per graph."""
+    nodes = {g: len(p.graph.node) for g, (p, _) in converted.items()}
+    op_types = {g: op_histogram(p) for g, (p, _) in converted.items()}
+    kept = {g: note.kept for g, (_, note) in converted.items()}
+    eight = max(note.eight_bit for _, note in converted.values())
+    routers = max(note.fp32_routers for _, note in converted.values())
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
     if eight:  # validate's quantised reference stores the same linears in 8 bits (edgelin.quantref)
         manifest.extra["eight_bit_weights"] = eight

@@ -30,7 +30,7 @@ from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.check import (
     golden_run, golden_worst, precision_floor, rounding_floor, smoke_check, smoke_reference, write_golden,
 )
-from edgelin.exporters.convert import convert_graphs, op_histogram
+from edgelin.exporters.convert import convert_graph, op_histogram, record_conversion
 from edgelin.exporters.precision import check_precision, embedding_choice, int8_scheme_choice, state_dtypes
 from edgelin.exporters.precision.int4 import eight_bit_digests
 from edgelin.exporters.result import ExportResult, OwnMemoryPeak, peak_resident
@@ -38,7 +38,7 @@ from edgelin.exporters.source import check_largest_tensor, resolve_source
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.tracing import export_graph, failure_cause, trace_graphs
 from edgelin.exporters.weights import store_once, tied_head_in_place
-from edgelin.exporters.write import GRAPH_FILES, build_manifest, finalize_graph, publish_manifest
+from edgelin.exporters.write import GRAPH_FILES, build_manifest, publish_manifest
 from edgelin.ops import fused
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE
 from edgelin.quantref import eight_bit_linears
@@ -179,8 +179,12 @@ def export(
             protocol.check_float16_state(model)
         if ragged:
             protocol.check_lengths(model)
+        converted: dict = {}  # graph -> (converted graph, notes): each converted once traced, before the next writes its weights
+        eight_bit = eight_bit_digests(eight_bit_linears(model)) if precision == "int4" else frozenset()
+        convert = None if precision == "fp32" else lambda graph: converted.__setitem__(graph, convert_graph(
+            tmp, graph, precision, state_dtype, say, embedding=embedding, int8_scheme=int8_scheme, eight_bit=eight_bit))
         seconds, bounded = trace_graphs(model, tmp, ragged=ragged, logits_at=logits_at, opset=opset, ops=ops, max_sequence=max_sequence,
-                                        trace_cache=trace_cache, say=say)
+                                        trace_cache=trace_cache, say=say, after=convert)
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
         if precision == "fp32":  # other precisions rewrite the head once converted (convert_graphs)
@@ -205,16 +209,11 @@ def export(
         plan = golden.plan_for(manifest.vocab_size, protocol.chunk_size(model), manifest.min_sequence, max_positions=manifest.max_positions)
         gold = golden_run(model, manifest, plan)
         reference = smoke_reference(model, manifest) if check else None
-        eight_bit = eight_bit_digests(eight_bit_linears(model)) if precision == "int4" else frozenset()
         caller = None if checkpoint is not None else model  # the caller holds it anyway; a checkpoint's is loaded again if needed
         model = None  # not needed past here: an export from a checkpoint frees its weights before ONNX Runtime loads them
         manifest.extra["golden"] = write_golden(plan, gold, None, manifest, budget, tmp)
-        if precision != "fp32":  # torch's graphs are checked before they are converted
-            say("checking the fp32 graphs (onnx.checker, full check) ...")
-            for graph in GRAPH_FILES:
-                finalize_graph(tmp / GRAPH_FILES[graph], manifest.to_json(embedded=True), graph)
-            nodes, op_types = convert_graphs(tmp, precision, state_dtype, manifest, say, embedding=embedding, int8_scheme=int8_scheme,
-                                             eight_bit=eight_bit)
+        if converted:  # torch's graphs were checked, then converted, as each was traced
+            nodes, op_types = record_conversion(converted, precision, manifest, say, embedding=embedding, int8_scheme=int8_scheme)
         manifest = dataclasses.replace(manifest, weights=store_once(tmp, GRAPH_FILES))
         say(f"weights stored once: {manifest.weights['file']}, {manifest.weights['bytes'] / 1e6:,.1f} MB, shared by both graphs")
         say("checking the graphs (onnx.checker, full check) ...")

@@ -166,9 +166,12 @@ def trace_graph(spec, names, opset: int, path: Path, ops: str, max_sequence: int
 
 
 def trace_graphs(model, tmp: Path, *, ragged: bool, logits_at: bool, opset: int, ops: str, max_sequence: int,
-                 trace_cache: str | Path | None, say: Callable[[str], None]) -> tuple[dict[str, float], bool]:
+                 trace_cache: str | Path | None, say: Callable[[str], None],
+                 after: Callable[[str], None] | None = None) -> tuple[dict[str, float], bool]:
     """Both graphs of ``model`` traced into ``tmp`` (``GRAPH_FILES``), or taken from the trace cache where it holds
-    them (``edgelin.exporters.traces``). Returns (seconds per graph, whether a graph depends on ``max_sequence``)."""
+    them (``edgelin.exporters.traces``); ``after(graph)`` runs once each graph is there, before the next is traced (the
+    exporter converts it then: its float32 weights leave the disk before the next graph writes its own). Returns
+    (seconds per graph, whether a graph depends on ``max_sequence``)."""
     seconds, bounded = {}, False
     cache = None if trace_cache is None else traces.TraceCache(trace_cache)
     if cache is not None:
@@ -199,6 +202,8 @@ def trace_graphs(model, tmp: Path, *, ragged: bool, logits_at: bool, opset: int,
                     except OSError as exc:
                         say(f"the {graph} graph's trace was not kept in {cache.root}: {exc}")
         seconds[graph] = time.perf_counter() - t0
+        if after is not None:
+            after(graph)
         del spec  # it holds the model: nothing but ``model`` should, once the reference outputs are made
     return seconds, bounded
 
