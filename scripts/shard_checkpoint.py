@@ -159,6 +159,11 @@ def write_checkpoint(model_type: str, config: dict[str, Any], out: Path, dtype: 
         cfg.save_pretrained(tmp)
         if model.can_generate() and model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private: the permissions save_pretrained's folder would have
+        for f in tmp.iterdir():
+            f.chmod(0o666 & ~umask)
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

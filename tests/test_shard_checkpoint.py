@@ -88,9 +88,15 @@ def test_sharded_checkpoint_matches_save_pretrained(model_type, tmp_path):
     assert model.dtype == torch.bfloat16
     logits = model(torch.arange(8)[None] % config["vocab_size"]).logits
     assert torch.isfinite(logits).all()
-    from edgelin.checkpoint import load_checkpoint
+    from edgelin.checkpoint import load_checkpoint, open_checkpoint
 
-    assert load_checkpoint(out) is not None
+    opened = open_checkpoint(out)
+    assert opened.model_type == model_type and sorted(p.name for p in opened.files) == sorted(set(index["weight_map"].values()))
+    lm = load_checkpoint(out)
+    assert sum(p.numel() for p in lm.parameters()) > 0
+    mode = lambda path: path.stat().st_mode & 0o777  # noqa: E731  # not mkdtemp's private folder
+    assert mode(out) == mode(ref_dir) and mode(out / "config.json") == mode(ref_dir / "config.json")
+    assert {mode(p) for p in out.glob("*.safetensors")} == {mode(p) for p in ref_dir.glob("*.safetensors")}
 
 
 def test_refuses_an_existing_folder(tmp_path, capsys):
