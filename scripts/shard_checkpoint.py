@@ -161,9 +161,7 @@ def write_checkpoint(model_type: str, config: dict[str, Any], out: Path, dtype: 
             model.generation_config.save_pretrained(tmp)
         umask = os.umask(0)
         os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private: the permissions save_pretrained's folder would have
-        for f in tmp.iterdir():
-            f.chmod(0o666 & ~umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private: the mode save_pretrained's folder would have
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
