@@ -3,6 +3,7 @@ in place, each graph as soon as it is traced; and the manifest's record of what 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -16,11 +17,12 @@ from edgelin.runtime.manifest import Manifest
 
 
 def convert_graph(tmp: Path, graph: str, precision: str, state_dtype: str, say: Callable[[str], None], embedding: str | None = None,
-                  int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
+                  int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset()) -> Converted:
     """The checked fp32 graph ``graph`` in ``tmp`` rewritten in ``precision`` (``int8_scheme``: as ``int8_scheme_choice``
     resolved it; ``eight_bit``: int4's weights kept in 8-bit blocks, by digest), in place. Each converter reads the
     graph's weights one tensor at a time from its data file and the new one is written likewise: the float32 weights are
-    never in memory. Returns (the graph without its weights, the conversion's notes) for ``record_conversion``."""
+    never in memory. Returns what ``record_conversion`` needs, not the graph: protobuf keeps the memory of the bytes a
+    message held until the message itself goes."""
     fname = GRAPH_FILES[graph]
     _check_fp32(tmp / fname, graph)
     say(f"converting the {graph} graph to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
@@ -32,7 +34,17 @@ def convert_graph(tmp: Path, graph: str, precision: str, state_dtype: str, say: 
         proto, note = fp16_file(tmp / fname, state_dtype)
     tied_head_in_place(proto)
     save_graph(proto, tmp / fname, note.recast)
-    return proto, note
+    if note.spilled is not None:
+        note.spilled.unlink()
+    return Converted(len(proto.graph.node), op_histogram(proto), note)
+
+
+@dataclass(frozen=True)
+class Converted:
+    """One converted graph, as the manifest records it."""
+    nodes: int
+    op_types: dict[str, int]
+    note: Conversion
 
 
 def _check_fp32(path: Path, graph: str) -> None:
@@ -43,15 +55,15 @@ def _check_fp32(path: Path, graph: str) -> None:
         raise ExportError(f"the exported {graph} graph failed onnx.checker: {str(exc).splitlines()[0]}") from None
 
 
-def record_conversion(converted: dict[str, tuple[onnx.ModelProto, Conversion]], precision: str, manifest: Manifest, say: Callable[[str], None],
+def record_conversion(converted: dict[str, Converted], precision: str, manifest: Manifest, say: Callable[[str], None],
                       embedding: str | None = None, int8_scheme: str | None = None) -> tuple[dict, dict]:
     """The manifest's extra fields for the graphs ``convert_graph`` made: node counts and what stayed in higher
     precision. Returns (nodes, op types) per graph."""
-    nodes = {g: len(p.graph.node) for g, (p, _) in converted.items()}
-    op_types = {g: op_histogram(p) for g, (p, _) in converted.items()}
-    kept = {g: note.kept for g, (_, note) in converted.items()}
-    eight = max(note.eight_bit for _, note in converted.values())
-    routers = max(note.fp32_routers for _, note in converted.values())
+    nodes = {g: c.nodes for g, c in converted.items()}
+    op_types = {g: c.op_types for g, c in converted.items()}
+    kept = {g: c.note.kept for g, c in converted.items()}
+    eight = max(c.note.eight_bit for c in converted.values())
+    routers = max(c.note.fp32_routers for c in converted.values())
     manifest.extra.update(nodes=nodes, precision_kept=kept, state_bytes_per_sequence=manifest.state_bytes(1))
     if eight:  # validate's quantised reference stores the same linears in 8 bits (edgelin.quantref)
         manifest.extra["eight_bit_weights"] = eight

@@ -18,6 +18,7 @@ a graph's weights.
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -72,16 +73,30 @@ def _structure(path: Path) -> tuple[onnx.ModelProto, set[str]]:
 
 
 def tensor_values(t: onnx.TensorProto, folder: Path) -> np.ndarray:
-    """An initializer's values: inline, or one tensor read from its external file in ``folder``."""
+    """An initializer's values: inline, or mapped read-only from its external file in ``folder`` (file pages, read as
+    they are used: a quantiser that works through a table in row blocks holds one block, not the table)."""
     if t.data_location != onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(t)
-    dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-    return np.frombuffer(read_external(t, folder), dtype=dtype).reshape(tuple(t.dims))
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+    source, offset, length = external_range(t, folder)
+    shape = tuple(t.dims)
+    if length != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+        raise ExportError(f"{t.name}: {length:,} bytes in {source.name} for a {dtype.name} tensor of shape {list(shape)}")
+    if length == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(source, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def spilled(raw: bytes) -> bool:
+    """Whether an inline tensor of these bytes goes to the data file: onnx.save's rule at ``MIN_BYTES``, which compares
+    the Python object's size (``sys.getsizeof``: the bytes and its header), kept so that the files are the same bytes
+    as a graph saved by onnx with that threshold."""
+    return sys.getsizeof(raw) >= MIN_BYTES
 
 
 def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
     """Save a graph with its weights in ``<name>.data`` beside it, so that no graph is ever limited by protobuf's 2 GB:
-    each inline tensor of at least ``MIN_BYTES`` written out, each tensor still external (a reference into a file in
+    each inline tensor ``spilled`` says is large written out, each tensor still external (a reference into a file in
     ``path.parent``, ``<name>.data`` itself included) copied a piece of ``STREAM`` bytes at a time, through
     ``recast[name]`` where one is given (a converter that changed the tensor's type without reading its bytes: fp16's,
     elementwise, so piece by piece). The data file is written beside and moved over ``<name>.data`` at the end; memory
@@ -106,7 +121,7 @@ def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[b
                 for piece in pieces:
                     out.write(piece)
                 refer(t, begin)
-            elif t.HasField("raw_data") and len(t.raw_data) >= MIN_BYTES:
+            elif t.HasField("raw_data") and spilled(t.raw_data):
                 out.write(b"\0" * (-out.tell() % SMALL_ALIGN))
                 begin = out.tell()
                 out.write(t.raw_data)
@@ -253,4 +268,4 @@ def tensor_bytes(proto: onnx.ModelProto) -> int:
     return total
 
 
-__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "external_files", "initializers", "open_graph", "save_graph", "store_once", "tensor_bytes", "tensor_values", "tied_head_in_place"]
+__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "external_files", "initializers", "open_graph", "save_graph", "spilled", "store_once", "tensor_bytes", "tensor_values", "tied_head_in_place"]

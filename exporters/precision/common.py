@@ -9,6 +9,7 @@ import io
 import logging
 import warnings
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Iterable
 
 import onnx
@@ -63,6 +64,7 @@ class Conversion:
     # initializer -> converter of its bytes, for initializers the conversion retyped but left in their data file
     # (fp16's): ``weights.save_graph`` converts them piece by piece on the way to the new one
     recast: dict[str, Callable[[bytes], bytes]] = field(default_factory=dict)
+    spilled: Path | None = None  # a file of tensors the conversion wrote as it went (int4's): copied on by save_graph, then removed
 
 
 def check_precision(precision: str, state_dtype: str = "float32") -> None:

@@ -20,7 +20,7 @@ from edgelin.exporters.precision.common import (
 from edgelin.exporters.precision.fp16 import ROUTER_KEPT, router_matmuls
 from edgelin.exporters.precision.int8 import _quantise_matmuls
 from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table, table_heads
-from edgelin.exporters.weights import initializers, open_graph, tensor_values
+from edgelin.exporters.weights import open_graph, spilled, tensor_values
 
 
 def _import_leaving_logging_alone(module: str):
@@ -115,21 +115,24 @@ def _eight_bit_matmuls(graph: onnx.GraphProto, digests: frozenset[str], read: Ca
 
 
 def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8", eight_bit: frozenset[str] = frozenset(),
-                 read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array) -> tuple[onnx.ModelProto, Conversion]:
+                 read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array, spill: Path | None = None) -> tuple[onnx.ModelProto, Conversion]:
     """``eight_bit``: the ``weight_digest`` of each weight to store in 8-bit blocks instead (MatMulNBits, bits 8, as
     int8's block scheme): the linears a layer names in ``eight_bit_linears`` (edgelin.quantref). ``read``: an
-    initializer's values (``int4_file`` reads them one at a time from the graph's data file)."""
-    MatMulNBitsQuantizer = _import_leaving_logging_alone("onnxruntime.quantization.matmul_nbits_quantizer").MatMulNBitsQuantizer  # noqa: N806
-
+    initializer's values. ``spill``: None, ONNX Runtime's ``MatMulNBitsQuantizer`` on the graph in memory; a file, the
+    same quantisation one weight at a time, each written to it as made (``_int4_matmuls``: ``int4_file``)."""
     exact_head = _quantise_untied_head(proto, embedding, read)
     eight = _eight_bit_matmuls(proto.graph, eight_bit, read)
     routers = router_matmuls(proto.graph)
-    with quiet():
-        quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
-                                     accuracy_level=ACCURACY_LEVEL,
-                                     nodes_to_exclude=([exact_head] if exact_head else []) + eight + routers or None)
-        quant.process()
-        out = quant.model.model
+    exclude = ([exact_head] if exact_head else []) + eight + routers
+    if spill is None:
+        MatMulNBitsQuantizer = _import_leaving_logging_alone("onnxruntime.quantization.matmul_nbits_quantizer").MatMulNBitsQuantizer  # noqa: N806
+        with quiet():
+            quant = MatMulNBitsQuantizer(proto, bits=4, block_size=INT4_BLOCK, is_symmetric=True, op_types_to_quantize=("MatMul",),
+                                         accuracy_level=ACCURACY_LEVEL, nodes_to_exclude=exclude or None)
+            quant.process()
+            out = quant.model.model
+    else:
+        out = _int4_matmuls(proto, read, frozenset(exclude), spill)
     if eight:
         _quantise_matmuls(out.graph, read, "block", only=frozenset(eight))
     tables = quantise_embedding(out, embedding, read)
@@ -140,14 +143,78 @@ def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int
     return out, note
 
 
+def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.ndarray], exclude: frozenset[str], spill: Path) -> onnx.ModelProto:
+    """What ``MatMulNBitsQuantizer`` (4 bits, symmetric, block INT4_BLOCK, QOperator) makes of ``proto``'s MatMuls with a
+    constant float [K, N] weight, but never holding more than one weight: each read with ``read``, quantised by ONNX
+    Runtime's own kernel (``quantize_matmul_4bits``, K zero-padded to whole blocks as the quantiser pads it), and its
+    4-bit blocks and scales appended to ``spill`` and referenced from there (``save_graph`` copies them on). The same
+    nodes, names, initializers and order as the quantiser's: MatMulNBits ``<node>_Q4`` reading ``<weight>_Q4`` (uint8
+    [N, K / 32, 16]) and ``<weight>_scales`` (float32 [N, K / 32]); then every initializer no node reads removed, as its
+    ``clean_initializers`` does. Weights of another rank or type, and ``exclude``'s nodes, are left as they are."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    graph = proto.graph
+    opset = next((o for o in proto.opset_import if o.domain == MS_DOMAIN), None)
+    if opset is None:
+        proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    else:
+        opset.version = 1
+    inits = {t.name: t for t in graph.initializer}
+    made: dict[str, tuple[str, str]] = {}
+    nodes = []
+    with open(spill, "ab") as out:
+        def write(name: str, array: np.ndarray, data_type: int) -> None:
+            t = graph.initializer.add()
+            t.name, t.data_type = name, data_type
+            t.dims.extend(array.shape)
+            raw = np.ascontiguousarray(array).tobytes()
+            if not spilled(raw):  # small: inline, as the quantiser leaves it and onnx.save would keep it
+                t.raw_data = raw
+                return
+            out.write(b"\0" * (-out.tell() % 64))
+            begin = out.tell()
+            out.write(raw)
+            for key, value in (("location", str(spill)), ("offset", begin), ("length", out.tell() - begin)):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, str(value)
+            t.data_location = onnx.TensorProto.EXTERNAL
+
+        for node in graph.node:
+            w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+            if node.name in exclude or w is None or w.data_type != FLOAT or len(w.dims) != 2:
+                nodes.append(node)
+                continue
+            K, N = w.dims
+            if w.name not in made:
+                blocks = -(-K // INT4_BLOCK)
+                values = read(w)
+                if K % INT4_BLOCK:
+                    values = np.pad(values, ((0, blocks * INT4_BLOCK - K), (0, 0)))
+                packed = np.zeros((N, blocks, INT4_BLOCK // 2), np.uint8)
+                scales = np.zeros((N, blocks), np.float32)
+                quantize_matmul_4bits(packed, np.ascontiguousarray(values, np.float32), scales, np.zeros((N, (blocks + 1) // 2), np.uint8),
+                                      INT4_BLOCK, N, K, True)
+                del values
+                made[w.name] = (f"{w.name}_Q4", f"{w.name}_scales")
+                write(made[w.name][0], packed, onnx.TensorProto.UINT8)
+                write(made[w.name][1], scales, FLOAT)
+            nodes.append(helper.make_node("MatMulNBits", [node.input[0], *made[w.name]], [node.output[0]], name=f"{node.name}_Q4" if node.name else "",
+                                          domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=INT4_BLOCK, accuracy_level=ACCURACY_LEVEL))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    read_by = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
+    seen: set[str] = set()
+    for i in reversed([i for i, t in enumerate(graph.initializer) if t.name not in read_by or (t.name in seen or seen.add(t.name))]):
+        del graph.initializer[i]
+    return proto
+
+
 def int4_file(path: Path, embedding: str = "int8", eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
-    """``convert_int4`` of the fp32 graph file ``path`` (its weights in files beside it), read one weight at a time: the
-    graph in memory holds the 4-bit weights and scales, never the fp32 weights. ONNX Runtime's quantiser reads each
-    weight through onnx_ir, which maps an external tensor's file where its location is absolute (onnx's own reader
-    refuses such a location, so the graph is never saved with one: ``save_graph`` copies what stayed fp32 on)."""
-    proto, folder = open_graph(path), path.parent.resolve()
-    for t in initializers(proto.graph):
-        for entry in t.external_data if t.data_location == onnx.TensorProto.EXTERNAL else ():
-            if entry.key == "location":
-                entry.value = str(folder / entry.value)
-    return convert_int4(proto, "float32", embedding, eight_bit, read=lambda t: tensor_values(t, folder))
+    """``convert_int4`` of the fp32 graph file ``path`` (its weights in files beside it), one weight at a time: read from
+    the graph's data file, quantised, written to ``<name>.q4`` beside it (the note's ``spilled``: ``save_graph`` copies
+    it into the new data file, then it is removed). Memory holds one weight, whatever the model's size."""
+    spill = path.with_name(path.name + ".q4")
+    spill.unlink(missing_ok=True)
+    out, note = convert_int4(open_graph(path), "float32", embedding, eight_bit, read=lambda t: tensor_values(t, path.parent), spill=spill)
+    note.spilled = spill
+    return out, note

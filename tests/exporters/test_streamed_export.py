@@ -136,7 +136,7 @@ CHILD = textwrap.dedent("""
     from edgelin.exporters import export
     imports = next(int(line.split()[1]) << 10 for line in open("/proc/self/status") if line.startswith("VmData:"))
     resource.setrlimit(resource.RLIMIT_DATA, (imports + headroom, imports + headroom))
-    result = export(folder, out, streamed=streamed, check=False)
+    result = export(folder, out, streamed=streamed, check=False, precision="int4")
     print(json.dumps({"streamed": result.streamed, "limit": imports + headroom}))
 """)
 
@@ -145,7 +145,8 @@ CHILD = textwrap.dedent("""
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmData from /proc (Linux)")
 def test_export_beyond_a_memory_limit(tmp_path):
     """A model whose float32 weights are more than twice the memory the export may take beyond its imports: the
-    streamed export (the default for a checkpoint folder) writes it; the same export holding the weights in memory
+    streamed export (the default for a checkpoint folder) writes it in int4 (the float32 graphs traced from the mapped
+    weights, then converted one tensor at a time from their data files); the same export holding the weights in memory
     fails, and leaves nothing behind."""
     from safetensors.torch import save_file
 
@@ -167,7 +168,9 @@ def test_export_beyond_a_memory_limit(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
     assert said["streamed"]
-    assert (tmp_path / "out1" / "weights.data").stat().st_size >= weights - (1 << 20)
+    manifest = json.loads((tmp_path / "out1" / "edgelin.json").read_text())
+    assert manifest["precision"] == "int4"
+    assert weights / 8 < (tmp_path / "out1" / "weights.data").stat().st_size < weights / 4  # 4-bit blocks, an 8-bit table
     refused = child(False)  # the same export with the weights in memory: over the limit
     assert refused.returncode != 0
     assert "Cannot allocate memory" in refused.stderr or "MemoryError" in refused.stderr or "can't allocate" in refused.stderr, refused.stderr[-2000:]
