@@ -88,6 +88,14 @@ LFM2_350M = {
     "tie_word_embeddings": True,
     "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0,
 }
+# Qwen/Qwen3.5-4B text_config, as quoted by a public test fixture of its config.json (eos 248044, tied)
+QWEN35_4B = {
+    "vocab_size": 248320, "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
+    "head_dim": 256, "intermediate_size": 9216, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 262144, "eos_token_id": 248044,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+}
 PUBLISHED = {  # name -> (transformers model_type, config)
     "lfm2-350m": ("lfm2", LFM2_350M),
     "qwen3.5-0.8b": ("qwen3_5_text", {
@@ -97,24 +105,11 @@ PUBLISHED = {  # name -> (transformers model_type, config)
         "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 262144,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
     }),
-    # Qwen/Qwen3.5-4B text_config, as quoted by a public test fixture of its config.json (eos 248044, tied)
-    "qwen3.5-4b": ("qwen3_5_text", {
-        "vocab_size": 248320, "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
-        "head_dim": 256, "intermediate_size": 9216, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "max_position_embeddings": 262144, "eos_token_id": 248044,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-    }),
+    "qwen3.5-4b": ("qwen3_5_text", QWEN35_4B),
     # Qwen/Qwen3.5-9B: hidden 4096, 16 query / 4 key-value heads of 256, intermediate 12288 as public shape notes quote
     # them; layers, linear heads (16 key / 32 value of 128) are transformers' Qwen3_5TextConfig defaults (the 9B's);
     # untied embeddings, rope and the rest follow the family's other sizes: not seen in a published config.json here
-    "qwen3.5-9b": ("qwen3_5_text", {
-        "vocab_size": 248320, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4,
-        "head_dim": 256, "intermediate_size": 12288, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 262144, "eos_token_id": 248044,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-    }),
+    "qwen3.5-9b": ("qwen3_5_text", {**QWEN35_4B, "hidden_size": 4096, "intermediate_size": 12288, "tie_word_embeddings": False}),
     # LiquidAI/LFM2-8B-A1B config.json as public test fixtures quote it (its layer_types, 32 experts, top 4, 2 dense layers)
     "lfm2-8b-a1b": ("lfm2_moe", {
         "vocab_size": 65536, "hidden_size": 2048, "intermediate_size": 7168, "moe_intermediate_size": 1792,
