@@ -33,13 +33,14 @@ an nn.Linear nor tied to an nn.Embedding, gets no reference (None): validate the
 
 from __future__ import annotations
 
-import copy
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
+from edgelin import streaming
 from edgelin.layers.moe import moe_layers
 from edgelin.runtime.manifest import Manifest
 
@@ -145,9 +146,12 @@ def _table(weight: torch.Tensor, storage: str) -> torch.Tensor:
     return torch.from_numpy(dequantise_table(*quantise_table(table, bits), bits))
 
 
-def quantised_model(model: nn.Module, manifest: Manifest) -> nn.Module | None:
-    """A copy of ``model`` computing what the quantised export of ``manifest`` computes (see the module docstring);
-    None where ``arithmetic`` has none or the model's head cannot be told apart."""
+def quantised_model(model: nn.Module, manifest: Manifest, scratch: Path | None = None) -> nn.Module | None:
+    """A model computing what the quantised export of ``manifest`` computes (see the module docstring), built beside
+    ``model`` without copying its weights: each weight of the reference is made from ``model``'s one tensor at a time,
+    into memory, or with ``scratch`` (a folder) into a scratch file there that is mapped back (``edgelin.streaming``:
+    the reference's weights are then file pages, as a streamed model's are). None where ``arithmetic`` has none or the
+    model's head cannot be told apart."""
     if arithmetic(manifest) is None:
         return None
     scheme = manifest.extra.get("int8_scheme", "channel") if manifest.precision == "int8" else "int4"
@@ -158,15 +162,16 @@ def quantised_model(model: nn.Module, manifest: Manifest) -> nn.Module | None:
     embed = getattr(model, "embed", None)
     if head is None and not isinstance(embed, nn.Embedding):
         return None  # a tied head whose table is not an nn.Embedding: nothing here says how the export stores it
-    q = copy.deepcopy(model).float().eval()
+    q = streaming.weightless_copy(model).float().eval()
 
     def round_input(_module, args):
         return (rounding(args[0]),) + tuple(args[1:])
 
+    made: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # parameter name -> its value from the model's
+    names = {id(m): name for name, m in q.named_modules()}
     own_head = q.lm_head if manifest.precision == "int4" and isinstance(head, nn.Linear) else None
     if own_head is not None:  # int4 stores an untied head as the table is (exporters/precision.py: _quantise_untied_head)
-        with torch.no_grad():
-            own_head.weight.copy_(_table(own_head.weight, storage))
+        made[f"{names[id(own_head)]}.weight"] = lambda w: _table(w, storage)
         if storage != "fp32" and own_head.weight.shape[1] % BLOCK == 0:
             own_head.register_forward_pre_hook(lambda _m, a: (round_blocks(a[0]),) + tuple(a[1:]))
     eight = {id(m) for m in eight_bit_linears(q)} if _eight_bit_count(manifest) else set()
@@ -177,19 +182,20 @@ def quantised_model(model: nn.Module, manifest: Manifest) -> nn.Module | None:
     for module in q.modules():
         if isinstance(module, nn.Linear) and module is not own_head and id(module) not in routers:
             stored = _int8_blocks if id(module) in eight else weights  # int4's 8-bit linears: MatMulNBits, 8 bits, block 32
-            with torch.no_grad():
-                module.weight.copy_(torch.from_numpy(np.ascontiguousarray(stored(module.weight.detach().float().numpy().T).T)))
+            made[f"{names[id(module)]}.weight"] = lambda w, stored=stored: torch.from_numpy(
+                np.ascontiguousarray(stored(w.float().numpy().T).T))
             module.register_forward_pre_hook(round_input)
     if isinstance(embed, nn.Embedding):
-        table = _table(q.embed.weight, storage)
-        with torch.no_grad():
-            q.embed.weight.copy_(table)
-        if head is None:  # tied: the head reads the same table; a MatMulNBits (input rounded) where it is quantised
-            q.lm_head = nn.Linear(table.shape[1], table.shape[0], bias=False)
-            with torch.no_grad():
-                q.lm_head.weight.copy_(table)
-            if storage != "fp32" and table.shape[1] % BLOCK == 0:
-                q.lm_head.register_forward_pre_hook(lambda _m, a: (round_blocks(a[0]),) + tuple(a[1:]))
+        made[f"{names[id(q.embed)]}.weight"] = lambda w: _table(w, storage)
+    values = ((name, made[name](p.detach()) if name in made else p) for name, p in model.named_parameters())  # the rest shared
+    streaming.place_parameters(q, values, scratch)
+    if isinstance(embed, nn.Embedding) and head is None:
+        # tied: the head reads the same table; a MatMulNBits (input rounded) where it is quantised
+        table = q.embed.weight
+        q.lm_head = nn.Linear(table.shape[1], table.shape[0], bias=False, device="meta")
+        q.lm_head.weight = table
+        if storage != "fp32" and table.shape[1] % BLOCK == 0:
+            q.lm_head.register_forward_pre_hook(lambda _m, a: (round_blocks(a[0]),) + tuple(a[1:]))
     return q
 
 

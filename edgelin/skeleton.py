@@ -295,10 +295,11 @@ class CausalLM(nn.Module):
         return self.forward(input_ids, state, form="step")
 
     def with_chunk_size(self, chunk_size: int) -> "CausalLM":
-        """A copy of this model with another prefill chunk length (the chunk changes no result, only speed)."""
+        """This model with another prefill chunk length (the chunk changes no result, only speed): a new model object
+        that shares every layer and weight with this one (none copied: a model mapped from disk stays mapped)."""
         if chunk_size == self.chunk_size:
             return self
-        model = copy.deepcopy(self)
+        model = copy.copy(self)
         model.chunk_size = chunk_size
         return model
 

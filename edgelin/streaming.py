@@ -191,6 +191,42 @@ def map_parameters(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]]
             module._parameters[attr] = new
 
 
+def place_parameters(model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], folder: Path | None) -> None:
+    """Give ``model``'s parameters (on the meta device, from ``weightless_copy``) their values, one tensor at a time:
+    an ``nn.Parameter`` given is shared as it is (no copy: another model's weight); any other tensor is written to a
+    scratch file in ``folder`` and mapped (``map_parameters``), or, with ``folder`` None, kept in memory as float32."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    slots = tied_slots(model)
+
+    def put(name: str, new: nn.Parameter) -> None:
+        for module, attr, _ in slots[id(params[name])]:
+            module._parameters[attr] = new
+
+    def rest() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in tensors:
+            if isinstance(tensor, nn.Parameter):
+                put(name, tensor)
+            elif folder is None:
+                put(name, nn.Parameter(tensor.detach().to(torch.float32).contiguous(), requires_grad=False))
+            else:
+                yield name, tensor
+
+    if folder is None:
+        for _ in rest():
+            pass
+    else:
+        map_parameters(model, rest(), folder)
+
+
+def weightless_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose parameters are on the meta device (no memory, no values; ``place_parameters``
+    gives them theirs); buffers, hooks and every other attribute copied as ``copy.deepcopy`` copies them."""
+    import copy
+
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad) for p in model.parameters()}
+    return copy.deepcopy(model, memo)
+
+
 def meta_parameters(model: nn.Module) -> list[str]:
     """Names of ``model``'s parameters still on the meta device (no values)."""
     return [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -210,4 +246,4 @@ def build_mapped(build: Callable[[], nn.Module]) -> nn.Module:
     return model
 
 
-__all__ = ["SCRATCH_FILE", "SafetensorsReader", "header_shapes", "active", "build_mapped", "map_parameters", "mapped_weights", "meta_parameters", "parameters_on_meta", "tied_slots"]
+__all__ = ["SCRATCH_FILE", "SafetensorsReader", "header_shapes", "active", "build_mapped", "map_parameters", "mapped_weights", "meta_parameters", "parameters_on_meta", "place_parameters", "tied_slots", "weightless_copy"]

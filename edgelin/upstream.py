@@ -63,6 +63,57 @@ def unavailable(framework: str) -> str | None:
     return None
 
 
+# The framework's model in memory: its weights in the dtype it runs in, beside what loading them and running a short
+# prompt take (the checkpoint's tensors as read, activations, the framework itself): the weights x FIT_MARGIN + FIT_BASE.
+FIT_MARGIN = 1.2
+FIT_BASE = 1 << 30
+DTYPES = {"transformers": ("float64", "float32"), "fla": ("float32",)}  # the exact reference first; fla: float32 only here
+DTYPE_BYTES = {"float64": 8, "float32": 4}
+
+
+def parameter_count(checkpoint) -> int:
+    """Values in a checkpoint's weight files (from their headers: nothing read but them)."""
+    from edgelin.importers.folder import open_checkpoint
+    from edgelin.streaming import header_shapes
+
+    count = 0
+    for file in open_checkpoint(checkpoint).files:
+        for shape in header_shapes(file).values():
+            n = 1
+            for d in shape:
+                n *= int(d)
+            count += n
+    return count
+
+
+def fitting_dtype(checkpoint, framework: str, available: int | None = None) -> tuple[str | None, str]:
+    """(the dtype ``framework``'s own model can run in here, a note): its exact reference (transformers: float64) where
+    that fits in the memory available now, else float32 where that fits (the note says why), else None (the note says
+    what it needs and what is available). ``available``: bytes, default the machine's available memory now."""
+    from edgelin.runtime.memory import available_memory
+
+    from edgelin.errors import CheckpointError
+
+    have = available_memory() if available is None else available
+    try:
+        count = parameter_count(checkpoint)
+    except CheckpointError:  # no weights to read: the framework's run says what is wrong with the folder
+        have = None
+    if have is None:
+        return DTYPES[framework][0], ""
+    needs = {d: int(count * DTYPE_BYTES[d] * FIT_MARGIN) + FIT_BASE for d in DTYPES[framework]}
+    fits = [d for d in DTYPES[framework] if needs[d] <= have]
+    first = DTYPES[framework][0]
+    said = ", ".join(f"{needs[d] / 1e9:.1f} GB in {d}" for d in DTYPES[framework])
+    if not fits:
+        return None, (f"{possessive(framework)} own model ({count / 1e9:.2f} B values) needs about {said}, and "
+                      f"{have / 1e9:.1f} GB of memory are available")
+    if fits[0] != first:
+        return fits[0], (f"run in {fits[0]}, not {first}: in {first} {possessive(framework)} own model needs about "
+                         f"{needs[first] / 1e9:.1f} GB and {have / 1e9:.1f} GB of memory are available")
+    return first, ""
+
+
 @dataclass
 class Upstream:
     """What the framework's own model computed (numpy arrays)."""

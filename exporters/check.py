@@ -4,14 +4,14 @@ same inputs in float64) and, at fp16, the checkpoint's framework at that precisi
 
 from __future__ import annotations
 
-import copy
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from edgelin import parity, protocol, upstream
+from edgelin import layerwise, parity, protocol, streaming, upstream
 from edgelin.errors import ExportError
 from edgelin.exporters.graphs import INPUT_IDS
 from edgelin.exporters.source import resolve_source
@@ -170,15 +170,18 @@ def precision_floor(checkpoint, precision: str, reference: dict[str, Any], say) 
     return None
 
 
-def rounding_floor(checkpoint, caller, chunk_size, manifest: Manifest, plan, gold, reference, say) -> tuple[parity.Errors | None, dict[str, parity.Errors]]:
+def rounding_floor(checkpoint, caller, chunk_size, manifest: Manifest, plan, gold, reference, say,
+                   scratch: Path | None = None) -> tuple[parity.Errors | None, dict[str, parity.Errors]]:
     """(floor of the golden outputs, floor of each smoke comparison): the fp32 references against the same model in
-    float64 (a checkpoint loaded again, a caller's module copied: never changed). (None, {}) for a module that
-    does not run in float64."""
+    float64, its weights converted one layer at a time (``edgelin.layerwise``: a checkpoint loaded again, mapped from a
+    scratch file in ``scratch`` where given; a caller's module run as it is, never changed). (None, {}) for a module
+    that does not run in float64."""
     try:
-        model = resolve_source(checkpoint, chunk_size)[0] if caller is None else copy.deepcopy(caller)
-        model = model.double()
-        gold64 = golden_run(model, manifest, plan, torch.float64)
-        floors = smoke_floor(reference, smoke_reference(model, manifest, like=reference))
+        with streaming.mapped_weights(scratch) if scratch is not None and caller is None else contextlib.nullcontext():
+            model = resolve_source(checkpoint, chunk_size)[0] if caller is None else caller
+        with layerwise.converted(model, keep=layerwise.fits_converted(model)):
+            gold64 = golden_run(model, manifest, plan, torch.float64)
+            floors = smoke_floor(reference, smoke_reference(model, manifest, like=reference))
     except (RuntimeError, TypeError, ValueError) as exc:  # a module of the caller's that computes in float32 only
         say(f"rounding floor not measured (the model does not run in float64: {failure_cause(exc)}); edgelin's budgets apply as they are")
         return None, {}

@@ -232,7 +232,8 @@ def export(
                 # needed (the model in float64 is twice its fp32 weights). fp16: the checkpoint's framework at fp16,
                 # below; int8 and int4 rounding is what their budgets (0.3 and up) are set for
                 say("out of edgelin's fp32 budget: the model's rounding floor, the same inputs in float64 ...")
-                floor, floors = rounding_floor(checkpoint, caller, chunk_size, manifest, plan, gold, reference, say)
+                floor, floors = rounding_floor(checkpoint, caller, chunk_size, manifest, plan, gold, reference, say,
+                                               scratch=tmp if streamed else None)
                 smoke_held = {k: parity.floored(smoke_bounds, floors.get(k), keep=budget.get("logits", {})) for k in smoke}
                 if floor is not None:  # golden.json's budgets raised to it, and everything that records its hash again
                     manifest.extra["golden"] = write_golden(plan, gold, floor, manifest, budget, tmp)

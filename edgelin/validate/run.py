@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from edgelin import parity, protocol, quantref
+from edgelin import parity, protocol, quantref, streaming
 from edgelin.checkpoint import load_checkpoint, model_sha256, open_checkpoint
 from edgelin.errors import EdgelinError, ManifestError, ProviderError
 from edgelin.runtime import golden
@@ -70,9 +72,10 @@ def validate(
     into a copy of its own) or with the weights read in place from the weights file (``Session(prepack=False)``:
     the same kernels on unpacked weights, one copy of the weights fewer beside the float64 model).
     """
-    with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1):
+    with torch_threads(threads if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 else 1), \
+            contextlib.ExitStack() as scratch:
         return _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes, budget, upstream, kv,
-                         prepack=prepack)
+                         prepack=prepack, scratch=scratch)
 
 
 def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
@@ -83,7 +86,7 @@ def budgets_for(manifest: Manifest, budget=None) -> tuple[dict[str, dict[str, fl
 
 
 def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, progress, heldout_bytes=8192, budget=None,
-              upstream="auto", kv=KV_LENGTHS, prepack=True) -> Report:
+              upstream="auto", kv=KV_LENGTHS, prepack=True, scratch: contextlib.ExitStack | None = None) -> Report:
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     requested = _parse_providers(providers)
@@ -102,11 +105,13 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         model, ckpt_path = checkpoint.float().eval(), None
     else:
         ckpt_path = open_checkpoint(resolve_checkpoint(manifest, checkpoint))  # the folder read once: config, files, hash
-        model = load_checkpoint(ckpt_path)
+        folder = scratch_folder(export_dir, scratch, say)
+        with streaming.mapped_weights(folder) if folder is not None else contextlib.nullcontext():
+            model = load_checkpoint(ckpt_path)
     chunk = manifest.extra.get("chunk_size")
     if isinstance(chunk, int) and hasattr(model, "with_chunk_size"):  # exported with --chunk-size
         model = model.with_chunk_size(chunk).eval()
-    framework, no_upstream = upstream_plan(upstream, ckpt_path)
+    framework, no_upstream, upstream_dtype = upstream_plan(upstream, ckpt_path)
 
     report = Report(str(export_dir), str(ckpt_path or "<in-memory model>"), manifest.precision, {},
                     strict_providers=providers != "auto", budgets=budgets, overrides=overrides, prepack=prepack)
@@ -132,7 +137,7 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
                                    where=f"{mismatch}: pass the checkpoint this export was made from"))
         report.seconds = time.perf_counter() - t_start
         return report
-    v = Validator(export_dir, model, manifest, budgets, seed, say, overrides)
+    v = Validator(export_dir, model, manifest, budgets, seed, say, overrides, scratch=None if in_memory else folder)
     if v.quantised is not None:
         report.state_reference = quantref.arithmetic(manifest) or ""
     say("prefill vs PyTorch ...")
@@ -183,7 +188,8 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     report.heldout = heldout(v, cpu, text, heldout_bytes)
     v.drop_model64()
     if framework is not None:
-        report.upstream = against_upstream(v, cpu, ckpt_path, framework, steps, threads, required=upstream == "required")
+        report.upstream = against_upstream(v, cpu, ckpt_path, framework, steps, threads, required=upstream == "required",
+                                           dtype=upstream_dtype, note=no_upstream)
     elif no_upstream:
         v.add(Check("upstream", "import and graphs vs the checkpoint's own framework", NA, where=no_upstream))
     report.checks.extend(v.checks)
@@ -195,6 +201,21 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
         report.precision_floor = v.peer.record()
     report.seconds = time.perf_counter() - t_start
     return report
+
+
+def scratch_folder(export_dir: Path, stack: contextlib.ExitStack | None, say: Progress) -> Path | None:
+    """A folder for the scratch files of the checkpoint's weights (``edgelin.streaming``: the model's float32 weights
+    mapped from disk, not held in memory; the quantised reference's likewise), beside the export (on its disk, not in a
+    temporary folder that may be memory), removed when ``stack`` closes; None where none can be made there (the
+    weights are then loaded into memory, said)."""
+    if stack is None:
+        return None
+    try:
+        folder = stack.enter_context(tempfile.TemporaryDirectory(prefix=f".{export_dir.name}.validate-", dir=export_dir.resolve().parent))
+    except OSError as exc:
+        say(f"no scratch folder beside the export ({exc}): the checkpoint's weights are loaded into memory")
+        return None
+    return Path(folder)
 
 
 def _parse_providers(providers: str | list[str]) -> list[str]:

@@ -20,17 +20,19 @@ from edgelin.validate.validator import Validator, errors_or_inf, said_errors
 
 
 # ---- 8. the framework the checkpoint came from -------------------------------------------------
-def against_upstream(v: Validator, session: Session, checkpoint: Path, framework: str, steps: int, threads: int, required: bool) -> dict[str, Any]:
+def against_upstream(v: Validator, session: Session, checkpoint: Path, framework: str, steps: int, threads: int, required: bool,
+                     dtype: str = "float64", note: str = "") -> dict[str, Any]:
     """edgelin's import and the graphs against ``framework``'s own model on the same ids: a prompt of C + 5
     tokens (batch 2: across a chunk boundary), ``steps`` tokens through its cache, GREEDY greedy tokens. The import
-    is held to the fp32 upstream budget (both are fp32 PyTorch), the graphs to the export precision's."""
+    is held to the fp32 upstream budget (both are fp32 PyTorch), the graphs to the export precision's. ``dtype``: the
+    framework's model's (float32 where float64 does not fit in memory: ``note`` says so, in the report's "how")."""
 
     C = v.chunk
     prompt, ids = v.ids(2, C + 5), v.ids(2, steps)
     slow = " (its kernels in Triton's interpreter: minutes; --steps bounds it)" if framework == "fla" else ""
     v.say(f"upstream: running {up.possessive(framework)} own model on the checkpoint, {steps} decode steps, in a subprocess{slow} ...")
     try:
-        ref = up.run(checkpoint, framework, prompt, ids, threads=threads)
+        ref = up.run(checkpoint, framework, prompt, ids, threads=threads, **({"dtype": dtype} if framework == "transformers" else {}))
     except up.UpstreamError as exc:
         v.add(Check("upstream", f"import vs {framework}", FAIL if required else NA, where=str(exc)))
         return {}
@@ -92,7 +94,7 @@ def against_upstream(v: Validator, session: Session, checkpoint: Path, framework
         ok = agree >= bound
         v.add(Check("upstream", f"{who} vs {framework}: greedy {k} tokens x {B} rows, {agree * 100:.0f}% before the first difference",
                        PASS if ok else FAIL, budget={"min_agreement": bound}, where="" if ok else where))
-    return {"framework": framework, "how": ref.how, "model_class": ref.model_class, "seconds": ref.seconds,
+    return {"framework": framework, "how": ref.how + (f" ({note})" if note else ""), "model_class": ref.model_class, "seconds": ref.seconds,
             "prompt_tokens": T, "batch": B, "decode_steps": steps, "greedy_tokens": k}
 
 
@@ -111,25 +113,33 @@ def _steps(v: Validator, got: np.ndarray, ref: np.ndarray, budget: dict, aside: 
     return worst, where
 
 
-def upstream_plan(mode: str, checkpoint: Path | None) -> tuple[str | None, str]:
+def upstream_plan(mode: str, checkpoint: Path | None, available: int | None = None) -> tuple[str | None, str, str]:
     """(the framework to run, or None; why none runs, for the report: '' where nothing needs saying -- edgelin's own
-    model, or an in-memory one, is the model validated). "required" that cannot be met is an EdgelinError here,
-    before any check runs."""
+    model, or an in-memory one, is the model validated; the dtype its model runs in: float64, or float32 where only
+    that fits in memory, ``edgelin.upstream.fitting_dtype``). "required" that cannot be met is an EdgelinError here,
+    before any check runs. ``available``: the memory to plan for (default: available now)."""
     from edgelin import upstream
 
     upstream.check_mode(mode)
     if mode == "off":
-        return None, ""
+        return None, "", ""
     framework = None if checkpoint is None else upstream.framework_of(checkpoint)
     if framework is None:
         why = ("the model was passed in memory" if checkpoint is None else "the checkpoint is edgelin's own model") + \
             ": there is no other framework's model to compare with"
         if mode == "required":
             raise EdgelinError(f"--upstream required: {why}; use --upstream auto or off")
-        return None, ""  # nothing was left uncompared: the model validated is the model
+        return None, "", ""  # nothing was left uncompared: the model validated is the model
     missing = upstream.unavailable(framework)
     if missing:
         if mode == "required":
             raise EdgelinError(f"--upstream required: {missing}")
-        return None, f"not compared: {missing}"
-    return framework, ""
+        return None, f"not compared: {missing}", ""
+    dtype, note = upstream.fitting_dtype(checkpoint, framework, available)
+    if dtype is None:
+        if mode == "required":
+            raise EdgelinError(f"--upstream required: {note}; validate on a machine with more memory, or use --upstream auto "
+                               "(the graphs are then held to edgelin's import only)")
+        return None, (f"not compared: {note}; the graphs were held to edgelin's import of the checkpoint only (run "
+                      "--upstream on a machine with more memory)"), ""
+    return framework, note, dtype

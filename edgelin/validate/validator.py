@@ -3,7 +3,6 @@ compare logits and say what it found."""
 
 from __future__ import annotations
 
-import copy
 import gc
 from pathlib import Path
 from typing import Callable
@@ -11,7 +10,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from edgelin import parity, protocol, quantref, upstream as up
+from edgelin import layerwise, parity, protocol, quantref, upstream as up
 from edgelin.layers.moe import moe_layers
 from edgelin.parity import BUDGETS
 from edgelin.runtime.manifest import Manifest
@@ -41,7 +40,7 @@ class Validator:
     rounding floors measured so far, the random ids, and the checks added."""
 
     def __init__(self, export_dir: Path, model, manifest: Manifest, budgets: dict, seed: int, say: Progress,
-                 overrides: dict | None = None) -> None:
+                 overrides: dict | None = None, scratch: Path | None = None) -> None:
         self.export_dir, self.model, self.manifest, self.budgets, self.seed, self.say = export_dir, model, manifest, budgets, seed, say
         self.overrides = overrides or {}
         self.checks: list[Check] = []
@@ -60,19 +59,21 @@ class Validator:
         self.peer = up.PrecisionFloor.from_record(manifest.extra.get("precision_floor")) if manifest.precision in up.PRECISION_DTYPES else None
         # int8 / int4: the model computing the export's quantisation (edgelin.quantref), the states' reference; None:
         # the states are held to ``model``'s
-        self.quantised = quantref.quantised_model(model, manifest)
+        self.quantised = quantref.quantised_model(model, manifest, scratch=scratch)
         self.moe = bool(moe_layers(model))  # a mixture-of-experts model: its checks set aside tokens whose experts differ
 
     # ---- helpers -------------------------------------------------------------------------------
     def model64(self):
-        """The model in float64 (the long-stream and KV references), copied once per validation."""
+        """The model in float64 (the rounding floor, the long-stream and KV references): ``self.model`` run with its
+        weights converted to float64 one layer at a time (``edgelin.layerwise``), each conversion kept where the
+        whole float64 model fits in half the memory available, made again at every call where it does not."""
         if self._model64 is None:
-            self._model64 = copy.deepcopy(self.model).double().eval()
+            self._model64 = layerwise.Converted(self.model, keep=layerwise.fits_converted(self.model))
         return self._model64
 
     def drop_model64(self) -> None:
-        """Let the float64 copy go once its checks are done (twice the fp32 weights: at real size the upstream
-        framework's own float64 model, in its subprocess, needs that memory)."""
+        """Let the float64 conversions go once their checks are done (a kept float64 model is twice the fp32 weights:
+        the upstream framework's own float64 model, in its subprocess, needs that memory)."""
         self._model64 = None
         gc.collect()
 

@@ -341,3 +341,31 @@ def test_a_gated_deltanet_hybrids_int8_states_are_held_to_its_quantisation(tmp_p
     prefill = [c for c in report.checks if c.group == "prefill"]
     assert all(c.status == FAIL and c.where.startswith("layer 0, state S") for c in prefill), f"{node}\n{report.table()}"
     assert any("(logits within budget)" in c.where for c in prefill), f"{node}\n{report.table()}"
+
+
+@pytest.mark.parametrize("precision, scheme, tied", [("int4", None, True), ("int4", None, False), ("int8", "block", True)])
+def test_the_reference_is_built_beside_the_model_without_copying_it(precision, scheme, tied, tmp_path):
+    """quantised_model makes each weight of the reference from the model's one at a time: in memory, or written to a
+    scratch file in a folder and mapped back (validate's, for a checkpoint whose weights are mapped from disk); both
+    compute the same logits bitwise, the weights the export keeps as they are are the model's own (shared, not
+    copied), and the model is left as it was."""
+    from conftest import tiny_model
+    from edgelin.state import fresh_state
+
+    model = tiny_model(tie_embeddings=tied)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    manifest = _manifest(precision, scheme)
+    in_memory = quantref.quantised_model(model, manifest)
+    mapped = quantref.quantised_model(model, manifest, scratch=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # the scratch file is unlinked once mapped
+    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outs = [q(ids, fresh_state(model.state_specs(), 2))[0] for q in (in_memory, mapped, model)]
+    assert torch.equal(outs[0], outs[1])
+    assert rel_l2(outs[0].numpy(), outs[2].numpy()) > 1e-4  # it is quantised
+    own = {id(p) for p in model.parameters()}
+    for q in (in_memory, mapped):
+        shared = {n for n, p in q.named_parameters() if id(p) in own}
+        assert shared and all(not n.endswith("proj.weight") and n != "embed.weight" for n in shared), shared
+        assert "blocks.0.attn_norm.weight" in shared
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

@@ -251,25 +251,57 @@ def test_modes_and_what_cannot_be_compared(tmp_path, monkeypatch):
 
     with pytest.raises(EdgelinError, match="upstream must be one of off, auto, required"):
         _upstream_plan("sometimes", None)
-    assert _upstream_plan("off", None) == (None, "")
-    assert _upstream_plan("auto", None) == (None, "")  # an in-memory model is the model validated: nothing to say
+    assert _upstream_plan("off", None) == (None, "", "")
+    assert _upstream_plan("auto", None) == (None, "", "")  # an in-memory model is the model validated: nothing to say
     with pytest.raises(EdgelinError, match="--upstream required: the model was passed in memory"):
         _upstream_plan("required", None)
     from edgelin.models import bundled_checkpoint
 
-    assert _upstream_plan("auto", bundled_checkpoint()) == (None, "")
+    assert _upstream_plan("auto", bundled_checkpoint()) == (None, "", "")
     with pytest.raises(EdgelinError, match="--upstream required: the checkpoint is edgelin's own model"):
         _upstream_plan("required", bundled_checkpoint())
     own = tmp_path / "cfg"
     own.mkdir()
     (own / "config.json").write_text(json.dumps({"model_type": "mamba2"}))
-    assert _upstream_plan("auto", own) == ("transformers", "")
+    assert _upstream_plan("auto", own) == ("transformers", "", "float64")
     # the framework missing: said with the command that installs it; "required" refuses before anything runs
     monkeypatch.setattr(upstream.importlib.util, "find_spec", lambda name: None)
-    framework, why = _upstream_plan("auto", own)
+    framework, why, _ = _upstream_plan("auto", own)
     assert framework is None and "transformers is not installed" in why and "pip install" in why
     with pytest.raises(EdgelinError, match="--upstream required: transformers is not installed"):
         _upstream_plan("required", own)
+
+
+def test_the_framework_model_that_cannot_fit_in_memory_is_said_not_run(tmp_path):
+    """The framework's own model is planned from the checkpoint's headers against the memory available: float64
+    where it fits, float32 (said, with both sizes) where only that fits, not run where neither does ("auto": the
+    report says what it needs, what is available and what the graphs were held to instead; "required": refused
+    before anything runs)."""
+    from safetensors.numpy import save_file
+
+    from edgelin.validate.upstream_checks import upstream_plan as _upstream_plan
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mamba2"}))
+    save_file({"a": np.zeros((1000, 500), np.float32), "b": np.zeros(250_000, np.float16)}, str(folder / "model.safetensors"))
+    assert upstream.parameter_count(folder) == 750_000
+    need64 = int(750_000 * 8 * upstream.FIT_MARGIN) + upstream.FIT_BASE
+    need32 = int(750_000 * 4 * upstream.FIT_MARGIN) + upstream.FIT_BASE
+    assert _upstream_plan("required", folder, available=need64) == ("transformers", "", "float64")
+    framework, note, dtype = _upstream_plan("auto", folder, available=need64 - 1)
+    assert (framework, dtype) == ("transformers", "float32")
+    assert note.startswith("run in float32, not float64: in float64 transformers' own model needs about") and "available" in note
+    framework, why, dtype = _upstream_plan("auto", folder, available=need32 - 1)
+    assert framework is None and dtype == ""
+    assert why.startswith("not compared: transformers' own model (0.00 B values) needs about") and "held to edgelin's import" in why
+    with pytest.raises(EdgelinError, match="--upstream required: transformers' own model .* needs about .*more memory") as info:
+        _upstream_plan("required", folder, available=need32 - 1)
+    assert "\n" not in str(info.value)
+    # fla's models run in float32 only here: that is their reference, nothing to say
+    (folder / "config.json").write_text(json.dumps({"model_type": "linear_attn"}))
+    if upstream.framework_of(folder) == "fla" and upstream.unavailable("fla") is None:
+        assert _upstream_plan("auto", folder, available=need32) == ("fla", "", "float32")
 
 
 # ---- end to end: validate on exports ------------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""A model run with its weights converted one layer at a time: the float64 reference without a float64 copy.
+
+``converted(model, convert)`` is a context inside which ``model`` computes with ``convert`` applied to its floating
+parameters and buffers (``torch.Tensor.double``: the float64 model), as ``copy.deepcopy(model).double()`` would, but
+with no copy of the model: the weights outside the layers (embedding, final norm, head) and every buffer are
+converted on entry; each layer's (``model.blocks[i]``) are converted as that layer starts and let go as it returns.
+On exit the model holds exactly the tensors it held before. So the converted weights in memory at any time are those
+outside the layers plus one layer's, whatever the model's depth; a model whose weights are mapped from disk
+(``edgelin.streaming``) stays mapped, its pages read once per pass.
+
+``keep=True`` keeps each layer's converted weights once made (one conversion, the whole converted model in memory
+by the end, as a copy would be): for models small enough, where converting again at every call (every decode step)
+would cost more than the memory. ``fits_converted`` says which applies.
+
+A model without ``blocks`` is converted whole on entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+Convert = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _slots(module: nn.Module, skip: set[int]) -> Iterator[tuple[nn.Module, str, str]]:
+    """(module, attribute, "param" | "buffer") of every floating tensor held in ``module``'s tree, modules whose id
+    is in ``skip`` (and their trees) left out."""
+    stack = [module]
+    seen: set[int] = set()
+    while stack:
+        m = stack.pop()
+        if id(m) in seen or id(m) in skip:
+            continue
+        seen.add(id(m))
+        for kind, table in (("param", m._parameters), ("buffer", m._buffers)):
+            for attr, t in table.items():
+                if t is not None and t.is_floating_point():
+                    yield m, attr, kind
+        stack.extend(m._modules.values())
+
+
+class _Swap:
+    """Converted tensors put in place of ``slots``' tensors, undone in reverse order (a tensor held in several places,
+    a tied embedding and head, is converted once and put in each)."""
+
+    def __init__(self, convert: Convert, cache: dict[int, torch.Tensor] | None) -> None:
+        self.convert, self.cache = convert, cache
+        self.undo: list[list[tuple[dict, str, torch.Tensor]]] = []
+
+    def put(self, slots) -> None:
+        done: dict[int, torch.Tensor] = {}
+        undo = []
+        for module, attr, kind in slots:
+            table = module._parameters if kind == "param" else module._buffers
+            old = table[attr]
+            new = done.get(id(old))
+            if new is None:
+                new = self.cache.get(id(old)) if self.cache is not None else None
+                if new is None:
+                    with torch.no_grad():
+                        value = self.convert(old.detach())
+                    # requires_grad as the model's: torch's linear takes another kernel path (other roundings) on it
+                    new = nn.Parameter(value, requires_grad=old.requires_grad) if kind == "param" else value
+                    if self.cache is not None:
+                        self.cache[id(old)] = new
+                done[id(old)] = new
+            undo.append((table, attr, old))
+            table[attr] = new
+        self.undo.append(undo)
+
+    def pop(self) -> None:
+        for table, attr, old in reversed(self.undo.pop()):
+            table[attr] = old
+
+
+@contextlib.contextmanager
+def converted(model: nn.Module, convert: Convert = torch.Tensor.double, *, keep: bool = False,
+              cache: dict[int, torch.Tensor] | None = None) -> Iterator[nn.Module]:
+    """Inside: ``model`` computes with ``convert`` applied to its floating weights and buffers, one layer's weights at
+    a time (module docstring); yields ``model``. ``keep``: keep each converted tensor for the rest of the context
+    (``cache``: a dict that keeps them across contexts, from ``cached_conversions``)."""
+    blocks = list(getattr(model, "blocks", None) or [])
+    if cache is None and keep:
+        cache = {}
+    swap = _Swap(convert, cache)
+    handles = []
+    swap.put(list(_slots(model, {id(b) for b in blocks})))
+    try:
+        for block in blocks:
+            slots = list(_slots(block, set()))
+            handles.append(block.register_forward_pre_hook(lambda _m, _a, s=slots: swap.put(s)))
+            handles.append(block.register_forward_hook(lambda _m, _a, _o: swap.pop(), always_call=True))
+        yield model
+    finally:
+        for h in handles:
+            h.remove()
+        while swap.undo:
+            swap.pop()
+
+
+class Converted:
+    """``model`` as a float64 (or other ``convert``) model: calling it, or its ``step`` / ``forward``, runs ``model``
+    inside ``converted`` (``keep``: conversions made once, kept while this object lives); any other attribute is
+    ``model``'s."""
+
+    def __init__(self, model: nn.Module, convert: Convert = torch.Tensor.double, *, keep: bool = False) -> None:
+        self.model, self.convert = model, convert
+        self.cache: dict[int, torch.Tensor] | None = {} if keep else None
+
+    def _run(self, method: str, *args, **kwargs):
+        with converted(self.model, self.convert, cache=self.cache):
+            return getattr(self.model, method)(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self._run("__call__", *args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._run("forward", *args, **kwargs)
+
+    def step(self, *args, **kwargs):
+        return self._run("step", *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.model, name)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s distinct floating parameters and buffers as they are."""
+    seen: dict[int, int] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        if t.is_floating_point():
+            seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def fits_converted(model: nn.Module, factor: float = 2.0, available: int | None = None) -> bool:
+    """Whether a whole converted copy (``factor`` x the weights' bytes: float64 of float32 is 2) fits in half the memory
+    available now: then ``keep`` (convert once) costs less than converting at every call."""
+    from edgelin.runtime.memory import available_memory
+
+    have = available_memory() if available is None else available
+    return have is not None and factor * weight_bytes(model) <= have / 2
+
+
+__all__ = ["Converted", "converted", "fits_converted", "weight_bytes"]
