@@ -41,7 +41,10 @@ print(export(ckpt, out, force=True, precision=precision, streamed=streamed, chec
 VALIDATE = """
 import json, sys
 from edgelin.validate import validate
-export, ckpt, steps, upstream = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+export, ckpt, steps, upstream, each_call = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "each-call"
+if each_call:  # the float64 reference converted at every call whatever the memory available (edgelin.layerwise)
+    import edgelin.layerwise
+    edgelin.layerwise.fits_converted = lambda *args, **kwargs: False
 report = validate(export, ckpt, steps=steps, kv=(), long=0, heldout_bytes=514, upstream=upstream)
 print(report.table())
 print(json.dumps({"passed": report.passed, "seconds": round(report.seconds, 1)}))
@@ -75,7 +78,7 @@ def measured(command: list[str], work: Path, log_path: Path, env: dict | None = 
 
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work)  # not this tree's folder: --code
     watcher = threading.Thread(target=sample, args=(child.pid,), daemon=True)
     watcher.start()
     _, status, usage = os.wait4(child.pid, 0)
@@ -98,15 +101,18 @@ def main() -> None:
     ap.add_argument("--code", default=None, help="with --validate: a folder holding the edgelin package to run instead of this one")
     ap.add_argument("--steps", type=int, default=8, help="with --validate: its decode steps (default 8)")
     ap.add_argument("--upstream", default="off", help="with --validate: off, auto or required (default off)")
+    ap.add_argument("--each-call", action="store_true", help="with --validate: the float64 reference converted one layer at a "
+                    "time at every call even where a kept float64 model would fit (what a model too large for that gets)")
     args = ap.parse_args()
     rows = []
     if args.validate:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [args.code, os.environ.get("PYTHONPATH")]))) if args.code else None
         with tempfile.TemporaryDirectory(prefix="edgelin-validate-memory-") as tmp:
             log = Path(tmp) / "validate.log"
-            row = measured([sys.executable, "-c", VALIDATE, args.validate, args.checkpoints[0], str(args.steps), args.upstream], Path(args.validate), log, env)
+            row = measured([sys.executable, "-c", VALIDATE, args.validate, args.checkpoints[0], str(args.steps), args.upstream,
+                             "each-call" if args.each_call else "kept"], Path(args.validate).resolve().parent, log, env)
             said = log.read_text().strip().splitlines()
-        rows.append({"checkpoint": args.checkpoints[0], "export": args.validate, "code": args.code or "this tree", "steps": args.steps,
+        rows.append({"checkpoint": args.checkpoints[0], "export": args.validate, "code": args.code or "this tree", "steps": args.steps, "float64": "each call" if args.each_call else "as planned",
                      "upstream": args.upstream, **row, **(json.loads(said[-1]) if said and said[-1].startswith("{") else {"log_tail": said[-5:]})})
         print(json.dumps(rows[-1]), flush=True)
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="edgelin-export-memory-")) as tmp:

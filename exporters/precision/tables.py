@@ -34,16 +34,21 @@ def quantise_table(w: np.ndarray, bits: int, block: int = TABLE_BLOCK, rows: int
     return packed, scales
 
 
-def dequantise_table(packed: np.ndarray, scales: np.ndarray, bits: int, block: int = TABLE_BLOCK) -> np.ndarray:
-    """``quantise_table``'s output back to float32 [V, D]: what the graph's Gather and head compute with."""
+def dequantise_table(packed: np.ndarray, scales: np.ndarray, bits: int, block: int = TABLE_BLOCK, rows: int = 16384) -> np.ndarray:
+    """``quantise_table``'s output back to float32 [V, D]: what the graph's Gather and head compute with. Rows are
+    made ``rows`` at a time (nothing but the result is table-sized)."""
     V = packed.shape[0]
-    if bits == 4:
-        q = np.empty((V, packed.shape[1] * 2), np.uint8)
-        q[:, 0::2], q[:, 1::2] = packed & 0xF, packed >> 4
-    else:
-        q = packed
     zero = 1 << (bits - 1)
-    return ((q.astype(np.float32) - zero).reshape(V, -1, block) * scales[..., None]).reshape(V, -1)
+    out = np.empty((V, packed.shape[1] * 8 // bits), np.float32)
+    for r in range(0, V, rows):
+        p = packed[r : r + rows]
+        if bits == 4:
+            q = np.empty((p.shape[0], p.shape[1] * 2), np.uint8)
+            q[:, 0::2], q[:, 1::2] = p & 0xF, p >> 4
+        else:
+            q = p
+        out[r : r + rows] = ((q.astype(np.float32) - zero).reshape(q.shape[0], -1, block) * scales[r : r + rows, :, None]).reshape(q.shape[0], -1)
+    return out
 
 
 def quantise_embedding(proto: onnx.ModelProto, embedding: str,

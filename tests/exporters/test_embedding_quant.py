@@ -53,6 +53,7 @@ def test_table_quantiser_matches_the_naive_loop(bits):
     np.testing.assert_array_equal(scales, ref_scales)
     np.testing.assert_array_equal(packed, ref_packed)
     deq = dequantise_table(packed, scales, bits)
+    np.testing.assert_array_equal(dequantise_table(packed, scales, bits, rows=10), deq)  # in row pieces: the same values
     step = np.repeat(scales, TABLE_BLOCK, axis=1)
     assert np.all(np.abs(deq - w) <= step / 2 * (1 + 1e-6))
     assert np.all(deq[3] == 0.0)
