@@ -106,6 +106,9 @@ def _validate(export_dir, checkpoint, providers, steps, long, seed, threads, pro
     else:
         ckpt_path = open_checkpoint(resolve_checkpoint(manifest, checkpoint))  # the folder read once: config, files, hash
         folder = scratch_folder(export_dir, scratch, say)
+        if folder is not None:
+            say(f"loading {ckpt_path}: its weights read one tensor at a time into a scratch file in {folder} and mapped "
+                "(removed when validate ends) ...")
         with streaming.mapped_weights(folder) if folder is not None else contextlib.nullcontext():
             model = load_checkpoint(ckpt_path)
     chunk = manifest.extra.get("chunk_size")

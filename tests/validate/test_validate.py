@@ -91,6 +91,28 @@ def test_decode_weight_changed_by_1e_3(base, broken, prepack):
     assert "decode.onnx is not the file edgelin.json describes" in fails["structure/graph files <-> edgelin.json sha256"]
 
 
+def test_the_checkpoint_is_mapped_from_a_scratch_folder_beside_the_export(base, tmp_path, monkeypatch):
+    """validate reads the checkpoint one tensor at a time into a scratch folder beside the export (said), removed when
+    it ends; where none can be made there, the weights are loaded into memory, said, and the checks are the same."""
+    ckpt, out = base
+    export = tmp_path / "beside" / "export"
+    shutil.copytree(out, export)
+    said: list[str] = []
+    report = validate(export, ckpt, steps=4, kv=(), heldout_bytes=514, progress=said.append)
+    assert report.passed, report.table()
+    assert any("into a scratch file in" in m and str(tmp_path / "beside") in m for m in said), said
+    assert [p.name for p in (tmp_path / "beside").iterdir()] == ["export"]  # the scratch folder is gone
+
+    def no_folder(*_args, **_kwargs):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr("edgelin.validate.run.tempfile.TemporaryDirectory", no_folder)
+    said.clear()
+    again = validate(export, ckpt, steps=4, kv=(), heldout_bytes=514, progress=said.append)
+    assert any(m.startswith("no scratch folder beside the export (read-only)") for m in said), said
+    assert [(c.group, c.name, c.status) for c in again.checks] == [(c.group, c.name, c.status) for c in report.checks]
+
+
 def test_the_golden_group_is_held_to_the_runs_budget(base):
     ckpt, out = base
     report = validate(out, ckpt, steps=4, budget={"logits": {"max_rel": 1e-12}})
