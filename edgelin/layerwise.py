@@ -8,9 +8,11 @@ On exit the model holds exactly the tensors it held before. So the converted wei
 outside the layers plus one layer's, whatever the model's depth; a model whose weights are mapped from disk
 (``edgelin.streaming``) stays mapped, its pages read once per pass.
 
-``keep=True`` keeps each layer's converted weights once made (one conversion, the whole converted model in memory
-by the end, as a copy would be): for models small enough, where converting again at every call (every decode step)
-would cost more than the memory. ``fits_converted`` says which applies.
+``Converted`` (the model as a float64 model, call after call) keeps the conversions of the weights outside the layers
+for its lifetime: they are held during every call anyway. ``keep=True`` keeps each layer's converted weights once
+made too (one conversion, the whole converted model in memory by the end, as a copy would be): for models small
+enough, where converting again at every call (every decode step) would cost more than the memory.
+``fits_converted`` says which applies.
 
 A model without ``blocks`` is converted whole on entry.
 """
@@ -51,7 +53,8 @@ class _Swap:
         self.convert, self.cache = convert, cache
         self.undo: list[list[tuple[dict, str, torch.Tensor]]] = []
 
-    def put(self, slots) -> None:
+    def put(self, slots, into: "_Swap | None" = None) -> None:
+        """Convert and put in place; undone by ``pop`` of ``into`` (default: this one)."""
         done: dict[int, torch.Tensor] = {}
         undo = []
         for module, attr, kind in slots:
@@ -70,7 +73,7 @@ class _Swap:
                 done[id(old)] = new
             undo.append((table, attr, old))
             table[attr] = new
-        self.undo.append(undo)
+        (into or self).undo.append(undo)
 
     def pop(self) -> None:
         for table, attr, old in reversed(self.undo.pop()):
@@ -79,16 +82,17 @@ class _Swap:
 
 @contextlib.contextmanager
 def converted(model: nn.Module, convert: Convert = torch.Tensor.double, *, keep: bool = False,
-              cache: dict[int, torch.Tensor] | None = None) -> Iterator[nn.Module]:
+              cache: dict[int, torch.Tensor] | None = None, outside: dict[int, torch.Tensor] | None = None) -> Iterator[nn.Module]:
     """Inside: ``model`` computes with ``convert`` applied to its floating weights and buffers, one layer's weights at
-    a time (module docstring); yields ``model``. ``keep``: keep each converted tensor for the rest of the context
-    (``cache``: a dict that keeps them across contexts, from ``cached_conversions``)."""
+    a time (module docstring); yields ``model``. ``keep``: keep each converted tensor for the rest of the context;
+    ``cache``: a dict that keeps the layers' conversions across contexts, ``outside``: one that keeps those of the
+    weights outside the layers (held for a whole call anyway: an embedding converted once, not at every decode step)."""
     blocks = list(getattr(model, "blocks", None) or [])
     if cache is None and keep:
         cache = {}
     swap = _Swap(convert, cache)
     handles = []
-    swap.put(list(_slots(model, {id(b) for b in blocks})))
+    _Swap(convert, outside if outside is not None else cache).put(list(_slots(model, {id(b) for b in blocks})), into=swap)
     try:
         for block in blocks:
             slots = list(_slots(block, set()))
@@ -110,9 +114,10 @@ class Converted:
     def __init__(self, model: nn.Module, convert: Convert = torch.Tensor.double, *, keep: bool = False) -> None:
         self.model, self.convert = model, convert
         self.cache: dict[int, torch.Tensor] | None = {} if keep else None
+        self.outside: dict[int, torch.Tensor] = {}  # the weights outside the layers: converted once, kept
 
     def _run(self, method: str, *args, **kwargs):
-        with converted(self.model, self.convert, cache=self.cache):
+        with converted(self.model, self.convert, cache=self.cache, outside=self.outside):
             return getattr(self.model, method)(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
