@@ -29,6 +29,14 @@ def against_upstream(v: Validator, session: Session, checkpoint: Path, framework
 
     C = v.chunk
     prompt, ids = v.ids(2, C + 5), v.ids(2, steps)
+    # planned again now: validate's own session and model hold memory that was free when it started
+    now, said = up.fitting_dtype(checkpoint, framework)
+    if now is None:
+        v.add(Check("upstream", f"import vs {framework}", FAIL if required else NA,
+                    where=f"not run: {said}, beside validate's own session and model; the graphs were held to edgelin's import only"))
+        return {}
+    if now != dtype:
+        dtype, note = now, said
     slow = " (its kernels in Triton's interpreter: minutes; --steps bounds it)" if framework == "fla" else ""
     v.say(f"upstream: running {up.possessive(framework)} own model on the checkpoint, {steps} decode steps, in a subprocess{slow} ...")
     try:

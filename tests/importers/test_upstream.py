@@ -356,3 +356,22 @@ def test_the_cli_validates_a_correct_export_against_transformers(request, tmp_pa
     done = subprocess.run([EDGELIN, "validate", str(out), "--checkpoint", str(folder), "--steps", "4",
                            "--upstream", "off", "--kv", "0"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and not [line for line in done.stdout.splitlines() if line.startswith("upstream")], done.stdout
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_the_framework_model_is_planned_again_when_it_runs(required, monkeypatch):
+    """validate plans the framework's model at its start and again just before running it (its own session and model
+    then hold memory that was free at the start): where it no longer fits, nothing is run and the upstream group says
+    so (not applicable, or a failure under --upstream required)."""
+    from types import SimpleNamespace
+
+    from edgelin.validate.upstream_checks import against_upstream
+
+    added = []
+    v = SimpleNamespace(chunk=4, ids=lambda b, t: np.zeros((b, t), np.int64), add=added.append, say=lambda _m: None)
+    monkeypatch.setattr(upstream, "fitting_dtype", lambda *_a, **_k: (None, "transformers' own model needs about 9.9 GB"))
+    monkeypatch.setattr(upstream, "run", lambda *_a, **_k: pytest.fail("the framework's model was run"))
+    assert against_upstream(v, None, Path("ckpt"), "transformers", 4, 1, required=required, dtype="float64") == {}
+    (check,) = added
+    assert check.status == ("fail" if required else "n/a"), check.status
+    assert check.where.startswith("not run: transformers' own model needs about 9.9 GB, beside validate's own session")
