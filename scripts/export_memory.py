@@ -113,8 +113,13 @@ def main() -> None:
                              "each-call" if args.each_call else "kept"], Path(args.validate).resolve().parent, log, env)
             said = log.read_text().strip().splitlines()
         rows.append({"checkpoint": args.checkpoints[0], "export": args.validate, "code": args.code or "this tree", "steps": args.steps, "float64": "each call" if args.each_call else "as planned",
-                     "upstream": args.upstream, **row, **(json.loads(said[-1]) if said and said[-1].startswith("{") else {"log_tail": said[-5:]})})
+                     "upstream": args.upstream, **row, **(json.loads(said[-1]) if said and said[-1].startswith("{") else {"log_tail": said[-5:]}),
+                     "report": said[:-1]})  # validate's table
         print(json.dumps(rows[-1]), flush=True)
+    if args.validate and args.out:
+        Path(args.out).write_text(json.dumps({"command": " ".join(["python scripts/export_memory.py", *sys.argv[1:]]), "rows": rows},
+                                             indent=1) + "\n", encoding="utf-8")
+        return
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="edgelin-export-memory-")) as tmp:
         for ckpt in [] if args.validate else args.checkpoints:
             for mode in args.modes.split(","):
