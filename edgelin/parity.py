@@ -167,6 +167,8 @@ def errors(got, ref) -> Errors:
         return Errors(math.inf, math.inf, nonfinite, math.inf)
     if got.dtype.kind in "iub" and ref.dtype.kind in "iub":
         return NONE if np.array_equal(got, ref) else INF
+    if got.size > PIECE and got.ndim > 1:  # a large array (a 248k vocabulary's logits): in pieces along its first axes
+        return _errors_in_pieces(got, ref, nonfinite)
     ref64 = ref.astype(np.float64)
     diff = got.astype(np.float64) - ref64
     if not np.isfinite(diff).all():
@@ -175,6 +177,29 @@ def errors(got, ref) -> Errors:
     max_abs = float(np.abs(diff).max(initial=0.0))
     scale = float(np.abs(ref64).max(initial=0.0))
     return Errors(max_abs, float(np.linalg.norm(diff)) / max(norm, 1e-30), nonfinite, max_abs / max(scale, 1.0))
+
+
+PIECE = 1 << 22  # values: above this, ``errors`` works through an array a piece at a time (float64 copies of ~32 MB)
+
+
+def _errors_in_pieces(got: np.ndarray, ref: np.ndarray, nonfinite: int) -> Errors:
+    """``errors`` of two large arrays of one shape with float64 copies of one piece at a time (whole rows of the last
+    axis, ~PIECE values): the same max abs and scale; the norms summed piece by piece (the same to float64 rounding)."""
+    rows = int(np.prod(got.shape[:-1]))
+    g, r = got.reshape(rows, -1), ref.reshape(rows, -1)
+    step = max(1, PIECE // max(g.shape[1], 1))
+    max_abs = scale = 0.0
+    sq_diff = sq_ref = 0.0
+    for a in range(0, rows, step):
+        r64 = r[a:a + step].astype(np.float64)
+        d = g[a:a + step].astype(np.float64) - r64
+        if not np.isfinite(d).all():
+            return Errors(math.inf, math.inf, nonfinite, math.inf)
+        max_abs = max(max_abs, float(np.abs(d).max(initial=0.0)))
+        scale = max(scale, float(np.abs(r64).max(initial=0.0)))
+        sq_diff += float(np.einsum("ij,ij->", d, d))
+        sq_ref += float(np.einsum("ij,ij->", r64, r64))
+    return Errors(max_abs, math.sqrt(sq_diff) / max(math.sqrt(sq_ref), 1e-30), nonfinite, max_abs / max(scale, 1.0))
 
 
 BOUNDS = ("max_abs", "max_rel", "rel_l2", "min_agreement", "max_bpb_delta")

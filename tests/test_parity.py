@@ -60,6 +60,25 @@ def test_errors_measure_max_abs_and_relative_l2():
     assert e.max_rel == pytest.approx(0.5 / 4.0)
 
 
+@pytest.mark.parametrize("shape", [(3, 7, 50), (5, 40), (1, 2, 3, 33)])
+def test_errors_of_a_large_array_in_pieces_equal_those_of_the_whole(shape, monkeypatch):
+    """Above PIECE values, errors works through whole rows a piece at a time: the same max abs, max rel and nonfinite
+    count as the whole array in one go, rel L2 to float64 rounding; a non-finite value anywhere is still infinite."""
+    from edgelin import parity
+
+    rng = np.random.default_rng(len(shape))
+    ref = (rng.standard_normal(shape) * 7).astype(np.float32)
+    got = ref + (rng.standard_normal(shape) * 1e-3).astype(np.float32)
+    whole = errors(got, ref)
+    monkeypatch.setattr(parity, "PIECE", 2 * shape[-1] + 1)  # two or three rows a piece, the last piece shorter
+    pieces = errors(got, ref)
+    assert (pieces.max_abs, pieces.max_rel, pieces.nonfinite) == (whole.max_abs, whole.max_rel, whole.nonfinite)
+    assert pieces.rel_l2 == pytest.approx(whole.rel_l2, rel=1e-12)
+    got.reshape(-1)[-1] = np.nan
+    e = errors(got, ref)
+    assert e.max_abs == e.rel_l2 == math.inf and e.nonfinite == 1
+
+
 def test_max_rel_is_on_the_scale_of_the_reference_and_absolute_below_one():
     """The same relative error on logits 100x larger is the same max_rel (and 100x the max abs); logits
     below 1 are held to the max abs itself (no blow-up for a reference near zero)."""
