@@ -47,14 +47,19 @@ def _slots(module: nn.Module, skip: set[int]) -> Iterator[tuple[nn.Module, str, 
 
 class _Swap:
     """Converted tensors put in place of ``slots``' tensors, undone in reverse order (a tensor held in several places,
-    a tied embedding and head, is converted once and put in each)."""
+    a tied embedding and head, is converted once and put in each); ``live``: the converted tensors in place now."""
 
-    def __init__(self, convert: Convert, cache: dict[int, torch.Tensor] | None) -> None:
-        self.convert, self.cache = convert, cache
-        self.undo: list[list[tuple[dict, str, torch.Tensor]]] = []
+    def __init__(self, convert: Convert) -> None:
+        self.convert = convert
+        self.undo: list[list[tuple[dict, str, torch.Tensor, torch.Tensor]]] = []
+        self.live: set[int] = set()
 
-    def put(self, slots, into: "_Swap | None" = None) -> None:
-        """Convert and put in place; undone by ``pop`` of ``into`` (default: this one)."""
+    def pending(self, slots) -> list:
+        """The slots whose tensor in place is not a converted one."""
+        return [s for s in slots if id((s[0]._parameters if s[2] == "param" else s[0]._buffers)[s[1]]) not in self.live]
+
+    def put(self, slots, cache: dict[int, torch.Tensor] | None) -> None:
+        """Convert (or take from ``cache``, keyed by the original tensor) and put in place; one ``pop`` undoes it."""
         done: dict[int, torch.Tensor] = {}
         undo = []
         for module, attr, kind in slots:
@@ -62,22 +67,24 @@ class _Swap:
             old = table[attr]
             new = done.get(id(old))
             if new is None:
-                new = self.cache.get(id(old)) if self.cache is not None else None
+                new = cache.get(id(old)) if cache is not None else None
                 if new is None:
                     with torch.no_grad():
                         value = self.convert(old.detach())
                     # requires_grad as the model's: torch's linear takes another kernel path (other roundings) on it
                     new = nn.Parameter(value, requires_grad=old.requires_grad) if kind == "param" else value
-                    if self.cache is not None:
-                        self.cache[id(old)] = new
+                    if cache is not None:
+                        cache[id(old)] = new
                 done[id(old)] = new
-            undo.append((table, attr, old))
+            undo.append((table, attr, old, new))
             table[attr] = new
-        (into or self).undo.append(undo)
+            self.live.add(id(new))
+        self.undo.append(undo)
 
     def pop(self) -> None:
-        for table, attr, old in reversed(self.undo.pop()):
+        for table, attr, old, new in reversed(self.undo.pop()):
             table[attr] = old
+            self.live.discard(id(new))
 
 
 @contextlib.contextmanager
@@ -86,18 +93,34 @@ def converted(model: nn.Module, convert: Convert = torch.Tensor.double, *, keep:
     """Inside: ``model`` computes with ``convert`` applied to its floating weights and buffers, one layer's weights at
     a time (module docstring); yields ``model``. ``keep``: keep each converted tensor for the rest of the context;
     ``cache``: a dict that keeps the layers' conversions across contexts, ``outside``: one that keeps those of the
-    weights outside the layers (held for a whole call anyway: an embedding converted once, not at every decode step)."""
+    weights outside the layers (held for a whole call anyway: an embedding converted once, not at every decode step).
+
+    Any other module of the model that runs while its weights are not converted (one a layer calls without holding it
+    as a submodule: a block shared by several layers, registered under the first) has them converted for its call."""
     blocks = list(getattr(model, "blocks", None) or [])
     if cache is None and keep:
         cache = {}
-    swap = _Swap(convert, cache)
+    swap = _Swap(convert)
+    ours = {id(m) for m in model.modules()} - {id(model)}
+    opened: list[bool] = []  # per module call in progress: whether it put conversions in place
+
+    def enter(module, _args):
+        pending = swap.pending(_slots(module, set())) if id(module) in ours else []
+        if pending:
+            swap.put(pending, cache)
+        opened.append(bool(pending))
+
+    def leave(_module, _args, _out):
+        if opened.pop():
+            swap.pop()
+
+    swap.put(list(_slots(model, {id(b) for b in blocks})), outside if outside is not None else cache)
     handles = []
-    _Swap(convert, outside if outside is not None else cache).put(list(_slots(model, {id(b) for b in blocks})), into=swap)
     try:
-        for block in blocks:
-            slots = list(_slots(block, set()))
-            handles.append(block.register_forward_pre_hook(lambda _m, _a, s=slots: swap.put(s)))
-            handles.append(block.register_forward_hook(lambda _m, _a, _o: swap.pop(), always_call=True))
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        handles.append(register_module_forward_pre_hook(enter))
+        handles.append(register_module_forward_hook(leave, always_call=True))
         yield model
     finally:
         for h in handles:

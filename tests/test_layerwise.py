@@ -87,3 +87,43 @@ def test_fits_converted_plans_from_the_weights():
     assert size == sum(p.numel() * 4 for p in model.parameters()) + sum(b.numel() * b.element_size() for b in model.buffers() if b.is_floating_point())
     assert layerwise.fits_converted(model, available=4 * size)
     assert not layerwise.fits_converted(model, available=4 * size - 1)
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, shared=None):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        if shared is not None:
+            object.__setattr__(self, "shared", shared)  # used, not held: registered under the first layer only
+
+    def forward(self, x):
+        x = torch.tanh(self.lin(x))
+        return self.shared(x) if hasattr(self, "shared") else x
+
+
+class _SharedModel(torch.nn.Module):
+    """Two layers, the second calling a module of the first's that it does not hold (Zamba2's shared block is held
+    by one layer and used by several)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(11, 8)
+        first = _Layer()
+        self.blocks = torch.nn.ModuleList([first, _Layer(shared=first.lin)])
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return x @ self.embed.weight.T
+
+
+def test_a_module_used_by_a_layer_that_does_not_hold_it_is_converted_for_its_call():
+    model = _SharedModel()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        want = copy.deepcopy(model).double()(ids)
+        got = layerwise.Converted(model)(ids)
+    assert got.dtype == torch.float64 and torch.equal(got, want)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

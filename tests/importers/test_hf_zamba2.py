@@ -10,6 +10,8 @@ linear and a Mamba2 layer.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -105,8 +107,11 @@ def test_shared_weights_are_held_once(tmp_path_factory, tmp_path, refused):
     names = list(model.state_dict())
     assert sum(".shared.self_attn.q_proj." in n for n in names) == 2  # two blocks, three uses
     assert len(names) == len({id(t) for t in model.state_dict().values()})
-    copy = model.with_chunk_size(8)  # a deep copy: its uses share its own block
-    assert copy.blocks[3].attn.block is copy.blocks[1].attn.shared is not model.blocks[1].attn.shared
+    twin = copy.deepcopy(model)  # a deep copy (the quantised reference is built from one): its uses share its own block
+    assert twin.blocks[3].attn.block is twin.blocks[1].attn.shared is not model.blocks[1].attn.shared
+    other = model.with_chunk_size(8)  # another chunk length: the same layers and weights, no copy
+    assert other.blocks[3].attn.block is other.blocks[1].attn.shared is model.blocks[1].attn.shared
+    assert other.chunk_size == 8 != model.chunk_size
     tensors = load_file(folder / "model.safetensors")
     copies = {k.replace("model.layers.1.", "model.layers.3.", 1): v.clone() for k, v in tensors.items()
               if k.startswith("model.layers.1.shared_transformer.")}
