@@ -140,6 +140,16 @@ def header_shapes(file: str | Path) -> dict[str, tuple[int, ...]]:
         raise CheckpointError(f"{file} is not a readable safetensors file ({exc})") from None
 
 
+def value_counts(files) -> Iterator[tuple[str, Path, int]]:
+    """(tensor name, file, number of values) of every tensor in safetensors ``files``, from their headers only."""
+    for file in files:
+        for name, shape in header_shapes(file).items():
+            count = 1
+            for d in shape:
+                count *= int(d)
+            yield name, Path(file), count
+
+
 def tied_slots(model: nn.Module) -> dict[int, list[tuple[nn.Module, str, str]]]:
     """id of each parameter -> every (module, attribute, full name) that holds it (a tied embedding and head: two)."""
     slots: dict[int, list[tuple[nn.Module, str, str]]] = {}
@@ -246,4 +256,4 @@ def build_mapped(build: Callable[[], nn.Module]) -> nn.Module:
     return model
 
 
-__all__ = ["SCRATCH_FILE", "SafetensorsReader", "header_shapes", "active", "build_mapped", "map_parameters", "mapped_weights", "meta_parameters", "parameters_on_meta", "place_parameters", "tied_slots", "weightless_copy"]
+__all__ = ["SCRATCH_FILE", "SafetensorsReader", "header_shapes", "active", "build_mapped", "map_parameters", "mapped_weights", "meta_parameters", "parameters_on_meta", "place_parameters", "tied_slots", "value_counts", "weightless_copy"]

@@ -74,25 +74,17 @@ DTYPE_BYTES = {"float64": 8, "float32": 4}
 def parameter_count(checkpoint) -> int:
     """Values in a checkpoint's weight files (from their headers: nothing read but them)."""
     from edgelin.importers.folder import open_checkpoint
-    from edgelin.streaming import header_shapes
+    from edgelin.streaming import value_counts
 
-    count = 0
-    for file in open_checkpoint(checkpoint).files:
-        for shape in header_shapes(file).values():
-            n = 1
-            for d in shape:
-                n *= int(d)
-            count += n
-    return count
+    return sum(count for _, _, count in value_counts(open_checkpoint(checkpoint).files))
 
 
 def fitting_dtype(checkpoint, framework: str, available: int | None = None) -> tuple[str | None, str]:
     """(the dtype ``framework``'s own model can run in here, a note): its exact reference (transformers: float64) where
     that fits in the memory available now, else float32 where that fits (the note says why), else None (the note says
     what it needs and what is available). ``available``: bytes, default the machine's available memory now."""
-    from edgelin.runtime.memory import available_memory
-
     from edgelin.errors import CheckpointError
+    from edgelin.runtime.memory import available_memory
 
     have = available_memory() if available is None else available
     try:

@@ -10,7 +10,7 @@ from edgelin.checkpoint import Checkpoint, load_checkpoint, model_sha256
 from edgelin.errors import ExportError
 from edgelin.runtime.memory import available_memory
 from edgelin.safety import check_finite_weights
-from edgelin.streaming import header_shapes
+from edgelin.streaming import value_counts
 
 
 def resolve_source(source, chunk_size: int | None) -> tuple[torch.nn.Module, str]:
@@ -54,13 +54,9 @@ def check_largest_tensor(checkpoint: Checkpoint) -> None:
     if checkpoint is None or checkpoint.config_only:
         return
     largest, where = 0, ""
-    for file in checkpoint.files:
-        for name, shape in header_shapes(file).items():
-            count = 1
-            for d in shape:
-                count *= d
-            if count > largest:
-                largest, where = count, f"{name} in {file.name}"
+    for name, file, count in value_counts(checkpoint.files):
+        if count > largest:
+            largest, where = count, f"{name} in {file.name}"
     need, have = 8 * largest, available_memory()
     if have is not None and need > have:
         raise ExportError(f"the checkpoint's largest tensor ({where}, {largest:,} values) needs {need:,} bytes to read and "
