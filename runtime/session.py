@@ -156,6 +156,11 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({str(self.export_dir)!r}, provider={self.provider!r}, io_binding={self.io_binding})"
 
+    def end_profiling(self) -> dict[str, str]:
+        """Stop ONNX Runtime's profiling of both graphs and write their profiles: graph -> the JSON file written (a session
+        made with ``session_options={"enable_profiling": True, "profile_file_prefix": PREFIX}``); {} where profiling was off."""
+        return {g: path for g, s in self._sessions.items() if (path := s.end_profiling())}
+
     # ---- state ---------------------------------------------------------------------------------
     def new_state(self, batch: int = 1) -> State:
         """The state of ``batch`` fresh sequences, on this session's device."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,25 @@ def fake_venv(folder: Path) -> Path:
     py.write_text(FAKE_PYTHON)
     py.chmod(py.stat().st_mode | stat.S_IEXEC)
     return folder
+
+
+def fake_profile(path: Path, per_step: dict[str, tuple[float, int]], steps: int, before: int = 2) -> Path:
+    """An ONNX Runtime profile as it writes one: ``before`` runs first (a prompt, warm-up: their nodes cost 1000 µs each) and then
+    ``steps`` runs whose nodes of each op type cost ``per_step[op] = (µs per step, nodes per step)`` evenly; a session event outside
+    every run."""
+    events, ts = [{"cat": "Session", "name": "session_initialization", "ts": 0, "dur": 500, "args": {}}], 1000
+    for r in range(before + steps):
+        start = ts
+        for op, (us, nodes) in per_step.items():
+            for i in range(nodes):
+                dur = 1000 if r < before else us / nodes
+                events.append({"cat": "Node", "name": f"{op}_{i}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}})
+                events.append({"cat": "Node", "name": f"{op}_{i}_fence_before", "ts": ts, "dur": 0, "args": {"op_name": op}})
+                ts += dur + 1
+        events.append({"cat": "Session", "name": "model_run", "ts": start, "dur": ts - start + 5, "args": {}})
+        ts += 100
+    path.write_text(json.dumps(events))
+    return path
 
 
 def fake_build(name, folder, models, auto_class="AutoModelForCausalLM"):
@@ -73,8 +93,15 @@ def test_the_plan_says_what_runs_in_which_order():
                                  ["llama.cpp Q4_0", "genai", "edgelin fused", "edgelin portable"],
                                  ["edgelin portable", "edgelin fused", "genai", "llama.cpp Q4_0"]]
     assert rounds["int4-table4", 1][0] == ["edgelin portable", "edgelin fused", "genai"]  # no GGUF of genai's 4-bit table layout
+    # after each precision's rounds at the most threads, one profiled run of each contender on ONNX Runtime (not llama.cpp)
+    profiles = [(s["precision"], s["threads"], s["contenders"]) for s in steps if s["step"] == "profile"]
+    assert profiles == [(p, 2, ["edgelin portable", "edgelin fused", "genai"]) for p in ("fp32", "int4", "int4-table4")]
+    order = [(s["step"], s.get("precision"), s.get("threads")) for s in steps if s["step"] in ("rounds", "profile")]
+    assert order.index(("profile", "int4", 2)) == order.index(("rounds", "int4", 2)) + 1
     lines = genai.describe_plan(steps, FULL)
-    assert "one 512-token call" in lines[0] and "64 greedy steps" in lines[0] and len(lines) == 1 + len(rounds)
+    assert "one 512-token call" in lines[0] and "64 greedy steps" in lines[0] and len(lines) == 1 + len(rounds) + len(profiles)
+    assert "profiler" in lines[3] and not any(s["step"] == "profile"
+                                              for s in genai.plan_of(FULL, ["lfm2-350m"], ("fp32",), (1, 2), ("fused",), True, profile=False))
 
 
 def run_canned(monkeypatch, tmp_path, llama=None):
@@ -85,10 +112,15 @@ def run_canned(monkeypatch, tmp_path, llama=None):
 
     calls = []
     speeds = {"genai": (25.0, 320.0), "portable": (20.0, 400.0), "fused": (24.0, 400.0)}
+    costs = {"genai": {"MatMulNBits": (900.0, 9), "GroupQueryAttention": (60.0, 2)},  # µs, nodes per decode step
+             "portable": {"MatMulNBits": (800.0, 11), "Concat": (300.0, 4)}, "fused": {"MatMulNBits": (800.0, 11), "GroupQueryAttention": (200.0, 2)}}
 
     def measure(cmd, what):
         spec = json.loads(cmd[-1])
         who = "genai" if "genai's" in what else Path(spec["folder"]).name.rsplit("-", 1)[1]
+        if spec.get("profile"):  # the profiled run after the rounds: its file, not timed
+            return {"profile": str(fake_profile(Path(spec["profile"]) / "p.json", costs[who], spec["decode"])), "decode_s": [1.0] * spec["decode"],
+                    "prefill_s": 1.0, "load_s": 0.1, "ids": []}
         calls.append((who, Path(spec["folder"]).name, spec["threads"]))
         decode, prefill = speeds[who]
         ids = list(range(spec["decode"])) if who != "fused" else [0, 1, 99] + list(range(3, spec["decode"]))
@@ -162,6 +194,52 @@ def test_the_table_and_the_record_come_from_the_measurements(canned):
     assert "machine" in record and record["genai"]["load_average"]["start"] is not None
     assert "12. genai" in format_table({**record, "seconds": 1.0})
     assert genai_lines({"status": "skipped", "reason": "x"}) == [lines[0], "  skipped: x"]
+
+
+def test_the_profiled_runs_say_where_each_decode_step_goes(canned):
+    part, calls, said, _ = canned
+    prof = part["models"]["lfm2-tiny"]["profiles"]["int4"]
+    assert prof["threads"] == 1 and set(prof["contenders"]) == {"edgelin portable", "edgelin fused", "genai"}
+    fused = prof["contenders"]["edgelin fused"]  # the warm-up and prompt runs before the decode steps are left out
+    assert fused["steps"] == QUICK.genai_decode and fused["kernel_us"] == pytest.approx(1000.0)
+    assert fused["ops"] == {"MatMulNBits": {"us": pytest.approx(800.0), "nodes": 11}, "GroupQueryAttention": {"us": pytest.approx(200.0), "nodes": 2}}
+    assert len(calls) == 2 * 2 * 3  # the profiled runs are not among the timed rounds
+    lines = genai_lines(part)
+    head = next(i for i, x in enumerate(lines) if "ONNX Runtime's profile, int4" in x)
+    assert "edgelin fused" in lines[head + 1] and "genai" in lines[head + 1]
+    gqa = next(x for x in lines[head:] if x.strip().startswith("GroupQueryAttention"))
+    assert gqa.split() == ["GroupQueryAttention", "-", "200", "(2)", "60", "(2)"]  # portable, fused, genai; portable has none
+    assert any("one profiled run each" in s for s in said) and any(s.strip().startswith("all kernels") for s in said)
+
+
+def test_a_profile_is_read_from_the_last_runs_only(tmp_path):
+    from edgelin.bench.ortprofile import decode_profile
+
+    path = fake_profile(tmp_path / "p.json", {"MatMul": (300.0, 3), "Add": (20.0, 2)}, steps=5, before=3)
+    got = decode_profile(path, 5)
+    assert got["ops"] == {"MatMul": {"us": pytest.approx(300.0), "nodes": 3}, "Add": {"us": pytest.approx(20.0), "nodes": 2}}
+    assert got["kernel_us"] == pytest.approx(320.0) and got["run_us"] >= 320.0
+    assert decode_profile(path, 8)["ops"]["MatMul"]["us"] == pytest.approx((3 * 3000 + 5 * 300) / 8)  # the earlier runs count when asked
+    with pytest.raises(BenchError, match="8 run"):
+        decode_profile(path, 9)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(BenchError, match="bad.json"):
+        decode_profile(tmp_path / "bad.json", 1)
+
+
+def test_an_edgelin_round_profiles_its_decode_graph(bundled_export, tmp_path, capsys):
+    """A real ONNX Runtime profile of an export's decode steps: every node of the graph as ONNX Runtime runs it, once a step."""
+    from edgelin.bench.ortprofile import decode_profile
+
+    folder = bundled_export("fp32")
+    spec = {"folder": str(folder), "prompt": list(range(1, 20)), "threads": 1, "decode": 6, "warmup": 2, "profile": str(tmp_path)}
+    genai.edgelin_round_main(spec)
+    raw = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert Path(raw["profile"]).parent == tmp_path and len(raw["decode_s"]) == 6
+    got = decode_profile(raw["profile"], 6)
+    nodes = genai.count_nodes(sys.executable, Path(folder) / "decode.onnx")
+    assert {op: v["nodes"] for op, v in got["ops"].items()} == nodes["as_run_ops"]
+    assert got["kernel_us"] == pytest.approx(sum(v["us"] for v in got["ops"].values())) and 0 < got["kernel_us"] <= got["run_us"]
 
 
 def test_a_second_run_reuses_the_checkpoint_and_genais_builds(canned, monkeypatch):

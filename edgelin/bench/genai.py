@@ -157,7 +157,10 @@ import onnxruntime_genai as og
 spec = json.loads(sys.argv[1])
 prompt = np.asarray(spec["prompt"], dtype=np.int32)
 cfg = og.Config(spec["folder"])
-cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": spec["threads"], "inter_op_num_threads": 1}}}}))
+options = {"intra_op_num_threads": spec["threads"], "inter_op_num_threads": 1}
+if spec.get("profile"):  # ONNX Runtime's profile of the decoder's session, written as the model is let go
+    options["enable_profiling"] = spec["profile"] + "/genai"
+cfg.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
 t = time.perf_counter()
 model = og.Model(cfg)
 load_s = time.perf_counter() - t
@@ -180,7 +183,13 @@ def run(steps):
 
 run(spec["warmup"])
 prefill, times, ids = run(spec["decode"])
-print(json.dumps({"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}))
+result = {"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}
+if spec.get("profile"):
+    import gc, glob
+    del model
+    gc.collect()
+    result["profile"] = (sorted(glob.glob(spec["profile"] + "/genai*.json")) or [None])[-1]
+print(json.dumps(result))
 """
 
 
@@ -190,8 +199,11 @@ def edgelin_round_main(spec: dict[str, Any]) -> None:
     from edgelin.runtime.session import Session
 
     prompt = np.asarray([spec["prompt"]], dtype=np.int64)  # [1, L]
+    options: dict[str, Any] = {"inter_op_num_threads": 1}
+    if spec.get("profile"):  # ONNX Runtime's profile of both graphs' sessions; the decode graph's is the one read
+        options.update(enable_profiling=True, profile_file_prefix=str(Path(spec["profile"]) / "edgelin"))
     t = time.perf_counter()
-    sess = Session(spec["folder"], "cpu", spec["threads"], session_options={"inter_op_num_threads": 1}, io_binding=True)
+    sess = Session(spec["folder"], "cpu", spec["threads"], session_options=options, io_binding=True)
     load_s = time.perf_counter() - t
 
     def run(steps: int) -> tuple[float, list[float], list[int]]:
@@ -209,7 +221,10 @@ def edgelin_round_main(spec: dict[str, Any]) -> None:
 
     run(spec["warmup"])
     prefill, times, ids = run(spec["decode"])
-    print(json.dumps({"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}))
+    result: dict[str, Any] = {"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}
+    if spec.get("profile"):
+        result["profile"] = sess.end_profiling().get("decode")
+    print(json.dumps(result))
 
 
 def measure_process(cmd: list[str], what: str) -> dict[str, Any]:
@@ -316,10 +331,16 @@ def contenders(precision: str, ops: Sequence[str], llama: bool) -> list[str]:
     return out + ([f"llama.cpp {GGUF[precision]}"] if llama and precision in GGUF else [])
 
 
+def profiled(precision: str, ops: Sequence[str]) -> list[str]:
+    """The contenders whose decode steps ONNX Runtime profiles (llama.cpp runs no ONNX Runtime)."""
+    return contenders(precision, ops, False)
+
+
 def plan_of(plan: Plan, models: Sequence[str], precisions: Sequence[str], threads: Sequence[int], ops: Sequence[str],
-            llama: bool) -> list[dict[str, Any]]:
+            llama: bool, profile: bool = True) -> list[dict[str, Any]]:
     """What the section runs, in order: per model, the builds and exports, then per precision and thread count the rounds
-    (each a list of contenders in the order they run: reversed every other round)."""
+    (each a list of contenders in the order they run: reversed every other round), and with ``profile`` after the rounds at
+    the most threads one profiled run of each contender that runs on ONNX Runtime."""
     steps: list[dict[str, Any]] = []
     for m in models:
         steps.append({"model": m, "step": "checkpoint"})
@@ -335,6 +356,8 @@ def plan_of(plan: Plan, models: Sequence[str], precisions: Sequence[str], thread
                 names = contenders(p, ops, llama)
                 steps.append({"model": m, "step": "rounds", "precision": p, "threads": t,
                               "rounds": [round_order(names, r) for r in range(plan.genai_rounds)]})
+                if profile and t == max(threads):
+                    steps.append({"model": m, "step": "profile", "precision": p, "threads": t, "contenders": profiled(p, ops)})
     return steps
 
 
@@ -345,6 +368,9 @@ def describe_plan(steps: list[dict[str, Any]], plan: Plan) -> list[str]:
     for s in steps:
         if s["step"] == "rounds":
             lines.append(f"  {s['model']} {s['precision']} at {s['threads']} thread(s): " + " | ".join(", ".join(r) for r in s["rounds"]))
+        elif s["step"] == "profile":
+            lines.append(f"  {s['model']} {s['precision']} at {s['threads']} thread(s): then one run each with ONNX Runtime's profiler "
+                         f"(not timed): {', '.join(s['contenders'])}")
     return lines
 
 
@@ -354,11 +380,13 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                   thread_counts: Sequence[int] | None = None, rounds: int | None = None, ops: Sequence[str] = OPS,
                   venv: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
                   record_dir: str | os.PathLike | None = None, on_model: Callable[[str, dict[str, Any]], None] | None = None,
-                  build: Callable[..., Path] = build_checkpoint) -> dict[str, Any]:
+                  build: Callable[..., Path] = build_checkpoint, profile: bool = True) -> dict[str, Any]:
     """The section: every model of ``models`` (default the plan's ``genai_models``; or the one ``checkpoint`` folder) at every
     precision of ``precisions`` (default the plan's; names of EXPORT_OPTIONS) at ``thread_counts`` (default the plan's and
     ``threads``), edgelin's lowerings ``ops``; ``on_model(name, part)`` is called with each model's part as it completes
-    (the CLI writes its record then)."""
+    (the CLI writes its record then). ``profile``: after each precision's rounds at the most threads, one more run of each
+    contender on ONNX Runtime with its profiler on, recorded as kernel time per decode step by operator type
+    (``edgelin.bench.ortprofile``)."""
     import dataclasses
 
     if rounds is not None:
@@ -386,7 +414,7 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
     from .llamacpp import binaries, find_llama_cpp, to_gguf
 
     src, llama_why = find_llama_cpp()
-    steps = plan_of(plan, names, precisions, thread_counts, ops, src is not None)
+    steps = plan_of(plan, names, precisions, thread_counts, ops, src is not None, profile)
     for line in describe_plan(steps, plan):
         say(line)
     py, versions = ensure_venv(Path(venv) if venv is not None else None, cache, say)
@@ -406,7 +434,7 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
         prompt = rng.integers(0, vocab, plan.genai_prompt).tolist()
         entry: dict[str, Any] = {"checkpoint": str(ckpt), "built_here": checkpoint is None, "layers": n_layers, "vocab_size": vocab,
                                  "config": MODELS[name][1] if checkpoint is None else json.loads((ckpt / "config.json").read_text()),
-                                 "exports": {}, "rows": [], "greedy": {}, "failed": []}
+                                 "exports": {}, "rows": [], "greedy": {}, "failed": [], "profiles": {}}
         folders: dict[tuple[str, str], Path] = {}
         for gp in dict.fromkeys(GENAI_PRECISION[p] for p in precisions):
             out = work / f"genai-{gp}"
@@ -470,6 +498,8 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                             got[c].append(res)
                 rows = summarise(name, p, T, got, entry, nodes, llama_paths)
                 entry["rows"] += rows
+                if profile and T == max(thread_counts):
+                    entry["profiles"][p] = profile_decode(profiled(p, ops), p, T, prompt, plan, work, py, folders, entry, say)
                 for row in rows:
                     say(f"    {row['contender']:28s} decode {row['decode_tokens_per_s']:8.2f} tok/s, prefill {row['prefill_tokens_per_s']:8.1f} tok/s"
                         + (f"  (edgelin / genai: decode {row['decode_over_genai']:.2f}x, prefill {row['prefill_over_genai']:.2f}x)"
@@ -483,6 +513,45 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
         if on_model is not None:
             on_model(name, part)
     return section_part(out_models, plan, precisions, thread_counts, ops, versions, src, llama_why, load)
+
+
+def profile_decode(names: Sequence[str], precision: str, threads: int, prompt: list[int], plan: Plan, work: Path, py: Path,
+                   folders: dict[tuple[str, str], Path], entry: dict[str, Any], say: Progress) -> dict[str, Any]:
+    """One run of each contender of ``names`` with ONNX Runtime's profiler on (its own process, as a round, not timed): kernel
+    microseconds per decode step by operator type over its ``genai_decode`` greedy steps, said side by side. A contender whose
+    profile cannot be had is left out of the comparison and its reason recorded in ``entry["failed"]``."""
+    from .ortprofile import compare_lines, decode_profile
+
+    say(f"genai: {precision}, {threads} thread(s): one profiled run each of {', '.join(names)} ...")
+    out: dict[str, Any] = {}
+    folder = fresh(work / "profiles")
+    try:
+        for c in names:
+            spec = {"prompt": prompt, "threads": threads, "decode": plan.genai_decode, "warmup": WARMUP_STEPS,
+                    "profile": str(folder / c.replace(" ", "-"))}
+            Path(spec["profile"]).mkdir()
+            if c == "genai":
+                spec["folder"] = str(work / f"genai-{GENAI_PRECISION[precision]}")
+                raw = measure_process([str(py), "-c", GENAI_ROUND, json.dumps(spec)], "genai's profiled run")
+            else:
+                spec["folder"] = str(folders[precision, c.split()[1]])
+                raw = measure_process([sys.executable, "-m", "edgelin.bench", "--genai-round", json.dumps(spec)], "edgelin's profiled run")
+            try:
+                if "status" in raw:
+                    raise BenchError(raw["reason"])
+                if not raw.get("profile"):
+                    raise BenchError(f"{c}: no profile was written")
+                out[c] = decode_profile(raw["profile"], plan.genai_decode)
+            except BenchError as exc:
+                say(f"    {c}: profile failed: {exc}")
+                entry["failed"].append({"precision": precision, "threads": threads, "contender": c, "round": "profile",
+                                        "status": "failed", "reason": str(exc)})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if out:
+        for line in compare_lines(out):
+            say("    " + line)
+    return {"threads": threads, "contenders": out}
 
 
 def summarise(model: str, precision: str, threads: int, got: dict[str, list[dict[str, Any]]], entry: dict[str, Any],

@@ -443,8 +443,16 @@ def genai_lines(x: dict) -> list[str]:
                 lines.append(f"    {e}: export check {info['check']}")
         if m.get("llama_cpp_failed"):
             lines.append(f"    llama.cpp: {m['llama_cpp_failed']}")
+        for p, prof in (m.get("profiles") or {}).items():
+            if prof.get("contenders"):
+                from .ortprofile import compare_lines
+
+                lines.append(f"    ONNX Runtime's profile, {x.get('precision_names', {}).get(p, p)} at {prof['threads']} thread(s), "
+                             f"{next(iter(prof['contenders'].values()))['steps']} decode steps (µs per step, nodes per step):")
+                lines += ["      " + line for line in compare_lines(prof["contenders"])]
         for f in m.get("failed", []):
-            lines.append(f"    failed: {f['precision']} {f['threads']} thread(s) {f['contender']} round {f['round'] + 1}: {f['reason']}")
+            run = f"round {f['round'] + 1}" if isinstance(f["round"], int) else f["round"]
+            lines.append(f"    failed: {f['precision']} {f['threads']} thread(s) {f['contender']} {run}: {f['reason']}")
     ll = x.get("llama_cpp") or {}
     if ll.get("status") != "ok":
         lines.append(f"  llama.cpp: {ll.get('status', 'skipped')}: {ll.get('reason', '')}")

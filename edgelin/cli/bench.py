@@ -37,9 +37,12 @@ SECTION_NAMES = ("decode, throughput, position, prefill, sweep, floor; opt-in: f
               help="genai section: cache folder DIR for the venv, checkpoints and exports [default: $EDGELIN_GENAI_DIR or ~/.cache/edgelin/genai].")
 @click.option("--genai-record", type=click.Path(file_okay=False, path_type=str),
               help="genai section: folder for genai-MODEL.json records [default: docs/bench of this checkout, else OUT].")
+@click.option("--genai-profile/--no-genai-profile", default=None,
+              help="genai section: after each precision's rounds at the most threads, one more run of each ONNX Runtime "
+                   "contender with its profiler on: kernel time per decode step by operator type, side by side [default: on].")
 @user_errors
 def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_plots, force, genai_checkpoint, genai_models, genai_precisions,
-          genai_threads, genai_rounds, genai_ops, genai_venv, genai_dir, genai_record):
+          genai_threads, genai_rounds, genai_ops, genai_venv, genai_dir, genai_record, genai_profile):
     """Benchmark SOURCE: decode latency, throughput vs batch, decode vs position, prefill, the floor.
 
     SOURCE is a checkpoint folder (config.json + model.safetensors) or an export folder
@@ -91,7 +94,9 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
                 in its own venv: made on first use, ~1 minute and 1.5 GB) at fp32, int8, int4;
                 prefill (one 512-token call) and decode (median of 64 greedy steps after it) at 1
                 and 2 threads, 3 rounds, each contender in its own process, the order
-                alternating; weight bytes, decode nodes per layer, greedy ids vs genai's;
+                alternating; weight bytes, decode nodes per layer, greedy ids vs genai's; then
+                one run each under ONNX Runtime's profiler: kernel time per decode step by
+                operator type, side by side (--no-genai-profile: not);
                 llama.cpp's rows beside them where EDGELIN_LLAMA_CPP is set. Costs: ~2 GB of
                 downloads once, several GB of exports kept in the cache folder, and about an hour
                 for both models (--genai-model, --genai-precision, --genai-threads narrow it).
@@ -122,7 +127,7 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
         fail(f"--section names no section; choose from {SECTION_NAMES}")
     given = {"--checkpoint": genai_checkpoint, "--genai-model": genai_models, "--genai-precision": genai_precisions,
              "--genai-threads": genai_threads, "--genai-rounds": genai_rounds, "--genai-ops": genai_ops, "--genai-venv": genai_venv,
-             "--genai-dir": genai_dir, "--genai-record": genai_record}
+             "--genai-dir": genai_dir, "--genai-record": genai_record, "--genai-profile/--no-genai-profile": genai_profile}
     if "genai" not in names and any(v not in (None, ()) for v in given.values()):
         fail(f"{', '.join(k for k, v in given.items() if v not in (None, ()))}: options of the genai section; add --section genai")
     genai = None
@@ -131,7 +136,8 @@ def bench(source, provider, threads, quick, out_dir, sections, memory_cap, no_pl
 
         genai = {"checkpoint": genai_checkpoint, "models": genai_models or None, "precisions": genai_precisions or None,
                  "thread_counts": genai_threads or None, "rounds": genai_rounds, "ops": genai_ops or ("portable", "fused"),
-                 "venv": genai_venv, "cache_dir": genai_dir, "record_dir": genai_record or default_record_dir(out_dir)}
+                 "venv": genai_venv, "cache_dir": genai_dir, "record_dir": genai_record or default_record_dir(out_dir),
+                 "profile": genai_profile is not False}
     report = run_bench(source, provider=provider, threads=threads, quick=quick, out_dir=out_dir, sections=names or None,
                        memory_cap_gb=memory_cap, plots=not no_plots, progress=progress, overwrite=force, genai=genai)
     click.echo(report.table())
