@@ -447,8 +447,8 @@ def genai_lines(x: dict) -> list[str]:
             if prof.get("contenders"):
                 from .ortprofile import compare_lines
 
-                lines.append(f"    ONNX Runtime's profile, {x.get('precision_names', {}).get(p, p)} at {prof['threads']} thread(s), "
-                             f"{next(iter(prof['contenders'].values()))['steps']} decode steps (µs per step, nodes per step):")
+                lines.append(f"    ONNX Runtime's profile, {x.get('precision_names', {}).get(p, p)} at {prof['threads']} thread(s), one "
+                             "run of each after the rounds: kernel µs per decode step by operator type (nodes per step):")
                 lines += ["      " + line for line in compare_lines(prof["contenders"])]
         for f in m.get("failed", []):
             run = f"round {f['round'] + 1}" if isinstance(f["round"], int) else f["round"]
