@@ -75,16 +75,20 @@ def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float32) / rotary_dim))
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """RoPE by halves on the first 2 * len(inv_freq) features: x [B, h, T, D], positions [B, T] int64."""
-    r = 2 * inv_freq.shape[0]
-    # float32 angles, cos and sin whatever the model's dtype (a float64 copy too): the convention checkpoints have
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [B, T, len(inv_freq)] in ``dtype`` of the angles positions [B, T] x inv_freq, computed in float32 whatever
+    the model's dtype (a float64 copy too): the convention checkpoints have."""
     angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)  # [B, T, r / 2]
-    cos, sin = angles.cos()[:, None].to(x.dtype), angles.sin()[:, None].to(x.dtype)  # [B, 1, T, r / 2]
-    rot, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
-    x1, x2 = rot.chunk(2, dim=-1)  # [B, h, T, r / 2] each
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [B, h, T, r]
-    return out if rest is None else torch.cat([out, rest], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, *, fused_node: bool = False) -> torch.Tensor:
+    """RoPE by halves on the first 2 * len(inv_freq) features: x [B, h, T, D], positions [B, T] int64. ``fused_node``: as one
+    com.microsoft.RotaryEmbedding node under the fused lowering (``edgelin.ops.fused``; the same values)."""
+    cos, sin = rope_angles(positions, inv_freq, x.dtype)  # [B, T, r / 2]
+    if fused_node and fused.active():
+        return fused.rotary_embedding(x, cos, sin)
+    return fused.rotate_halves(x, cos[:, None], sin[:, None])
 
 
 def cache_mask(pos: torch.Tensor, past: int | torch.SymInt, T: int | torch.SymInt, window: int | None) -> torch.Tensor:
@@ -144,8 +148,9 @@ class Attention(nn.Module):
             "pos": (("batch",), "int64", 0),
         }
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return x if self.rotary == 0 else rotate(x, positions, self.inv_freq)  # rotary width 0: no position encoding
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor, step: bool) -> torch.Tensor:
+        # rotary width 0: no position encoding; a fused decode step rotates in one node, as its attention is one
+        return x if self.rotary == 0 else rotate(x, positions, self.inv_freq, fused_node=step)
 
     def _heads(self, x: torch.Tensor, heads: int, norm: RMSNorm | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -175,9 +180,9 @@ class Attention(nn.Module):
             gate = self.g_proj(x)  # [B, T, H D]
         if deltas is not None:
             q = q + deltas[0]
-        q = self._rope(self._heads(q, o.num_heads, self.q_norm), positions)  # [B, H, T, D]
+        q = self._rope(self._heads(q, o.num_heads, self.q_norm), positions, form == "step")  # [B, H, T, D]
         k, v = (self.k_proj(x), None) if deltas is None else (self.k_proj(x) + deltas[1], self.v_proj(x) + deltas[2])
-        k = self._rope(self._heads(k, o.num_kv_heads, self.k_norm), positions)  # [B, Hkv, T, D]
+        k = self._rope(self._heads(k, o.num_kv_heads, self.k_norm), positions, form == "step")  # [B, Hkv, T, D]
         v = self._heads(self.v_proj(x) if v is None else v, o.num_kv_heads, None)  # [B, Hkv, T, D]
         past = state["key"].shape[2]
         if form == "step" and fused.active():  # one GroupQueryAttention node (edgelin.ops.fused); T = 1: Reshapes only
@@ -243,4 +248,5 @@ def sdpa_reference(q, k, v, *, window: int | None = None, groups: int = 1) -> to
     return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
 
 
-__all__ = ["Attention", "AttentionOptions", "PAST", "attention_from_config", "cache_mask", "rope_inv_freq", "rotate", "sdpa_reference"]
+__all__ = ["Attention", "AttentionOptions", "PAST", "attention_from_config", "cache_mask", "rope_angles", "rope_inv_freq", "rotate",
+           "sdpa_reference"]

@@ -18,7 +18,9 @@ x / sqrt(mean(x^2) + eps) * w) are one ``com.microsoft.SkipSimplifiedLayerNormal
 scores, edgelin's mask rule (as the node's additive ``attention_bias``: 0 where a slot is seen, -inf elsewhere,
 so left-padded rows and windows keep their meaning), the softmax and the weighted values; RoPE, the q/k norms and
 the output gate stay outside, and the KV cache keeps the portable layout ([B, H_kv, P, D], right-aligned), so the
-state contract is the portable export's. The node's ``seqlens_k`` is P + T - 1 for every row and its
+state contract is the portable export's. That step's RoPE on q and on k is one ``com.microsoft.RotaryEmbedding`` node each
+(``rotary_embedding``): its angle table is the step's own rows (one per batch row and position, ids 0 .. B T - 1), so
+each row's positions are its own. The node's ``seqlens_k`` is P + T - 1 for every row and its
 ``total_sequence_length`` P + T: it reads the whole cache, and the bias masks what a row has not seen. Its prefill
 form (T > 1 with a past) takes batch 1 only in ONNX Runtime, so the prefill graph keeps portable attention.
 
@@ -204,6 +206,28 @@ def _(q, k, v, past_key, past_value, bias, heads, kv_heads, scale):
     return q.new_empty(q.shape), past_key.new_empty(size), past_value.new_empty(size)
 
 
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE by halves (GPT-NeoX's rotate_half) on the first 2 r features of x [.., T, D] with cos, sin [.., T, r]
+    broadcast over x's other dims; the rest of each head passes unchanged. The portable graphs' RoPE, and the reference of
+    the fused node."""
+    r = 2 * cos.shape[-1]
+    rot, rest = (x, None) if r == x.shape[-1] else (x[..., :r], x[..., r:])
+    x1, x2 = rot.chunk(2, dim=-1)  # [.., T, r / 2] each
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # [.., T, r]
+    return out if rest is None else torch.cat([out, rest], dim=-1)
+
+
+@torch.library.custom_op("edgelin::rotary_embedding", mutates_args=())
+def rotary_embedding_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, h, T, D] rotated by halves at each (row, position)'s angles: cos, sin [B, T, r / 2] (``rotate_halves``)."""
+    return rotate_halves(x, cos[:, None], sin[:, None]).contiguous()
+
+
+@rotary_embedding_op.register_fake
+def _(x, cos, sin):
+    return x.new_empty(x.shape)
+
+
 def _schema() -> None:
     """Declare the contrib operators to onnx (once per process), so that the exporter's onnxscript can emit them
     and onnx.checker can check them: the inputs, outputs and attributes edgelin uses."""
@@ -243,6 +267,15 @@ def _schema() -> None:
                      param("inv_std_var", "U", param_option=optional), param("input_skip_bias_sum", "T", param_option=optional)],
             type_constraints=[*floats, ("U", ["tensor(float)"], "statistics")],
             attributes=attributes(("epsilon", OpSchema.AttrType.FLOAT)),
+        ))
+    if not onnx.defs.has("RotaryEmbedding", MS_DOMAIN):
+        onnx.defs.register_schema(OpSchema(
+            "RotaryEmbedding", MS_DOMAIN, 1,
+            inputs=[param("input", "T"), param("position_ids", "M"), param("cos_cache", "T"), param("sin_cache", "T")],
+            outputs=[param("output", "T")], type_constraints=[*floats, ("M", ["tensor(int64)"], "positions")],
+            attributes=attributes(("interleaved", OpSchema.AttrType.INT), ("num_heads", OpSchema.AttrType.INT),
+                                  ("rotary_embedding_dim", OpSchema.AttrType.INT), ("scale", OpSchema.AttrType.FLOAT),
+                                  ("is_packed_batching", OpSchema.AttrType.INT)),
         ))
     if not onnx.defs.has("GroupQueryAttention", MS_DOMAIN):
         ints = ("M", ["tensor(int32)"], "lengths")
@@ -294,7 +327,19 @@ def translation_table() -> dict:
                                       op.Cast(op.Squeeze(total), to=int32), None, None, None, bias,
                                       num_heads=heads, kv_num_heads=kv_heads, scale=scale, _outputs=3)
 
+    def rotary_embedding(x, cos, sin):
+        # the node reads its angles from a table by position id: the table is these B T rows (row b T + t: the angles of
+        # row b's position t), each (b, t) looks up its own, so any per-row positions (left-padded rows) keep their meaning
+        rows = op.Shape(cos, start=0, end=2)  # [B, T]
+        half = op.Shape(cos, start=2, end=3)  # [r / 2]
+        table = op.Concat(op.ReduceProd(rows, keepdims=1), half, axis=0)  # [B T, r / 2]
+        ids = op.Reshape(op.Range(op.Constant(value_int=0), op.Squeeze(op.ReduceProd(rows, keepdims=1)), op.Constant(value_int=1)), rows)
+        heads, rotary = x.shape[1], 2 * cos.shape[2]
+        return ms.RotaryEmbedding(x, ids, op.Reshape(cos, table), op.Reshape(sin, table), interleaved=0, num_heads=heads,
+                                  rotary_embedding_dim=rotary)
+
     return {torch.ops.edgelin.linear_attention.default: linear_attention,
+            torch.ops.edgelin.rotary_embedding.default: rotary_embedding,
             torch.ops.edgelin.causal_conv.default: causal_conv,
             torch.ops.edgelin.softplus.default: softplus,
             torch.ops.edgelin.skip_rms_norm.default: skip_rms_norm,
@@ -370,6 +415,12 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, eps
     return skip_rms_norm_op(x, skip, weight, eps)
 
 
+def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, h, T, D] rotated by halves at the angles cos, sin [B, T, r / 2] through one com.microsoft.RotaryEmbedding node
+    (the first r features of each head; the rest pass); the caller checks ``active()``."""
+    return rotary_embedding_op(x, cos, sin)
+
+
 def group_query_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor, seen: torch.Tensor,
     heads: int, kv_heads: int, scale: float,
@@ -382,5 +433,5 @@ def group_query_attention(
 
 
 __all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "fused_additive",
-           "group_query_attention", "group_query_attention_op", "linear_attention_op", "lowering", "skip_rms_norm",
-           "skip_rms_norm_op", "softplus", "softplus_op", "translation_table"]
+           "group_query_attention", "group_query_attention_op", "linear_attention_op", "lowering", "rotary_embedding",
+           "rotary_embedding_op", "rotate_halves", "skip_rms_norm", "skip_rms_norm_op", "softplus", "softplus_op", "translation_table"]

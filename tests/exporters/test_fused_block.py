@@ -1,13 +1,15 @@
 """``edgelin export --ops fused`` around the mixers: the residual adds with their RMSNorms as
-``SkipSimplifiedLayerNormalization`` nodes and a decode step's softmax attention as one ``GroupQueryAttention`` node.
+``SkipSimplifiedLayerNormalization`` nodes and a decode step's softmax attention as one ``GroupQueryAttention`` node, its
+RoPE on q and k as one ``RotaryEmbedding`` node each.
 
 Two tiny models on the skeleton (conv and attention layers, as LFM2 and Qwen3.5 stack them): plain RMSNorms with
 per-head q/k norms and grouped heads (LFM2's), and unit-offset norms x / rms(x) * (1 + w) with a packed output
 gate, partial rotary and a window (Qwen3.5's, with a window the mask rule's third clause). For each: the fused
 export has the portable export's states and io, its graphs give the portable graphs' logits and states (a prefill of
 two rows, then decode steps fed back, past the window), with one skip norm per residual add in both graphs and one
-GroupQueryAttention node per attention layer in the decode graph (the prefill graph keeps portable attention); rows of
-different lengths (left-padded caches, ``Session.prefill_batch``) decode together as in the portable graphs; and
+GroupQueryAttention node and two RotaryEmbedding nodes per attention layer in the decode graph (the prefill graph keeps
+portable attention); rows of different lengths (left-padded caches, ``Session.prefill_batch``: each row at its own
+positions) decode together as in the portable graphs; and
 eager PyTorch under the lowering equals the portable forms in float64; the JavaScript runtime runs the fused graphs in
 node.
 """
@@ -91,7 +93,8 @@ def test_fused_block_graphs_equal_the_portable_graphs(name, exports):
         fused_ops, portable_ops = _ops(folders["fused"], graph), _ops(folders["portable"], graph)
         assert fused_ops.get("SkipSimplifiedLayerNormalization") == 2 * layers, (graph, fused_ops)  # every residual add
         assert fused_ops.get("GroupQueryAttention", 0) == (attention if graph == "decode" else 0), (graph, fused_ops)
-        assert not {"SkipSimplifiedLayerNormalization", "GroupQueryAttention"} & set(portable_ops), (graph, portable_ops)
+        assert fused_ops.get("RotaryEmbedding", 0) == (2 * attention if graph == "decode" else 0), (graph, fused_ops)  # q and k
+        assert not {"SkipSimplifiedLayerNormalization", "GroupQueryAttention", "RotaryEmbedding"} & set(portable_ops), (graph, portable_ops)
     assert "Softmax" not in _ops(folders["fused"], "decode")
 
     rng = np.random.default_rng(0)
