@@ -219,7 +219,11 @@ def test_a_profile_is_read_from_the_last_runs_only(tmp_path):
     got = decode_profile(path, 5)
     assert got["ops"] == {"MatMul": {"us": pytest.approx(300.0), "nodes": 3}, "Add": {"us": pytest.approx(20.0), "nodes": 2}}
     assert got["kernel_us"] == pytest.approx(320.0) and got["run_us"] >= 320.0
-    assert decode_profile(path, 8)["ops"]["MatMul"]["us"] == pytest.approx((3 * 3000 + 5 * 300) / 8)  # the earlier runs count when asked
+    # asked for the slow runs too: the median over runs, as the timed rounds' median step (a mean would say 1,312.5)
+    assert decode_profile(path, 8)["ops"]["MatMul"]["us"] == pytest.approx(300.0)
+    assert decode_profile(path, 8)["ops"]["MatMul"]["nodes"] == 3
+    slow = fake_profile(tmp_path / "slow.json", {"MatMul": (300.0, 3)}, steps=1, before=3)
+    assert decode_profile(slow, 4)["ops"]["MatMul"]["us"] == pytest.approx(3000.0) and decode_profile(slow, 4)["kernel_us"] == pytest.approx(3000.0)
     with pytest.raises(BenchError, match="8 run"):
         decode_profile(path, 9)
     (tmp_path / "bad.json").write_text("{")
@@ -239,7 +243,7 @@ def test_an_edgelin_round_profiles_its_decode_graph(bundled_export, tmp_path, ca
     got = decode_profile(raw["profile"], 6)
     nodes = genai.count_nodes(sys.executable, Path(folder) / "decode.onnx")
     assert {op: v["nodes"] for op, v in got["ops"].items()} == nodes["as_run_ops"]
-    assert got["kernel_us"] == pytest.approx(sum(v["us"] for v in got["ops"].values())) and 0 < got["kernel_us"] <= got["run_us"]
+    assert all(v["us"] > 0 for v in got["ops"].values()) and 0 < got["kernel_us"] <= got["run_us"]
 
 
 def test_a_second_run_reuses_the_checkpoint_and_genais_builds(canned, monkeypatch):

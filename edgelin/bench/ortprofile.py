@@ -4,13 +4,15 @@ ONNX Runtime writes a profile when a session is made with profiling on (``Sessio
 onnxruntime-genai, the decoder's ``session_options.enable_profiling`` prefix): a JSON list of events, one
 ``model_run`` (category "Session") per ``run`` call and, inside it, one ``<node>_kernel_time`` event (category "Node",
 ``args.op_name``) per node executed. ``decode_profile`` keeps the last ``steps`` runs of one such file (a decode session
-profiles only decode steps; genai's one session runs the prompt first) and sums each operator type's kernel time over them:
-what the genai section records beside its timings, so that a missed target says which operators cost what per step.
+profiles only decode steps; genai's one session runs the prompt first) and gives each operator type's kernel time in the
+median run: what the genai section records beside its timings, so that a missed target says which operators cost what
+per step.
 The profiled runs are separate from the timed ones (profiling slows every node a little).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import statistics
 from collections import defaultdict
@@ -21,9 +23,11 @@ from .plan import BenchError
 
 
 def decode_profile(path: str | Path, steps: int) -> dict[str, Any]:
-    """The last ``steps`` runs of the ONNX Runtime profile ``path``: per operator type its kernel microseconds per run and
-    nodes per run (largest first), the total kernel time per run and the median run's wall time (µs). BenchError where the
-    file is not such a profile or holds fewer runs."""
+    """The last ``steps`` runs of the ONNX Runtime profile ``path``: per operator type the median over those runs of its
+    kernel microseconds in a run, and its nodes per run (largest first); the median run's total kernel time and wall
+    time (µs). Medians, as the timed rounds take the median step: the first steps after a prompt (fresh state buffers, the
+    allocator growing) cost several times a steady one and would move a mean. BenchError where the file is not such a
+    profile or holds fewer runs."""
     try:
         events = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -34,21 +38,23 @@ def decode_profile(path: str | Path, steps: int) -> dict[str, Any]:
     if steps < 1 or len(runs) < steps:
         raise BenchError(f"ONNX Runtime profile {path}: {len(runs)} run(s), {steps} asked for")
     kept = runs[-steps:]
-    first = kept[0][0]
-    time: dict[str, float] = defaultdict(float)
+    starts = [a for a, _ in kept]
+    time: dict[str, list[float]] = defaultdict(lambda: [0.0] * steps)  # op -> its kernel µs in each kept run
     count: dict[str, int] = defaultdict(int)
     for e in events:
         if not (isinstance(e, dict) and e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")):
             continue
-        ts = e["ts"]
-        if ts < first or not any(a <= ts <= b for a, b in kept):
+        i = bisect.bisect_right(starts, e["ts"]) - 1  # the last kept run that starts at or before the event
+        if i < 0 or e["ts"] > kept[i][1]:
             continue
         op = e.get("args", {}).get("op_name", "?")
-        time[op] += e["dur"]
+        time[op][i] += e["dur"]
         count[op] += 1
-    order = sorted(time, key=lambda op: (-time[op], op))
-    return {"steps": steps, "kernel_us": sum(time.values()) / steps, "run_us": statistics.median(b - a for a, b in kept),
-            "ops": {op: {"us": time[op] / steps, "nodes": count[op] / steps} for op in order}}
+    median = {op: statistics.median(per_run) for op, per_run in time.items()}
+    order = sorted(median, key=lambda op: (-median[op], op))
+    totals = [sum(per_run[i] for per_run in time.values()) for i in range(steps)]
+    return {"steps": steps, "kernel_us": statistics.median(totals), "run_us": statistics.median(b - a for a, b in kept),
+            "ops": {op: {"us": median[op], "nodes": count[op] / steps} for op in order}}
 
 
 def compare_lines(profiles: dict[str, dict[str, Any]], top: int = 8) -> list[str]:
