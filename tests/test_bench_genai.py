@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgelin.bench import genai
+from edgelin.bench import genai, genai_rounds
 from edgelin.bench.plan import FULL, OPT_IN_SECTIONS, QUICK, SECTIONS, BenchError
 from edgelin.bench.report import format_table, genai_lines
 from edgelin.cli.bench import bench
@@ -237,11 +237,11 @@ def test_an_edgelin_round_profiles_its_decode_graph(bundled_export, tmp_path, ca
 
     folder = bundled_export("fp32")
     spec = {"folder": str(folder), "prompt": list(range(1, 20)), "threads": 1, "decode": 6, "warmup": 2, "profile": str(tmp_path)}
-    genai.edgelin_round_main(spec)
+    genai_rounds.edgelin_round_main(spec)
     raw = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert Path(raw["profile"]).parent == tmp_path and len(raw["decode_s"]) == 6
     got = decode_profile(raw["profile"], 6)
-    nodes = genai.count_nodes(sys.executable, Path(folder) / "decode.onnx")
+    nodes = genai_rounds.count_nodes(sys.executable, Path(folder) / "decode.onnx")
     assert {op: v["nodes"] for op, v in got["ops"].items()} == nodes["as_run_ops"]
     assert all(v["us"] > 0 for v in got["ops"].values()) and 0 < got["kernel_us"] <= got["run_us"]
 

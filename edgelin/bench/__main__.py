@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
 
         hf_eager_main(json.loads(argv[1]))
     elif len(argv) == 2 and argv[0] == "--genai-round":
-        from edgelin.bench.genai import edgelin_round_main
+        from edgelin.bench.genai_rounds import edgelin_round_main
 
         edgelin_round_main(json.loads(argv[1]))
     else:

@@ -43,7 +43,8 @@ from .genai_cache import (
     ENV_DIR, STAMP, VENV_PACKAGES, code_fingerprint, default_dir, ensure_venv, folder_fingerprint, fresh, last_line, stamp_it, stamped,
     venv_python,
 )
-from .harness import load_average, round_order, stats
+from .genai_rounds import GENAI_ROUND, TIMEOUT, count_nodes, figures, measure_process
+from .harness import load_average, round_order
 from .plan import DATA_SEED, BenchError, Plan, Progress
 
 GENAI_PRECISION = {"fp32": "fp32", "int8": "int8", "int4": "int4", "int4-table4": "int4"}  # edgelin precision -> genai builder -p
@@ -69,7 +70,6 @@ MODELS: dict[str, tuple[str, dict[str, Any], str]] = {  # name -> (model_type, c
     # checkpoints are: genai 0.18's builder reads an untied LFM2's logits off the embedding table (its logits then differ)
 }
 WARMUP_STEPS = 8
-TIMEOUT = 3600.0  # seconds for one build, export or measuring process
 
 
 # ---- building and exporting ---------------------------------------------------------------------------
@@ -147,113 +147,6 @@ def weight_files(folder: Path) -> dict[str, int]:
     return {f.name: f.stat().st_size for f in sorted(folder.iterdir()) if f.suffix in (".onnx", ".data")}
 
 
-# ---- one measurement, in its own process --------------------------------------------------------------
-EDGELIN_ROUND = "python -m edgelin.bench --genai-round SPEC"
-
-GENAI_ROUND = r"""
-import json, sys, time
-import numpy as np
-import onnxruntime_genai as og
-spec = json.loads(sys.argv[1])
-prompt = np.asarray(spec["prompt"], dtype=np.int32)
-cfg = og.Config(spec["folder"])
-options = {"intra_op_num_threads": spec["threads"], "inter_op_num_threads": 1}
-if spec.get("profile"):  # ONNX Runtime's profile of the decoder's session, written as the model is let go
-    options["enable_profiling"] = spec["profile"] + "/genai"
-cfg.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-t = time.perf_counter()
-model = og.Model(cfg)
-load_s = time.perf_counter() - t
-
-def run(steps):
-    params = og.GeneratorParams(model)
-    # min_length = max_length: no end-of-sequence stop before the last step (random weights may pick that token)
-    params.set_search_options(max_length=len(prompt) + steps + 1, min_length=len(prompt) + steps + 1, do_sample=False)
-    gen = og.Generator(model, params)
-    t = time.perf_counter()
-    gen.append_tokens(prompt)
-    prefill = time.perf_counter() - t
-    times, ids = [], []
-    for _ in range(steps):
-        t = time.perf_counter()
-        gen.generate_next_token()
-        times.append(time.perf_counter() - t)
-        ids.append(int(gen.get_next_tokens()[0]))
-    return prefill, times, ids
-
-run(spec["warmup"])
-prefill, times, ids = run(spec["decode"])
-result = {"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}
-if spec.get("profile"):
-    import gc, glob
-    del model
-    gc.collect()
-    result["profile"] = (sorted(glob.glob(spec["profile"] + "/genai*.json")) or [None])[-1]
-print(json.dumps(result))
-"""
-
-
-def edgelin_round_main(spec: dict[str, Any]) -> None:
-    """In ``python -m edgelin.bench --genai-round SPEC``: one edgelin measurement like GENAI_ROUND's (torch-free): load,
-    warm up, one prefill call of the prompt, then greedy steps (argmax + Session.decode), printed as JSON."""
-    from edgelin.runtime.session import Session
-
-    prompt = np.asarray([spec["prompt"]], dtype=np.int64)  # [1, L]
-    options: dict[str, Any] = {"inter_op_num_threads": 1}
-    if spec.get("profile"):  # ONNX Runtime's profile of both graphs' sessions; the decode graph's is the one read
-        options.update(enable_profiling=True, profile_file_prefix=str(Path(spec["profile"]) / "edgelin"))
-    t = time.perf_counter()
-    sess = Session(spec["folder"], "cpu", spec["threads"], session_options=options, io_binding=True)
-    load_s = time.perf_counter() - t
-
-    def run(steps: int) -> tuple[float, list[float], list[int]]:
-        state = sess.new_state(1)
-        t = time.perf_counter()
-        logits = sess.prefill(prompt, state, last_only=True)  # [1, V]: one call (the prompt is shorter than a piece)
-        prefill = time.perf_counter() - t
-        times, ids = [], []
-        for _ in range(steps):
-            t = time.perf_counter()
-            ids.append(int(logits[0].argmax()))
-            logits = sess.decode(np.asarray([[ids[-1]]], dtype=np.int64), state)[:, -1]  # [1, V]
-            times.append(time.perf_counter() - t)
-        return prefill, times, ids
-
-    run(spec["warmup"])
-    prefill, times, ids = run(spec["decode"])
-    result: dict[str, Any] = {"load_s": load_s, "prefill_s": prefill, "decode_s": times, "ids": ids}
-    if spec.get("profile"):
-        result["profile"] = sess.end_profiling().get("decode")
-    print(json.dumps(result))
-
-
-def measure_process(cmd: list[str], what: str) -> dict[str, Any]:
-    """One measuring process's JSON (its last stdout line), or {"status": "failed", "reason": ...}."""
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
-    except subprocess.TimeoutExpired:
-        return {"status": "failed", "reason": f"{what} did not finish within {TIMEOUT:.0f} s"}
-    lines = [x for x in done.stdout.strip().splitlines() if x.strip()]
-    if done.returncode != 0 or not lines:
-        errs = [x.strip() for x in done.stderr.splitlines() if x.strip()]
-        why = f"killed by signal {-done.returncode}" if done.returncode < 0 else (errs or [f"exit status {done.returncode}"])[-1][:300]
-        return {"status": "failed", "reason": f"{what}: {why}"}
-    try:
-        return json.loads(lines[-1])
-    except ValueError:
-        return {"status": "failed", "reason": f"{what} printed no result: {lines[-1][:200]}"}
-
-
-def figures(raw: dict[str, Any], prompt: int) -> dict[str, Any]:
-    """A measuring process's result as the record's figures: prefill tokens/s, decode median step (ms, tokens/s)."""
-    if "status" in raw:
-        return raw
-    step = stats(raw["decode_s"])
-    return {"prefill_tokens_per_s": prompt / raw["prefill_s"], "decode_ms": step["median"], "decode_tokens_per_s": 1e3 / step["median"],
-            "decode_p10_p90_ms": [step["p10"], step["p90"]], "load_s": raw["load_s"], "ids": raw["ids"]}
-
-
 # ---- llama.cpp beside them --------------------------------------------------------------------------
 def llama_no_repack(help_text: str) -> list[str] | None:
     """llama-bench's flag turning repacking off, read from its --help (``--repack 0`` or ``-nr 1``), or None."""
@@ -284,34 +177,6 @@ def llama_round(bench_bin: Path, gguf: Path, threads: int, prompt: int, decode: 
         return {"status": "failed", "reason": f"llama-bench: {why}"}
     got = parse_llama_bench(done.stdout)
     return {"prefill_tokens_per_s": got[f"pp{prompt}"], "decode_tokens_per_s": got[f"tg{decode}"], "decode_ms": 1e3 / got[f"tg{decode}"]}
-
-
-# ---- nodes as run ------------------------------------------------------------------------------------------
-COUNT = r"""
-import json, os, sys, tempfile
-import onnx, onnxruntime as ort
-graph = sys.argv[1]
-with tempfile.TemporaryDirectory() as tmp:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = 1
-    so.optimized_model_filepath = os.path.join(tmp, "as-run.onnx")
-    so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "as-run.data")
-    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-    ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
-    ops = {}
-    for node in onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node:
-        ops[node.op_type] = ops.get(node.op_type, 0) + 1
-exported = len(onnx.load(graph, load_external_data=False).graph.node)
-print(json.dumps({"exported": exported, "as_run": sum(ops.values()), "as_run_ops": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
-                  "onnxruntime": ort.__version__}))
-"""
-
-
-def count_nodes(py: Path | str, graph: Path) -> dict[str, Any]:
-    """Nodes of ``graph`` as exported and as ONNX Runtime (CPU, all optimisations) runs it, in the ONNX Runtime of the Python
-    ``py`` (the one that runs that graph), or {"status": "failed", ...}."""
-    return measure_process([str(py), "-c", COUNT, str(graph)], f"counting the nodes of {graph.name}")
 
 
 def layers_of(ckpt: Path) -> int:
