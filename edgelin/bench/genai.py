@@ -250,7 +250,7 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
     precision of ``precisions`` (default the plan's; names of EXPORT_OPTIONS) at ``thread_counts`` (default the plan's and
     ``threads``), edgelin's lowerings ``ops``; ``on_model(name, part)`` is called with each model's part as it completes
     (the CLI writes its record then). ``profile``: after each precision's rounds at the most threads, one more run of each
-    contender on ONNX Runtime with its profiler on, recorded as kernel time per decode step by operator type
+    contender on ONNX Runtime with its profiler on, recorded as kernel time by operator type in the median decode step
     (``edgelin.bench.ortprofile``)."""
     import dataclasses
 
@@ -383,7 +383,7 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
 def profile_decode(names: Sequence[str], precision: str, threads: int, prompt: list[int], plan: Plan, work: Path, py: Path,
                    folders: dict[tuple[str, str], Path], entry: dict[str, Any], say: Progress) -> dict[str, Any]:
     """One run of each contender of ``names`` with ONNX Runtime's profiler on (its own process, as a round, not timed): kernel
-    microseconds per decode step by operator type over its ``genai_decode`` greedy steps, said side by side. A contender whose
+    microseconds by operator type in the median of its ``genai_decode`` greedy steps (``decode_profile``), said side by side. A contender whose
     profile cannot be had is left out of the comparison and its reason recorded in ``entry["failed"]``."""
     from .ortprofile import compare_lines, decode_profile
 

@@ -448,7 +448,7 @@ def genai_lines(x: dict) -> list[str]:
                 from .ortprofile import compare_lines
 
                 lines.append(f"    ONNX Runtime's profile, {x.get('precision_names', {}).get(p, p)} at {prof['threads']} thread(s), one "
-                             "run of each after the rounds: kernel µs per decode step by operator type (nodes per step):")
+                             "run of each after the rounds: kernel µs by operator type in the median decode step (nodes per step):")
                 lines += ["      " + line for line in compare_lines(prof["contenders"])]
         for f in m.get("failed", []):
             run = f"round {f['round'] + 1}" if isinstance(f["round"], int) else f["round"]
