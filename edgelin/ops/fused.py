@@ -232,7 +232,12 @@ def _schema() -> None:
     """Declare the contrib operators to onnx (once per process), so that the exporter's onnxscript can emit them
     and onnx.checker can check them: the inputs, outputs and attributes edgelin uses."""
     import onnx
+    import onnx.reference  # noqa: F401  (before the declarations: see below)
     from onnx.defs import OpSchema
+
+    # onnx's reference evaluator (imported by onnxscript's optimiser) indexes every schema by name when first imported and
+    # refuses a name declared in two domains; LinearAttention and RotaryEmbedding are also standard ONNX operators, so it
+    # is imported before edgelin declares ONNX Runtime's operators of the same names (any later import reuses that index)
 
     param, optional = OpSchema.FormalParameter, OpSchema.FormalParameterOption.Optional
     floats = [("T", ["tensor(float)", "tensor(float16)"], "float tensors")]
@@ -332,8 +337,9 @@ def translation_table() -> dict:
         # row b's position t), each (b, t) looks up its own, so any per-row positions (left-padded rows) keep their meaning
         rows = op.Shape(cos, start=0, end=2)  # [B, T]
         half = op.Shape(cos, start=2, end=3)  # [r / 2]
-        table = op.Concat(op.ReduceProd(rows, keepdims=1), half, axis=0)  # [B T, r / 2]
-        ids = op.Reshape(op.Range(op.Constant(value_int=0), op.Squeeze(op.ReduceProd(rows, keepdims=1)), op.Constant(value_int=1)), rows)
+        n = op.ReduceProd(rows, keepdims=1)  # [1]: B T
+        table = op.Concat(n, half, axis=0)  # [B T, r / 2]
+        ids = op.Reshape(op.Range(op.Constant(value_int=0), op.Squeeze(n), op.Constant(value_int=1)), rows)  # [B, T]: 0 .. B T - 1
         heads, rotary = x.shape[1], 2 * cos.shape[2]
         return ms.RotaryEmbedding(x, ids, op.Reshape(cos, table), op.Reshape(sin, table), interleaved=0, num_heads=heads,
                                   rotary_embedding_dim=rotary)

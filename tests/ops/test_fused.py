@@ -214,3 +214,15 @@ def test_the_schema_is_declared_once():
     fused._schema()
     fused._schema()
     assert onnx.defs.has("LinearAttention", fused.MS_DOMAIN) and onnx.defs.has("CausalConvWithState", fused.MS_DOMAIN)
+
+
+def test_the_exporter_imports_after_the_schema_is_declared():
+    """In a fresh process the schemas declared first (validate or a checker before any export), then onnxscript imported:
+    onnx's reference evaluator refuses a name in two domains (LinearAttention and RotaryEmbedding are also standard ONNX
+    operators) if it is first imported after the declarations."""
+    import subprocess
+    import sys
+
+    code = "from edgelin.ops import fused; fused._schema(); import onnxscript; fused.translation_table(); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-500:]
