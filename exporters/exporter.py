@@ -34,7 +34,7 @@ from edgelin.exporters.convert import convert_graph, op_histogram, record_conver
 from edgelin.exporters.precision import check_precision, embedding_choice, int8_scheme_choice, state_dtypes
 from edgelin.exporters.precision.int4 import eight_bit_digests
 from edgelin.exporters.result import ExportResult, OwnMemoryPeak, peak_resident
-from edgelin.exporters.source import check_largest_tensor, resolve_source
+from edgelin.exporters.source import check_disk, check_largest_tensor, resolve_source
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.tracing import export_graph, failure_cause, trace_graphs
 from edgelin.exporters.weights import store_once, tied_head_in_place
@@ -171,6 +171,7 @@ def export(
         say(f"loading {source if checkpoint is not None else type(source).__name__}")
         with streaming.mapped_weights(tmp) if streamed else contextlib.nullcontext():
             model, digest = resolve_source(checkpoint or source, chunk_size)
+        check_disk(model, tmp)  # before the trace, which writes the weights in float32 whatever the precision
         tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint)
         if tok is not None:
             say(f"tokenizer: {tokenizer_json} (" + ", ".join(f"{k} {tok.spec[k]} from {tok.sources[k]}" for k in ("bos_id", "eos_id", "pad_id") if k in tok.sources)

@@ -3,6 +3,9 @@ its epsilons ones the graph keeps, and the chunk size asked for."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import torch
 
 from edgelin import protocol
@@ -61,3 +64,22 @@ def check_largest_tensor(checkpoint: Checkpoint) -> None:
     if have is not None and need > have:
         raise ExportError(f"the checkpoint's largest tensor ({where}, {largest:,} values) needs {need:,} bytes to read and "
                           f"convert, but {have:,} bytes of memory are available; export on a machine with more memory")
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+
+
+def check_disk(model: torch.nn.Module, folder: Path) -> None:
+    """Refuse, before the trace, an export whose traced graph cannot fit on the disk it is written to (``folder``: the
+    work folder beside the output): whatever the precision, the traced graph holds the model's weights in float32 (4
+    bytes a value) until it is converted. That lower bound is held against the space free now (a streamed export's
+    scratch file is written by then); the converted files come on top."""
+    values = sum(p.numel() for p in model.parameters())  # a tied weight once
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if 4 * values > free:
+        raise ExportError(f"the traced graph needs at least {_size(4 * values)} of free disk in {folder.parent} (the model's {values:,} "
+                          f"weights in float32) and {_size(free)} are free there; make room, or export to a disk with more space")

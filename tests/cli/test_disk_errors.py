@@ -58,17 +58,46 @@ def test_an_export_onto_a_full_disk_says_no_space_left(exported, trace_cache, tm
     def full(*_a, **_k):
         if reason == "errno":
             raise OSError(errno.ENOSPC, "No space left on device")
+        # the disk filled up while the export wrote (it had room before the trace): no block free now
+        monkeypatch.setattr(os, "statvfs", lambda _p: os.statvfs_result((4096, 4096, 100, 0, 0, 10, 0, 0, 0, 255)))
         raise OSError("problem writing element 1024 to file")
 
     monkeypatch.setattr(exporter, "store_once", full)
-    if reason == "lost":
-        monkeypatch.setattr(os, "statvfs", lambda _p: os.statvfs_result((4096, 4096, 100, 0, 0, 10, 0, 0, 0, 255)))  # no block free
     with pytest.raises(ExportError) as err:
         exporter.export(model, tmp_path / "out", check=False, trace_cache=trace_cache)
     msg = str(err.value)
     assert msg.startswith("export failed: no space left on device (" + ("0 bytes free in " if reason == "lost" else "")), msg
     assert "problem writing element" not in msg and msg.endswith("nothing was written") and "\n" not in msg
     assert _litter(tmp_path, set()) == []
+
+
+def test_an_export_whose_trace_cannot_fit_the_disk_is_refused_before_it(exported, tmp_path, monkeypatch):
+    """The traced graph holds the weights in float32 whatever the precision: where the disk cannot hold that much, the
+    export says so before tracing, in one line, and leaves nothing."""
+    import shutil
+
+    from edgelin.exporters import exporter, source
+
+    model, _ = exported("elu+1")
+    values = sum(p.numel() for p in model.parameters())
+    traced = []
+
+    def trace(*a, **k):  # the trace, faked: reached or not
+        traced.append(a)
+        raise RuntimeError("traced")
+
+    monkeypatch.setattr(exporter, "trace_graphs", trace)
+    monkeypatch.setattr(source.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9 - 4000, 4000))
+    with pytest.raises(ExportError) as err:
+        exporter.export(model, tmp_path / "out", check=False, precision="int4")
+    msg = str(err.value)
+    assert msg == (f"the traced graph needs at least {4 * values / 1e6:,.1f} MB of free disk in {tmp_path} (the model's {values:,} "
+                   "weights in float32) and 0.0 MB are free there; make room, or export to a disk with more space"), msg
+    assert traced == [] and _litter(tmp_path, set()) == []
+    monkeypatch.setattr(source.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9 - 4 * values, 4 * values))
+    with pytest.raises(ExportError, match=r"RuntimeError: traced"):  # just enough room: on to the trace
+        exporter.export(model, tmp_path / "out", check=False)
+    assert len(traced) == 1
 
 
 # ---- edgelin web ----------------------------------------------------------------------------------------------
