@@ -69,7 +69,7 @@ def fake_build(name, folder, models, auto_class="AutoModelForCausalLM"):
 
 def test_the_section_is_opt_in_and_its_plans_sizes():
     assert "genai" in OPT_IN_SECTIONS and "genai" not in SECTIONS
-    assert (FULL.genai_prompt, FULL.genai_decode, FULL.genai_rounds, FULL.genai_threads) == (512, 64, 3, (1, 2))
+    assert (FULL.genai_prompt, FULL.genai_decode, FULL.genai_rounds, FULL.genai_threads) == (512, 64, 5, (1, 2))
     assert FULL.genai_models == ("lfm2-350m", "qwen3.5-0.8b") and set(FULL.genai_precisions) == set(genai.EXPORT_OPTIONS)
     assert set(QUICK.genai_models) <= set(genai.MODELS)
     # the published configurations, shared with scripts/real_size.py; Qwen3.5 in the form genai's builder reads
@@ -89,9 +89,8 @@ def test_the_plan_says_what_runs_in_which_order():
     rounds = {(s["precision"], s["threads"]): s["rounds"] for s in steps if s["step"] == "rounds"}
     assert set(rounds) == {(p, t) for p in ("fp32", "int4", "int4-table4") for t in (1, 2)}
     # every contender once per round, the order reversed every other round
-    assert rounds["int4", 2] == [["edgelin portable", "edgelin fused", "genai", "llama.cpp Q4_0"],
-                                 ["llama.cpp Q4_0", "genai", "edgelin fused", "edgelin portable"],
-                                 ["edgelin portable", "edgelin fused", "genai", "llama.cpp Q4_0"]]
+    forward = ["edgelin portable", "edgelin fused", "genai", "llama.cpp Q4_0"]
+    assert rounds["int4", 2] == [forward, forward[::-1]] * 2 + [forward] and FULL.genai_rounds == 5
     assert rounds["int4-table4", 1][0] == ["edgelin portable", "edgelin fused", "genai"]  # no GGUF of genai's 4-bit table layout
     # after each precision's rounds at the most threads, one profiled run of each contender on ONNX Runtime (not llama.cpp)
     profiles = [(s["precision"], s["threads"], s["contenders"]) for s in steps if s["step"] == "profile"]
@@ -182,6 +181,22 @@ def test_the_rows_hold_medians_ratios_bytes_nodes_and_greedy_agreement(canned):
     assert part["llama_cpp"]["status"] == "skipped" and "EDGELIN_LLAMA_CPP" in part["llama_cpp"]["reason"]
 
 
+def test_a_ratio_says_how_far_its_rounds_resolve_it():
+    """A shared machine's speed moves between processes: beside the ratio of the medians, the best rounds' ratio, the
+    back-to-back pairs' ratios, any round over any round, and a verdict only where every pairing agrees."""
+    x = genai_rounds.ratio_rounds([10.0, 14.0, 12.0], [12.0, 13.0, 11.0])  # round r of each ran back to back
+    assert x["median"] == pytest.approx(12 / 12) and x["best"] == pytest.approx(14 / 13)
+    assert x["paired"] == {"median": pytest.approx(14 / 13), "min": pytest.approx(10 / 12), "max": pytest.approx(12 / 11)}
+    assert x["span"] == [pytest.approx(10 / 13), pytest.approx(14 / 11)] and x["verdict"] == "not resolved"
+    assert genai_rounds.ratio_rounds([20.0, 21.0], [25.0, 24.0])["verdict"] == "slower"
+    assert genai_rounds.ratio_rounds([30.0, 31.0], [25.0, 29.0])["verdict"] == "faster"
+    assert genai_rounds.spread([80.0, 100.0, 90.0]) == pytest.approx(0.25) and genai_rounds.spread([5.0]) == 0
+    said = genai_rounds.said_rounds(x)
+    assert "best rounds 1.08x" in said and "0.77-1.27x" in said and said.endswith("not resolved")
+    with pytest.raises(ValueError):
+        genai_rounds.ratio_rounds([], [1.0])
+
+
 def test_the_table_and_the_record_come_from_the_measurements(canned):
     part, _, _, tmp = canned
     lines = genai_lines(part)
@@ -189,6 +204,11 @@ def test_the_table_and_the_record_come_from_the_measurements(canned):
     row = next(x for x in lines if "int4 (edgelin's 8-bit embedding table)" in x and "edgelin fused" in x)
     assert "0.96x" in row and "1.25x" in row and " 40.0 " in row and row.rstrip().endswith("2/8")
     assert any("llama.cpp: skipped" in x for x in lines) and any("load average" in x for x in lines)
+    # each row's rounds: the canned rounds are steady, so every pairing says the same
+    rounds = lines[lines.index(row) + 1]
+    assert "its 2 rounds' decode: fastest/slowest 1.00" in rounds and "vs genai best rounds 0.96x" in rounds and rounds.endswith("slower")
+    fused = next(r for r in part["models"]["lfm2-tiny"]["rows"] if r["precision"] == "int4" and r["contender"] == "edgelin fused")
+    assert fused["decode_over_genai_rounds"]["verdict"] == "slower" and fused["prefill_over_genai_rounds"]["verdict"] == "faster"
     record = json.loads((tmp / "records" / "genai-lfm2-tiny.json").read_text())
     assert record["format"] == "edgelin-bench/1" and record["genai"]["models"]["lfm2-tiny"]["rows"] == part["models"]["lfm2-tiny"]["rows"]
     assert "machine" in record and record["genai"]["load_average"]["start"] is not None

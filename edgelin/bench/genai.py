@@ -43,7 +43,7 @@ from .genai_cache import (
     ENV_DIR, STAMP, VENV_PACKAGES, code_fingerprint, default_dir, ensure_venv, folder_fingerprint, fresh, last_line, stamp_it, stamped,
     venv_python,
 )
-from .genai_rounds import GENAI_ROUND, TIMEOUT, count_nodes, figures, measure_process
+from .genai_rounds import GENAI_ROUND, TIMEOUT, count_nodes, figures, measure_process, ratio_rounds, said_rounds, spread
 from .harness import load_average, round_order
 from .plan import DATA_SEED, BenchError, Plan, Progress
 
@@ -367,8 +367,8 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                     entry["profiles"][p] = profile_decode(profiled(p, ops), p, T, prompt, plan, work, py, folders, entry, say)
                 for row in rows:
                     say(f"    {row['contender']:28s} decode {row['decode_tokens_per_s']:8.2f} tok/s, prefill {row['prefill_tokens_per_s']:8.1f} tok/s"
-                        + (f"  (edgelin / genai: decode {row['decode_over_genai']:.2f}x, prefill {row['prefill_over_genai']:.2f}x)"
-                           if "decode_over_genai" in row else ""))
+                        + (f"  (edgelin / genai: decode {row['decode_over_genai']:.2f}x, prefill {row['prefill_over_genai']:.2f}x; "
+                           f"decode {said_rounds(row['decode_over_genai_rounds'])})" if "decode_over_genai" in row else ""))
         entry["llama_cpp_paths"] = llama_paths
         entry["load_average_end"] = load_average()
         out_models[name] = entry
@@ -438,6 +438,7 @@ def summarise(model: str, precision: str, threads: int, got: dict[str, list[dict
                                "prefill_tokens_per_s": float(np.median([r["prefill_tokens_per_s"] for r in rounds])),
                                "decode_rounds": [r["decode_tokens_per_s"] for r in rounds],
                                "prefill_rounds": [r["prefill_tokens_per_s"] for r in rounds],
+                               "decode_spread": spread([r["decode_tokens_per_s"] for r in rounds]),
                                "weight_bytes": sum(entry["exports"].get(key, {}).get("files", {}).values()) or None,
                                "decode_nodes_per_layer": (nodes.get(key) or {}).get("as_run_per_layer"),
                                "load_average": load_average()}
@@ -447,6 +448,8 @@ def summarise(model: str, precision: str, threads: int, got: dict[str, list[dict
             g = {k: float(np.median([r[k] for r in base])) for k in ("decode_tokens_per_s", "prefill_tokens_per_s")}
             row["decode_over_genai"] = row["decode_tokens_per_s"] / g["decode_tokens_per_s"]
             row["prefill_over_genai"] = row["prefill_tokens_per_s"] / g["prefill_tokens_per_s"]
+            for k in ("decode", "prefill"):  # how far the rounds resolve each ratio (the machine's speed moves between processes)
+                row[f"{k}_over_genai_rounds"] = ratio_rounds(row[f"{k}_rounds"], [r[f"{k}_tokens_per_s"] for r in base])
         if "ids" in rounds[0] and precision not in entry["greedy"].get(c, {}):
             ids = rounds[0]["ids"]
             entry["greedy"].setdefault(c, {})[precision] = {"ids": ids}
@@ -467,7 +470,9 @@ def section_part(models: dict[str, Any], plan: Plan, precisions: Sequence[str], 
         "what": f"edgelin vs onnxruntime-genai on the same transformers checkpoint: prefill tokens/s of one {plan.genai_prompt}-token "
                 f"call, decode = the median step of {plan.genai_decode} greedy steps after it (genai: generate_next_token; edgelin: "
                 "argmax + Session.decode), batch 1; each contender in its own process per round (load, warm-up, then timed), "
-                f"{plan.genai_rounds} round(s) in alternating order; medians over rounds; ratio edgelin / genai (above 1: edgelin faster)",
+                f"{plan.genai_rounds} round(s) in alternating order; medians over rounds; ratio edgelin / genai (above 1: edgelin faster); "
+                "beside each ratio its rounds: the best rounds' ratio, the back-to-back pairs' ratios, any round over any round "
+                "(span) and the verdict (faster / slower where every pairing agrees, else not resolved)",
         "prompt_tokens": plan.genai_prompt, "decode_steps": plan.genai_decode, "rounds": plan.genai_rounds,
         "precisions": list(precisions), "precision_names": {p: DESCRIBE.get(p, p) for p in precisions},
         "threads": list(thread_counts), "ops": list(ops), "models": models,

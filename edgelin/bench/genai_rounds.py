@@ -126,6 +126,34 @@ def figures(raw: dict[str, Any], prompt: int) -> dict[str, Any]:
             "decode_p10_p90_ms": [step["p10"], step["p90"]], "load_s": raw["load_s"], "ids": raw["ids"]}
 
 
+def ratio_rounds(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    """How far one contender's rounds resolve its ratio to another's (tokens/s, higher is faster; round r of each ran
+    back to back). A process's speed on a shared machine can move by a third from one process to the next (two
+    memory-bound decode processes of the same graph, one after the other: 80 and 110 ms a step), so the ratio of the
+    medians alone can say 0.8 or 1.04 of the same two graphs. Returned beside it: ``best``, the fastest round of each
+    (what each reaches when the machine lets it); ``paired``, the median and range of the ratios of the rounds run
+    back to back; ``span``, the least and most any round of one over any round of the other; and ``verdict``:
+    "faster" or "slower" where every pairing says so, else "not resolved" (the rounds overlap)."""
+    if not ours or not theirs:
+        raise ValueError("ratio_rounds needs at least one round of each")
+    pairs = [a / b for a, b in zip(ours, theirs)]
+    span = (min(ours) / max(theirs), max(ours) / min(theirs))
+    verdict = "faster" if span[0] > 1 else "slower" if span[1] < 1 else "not resolved"
+    return {"median": float(np.median(ours) / np.median(theirs)), "best": max(ours) / max(theirs),
+            "paired": {"median": float(np.median(pairs)), "min": min(pairs), "max": max(pairs)},
+            "span": list(span), "verdict": verdict}
+
+
+def spread(rounds: list[float]) -> float:
+    """The fastest round over the slowest, less one (0.25: the slowest took a quarter longer); 0 for one round."""
+    return max(rounds) / min(rounds) - 1 if rounds else 0.0
+
+
+def said_rounds(x: dict[str, Any]) -> str:
+    """A ratio's rounds (``ratio_rounds``) in a few words: best rounds, the pairings' range, the verdict."""
+    return f"best rounds {x['best']:.2f}x, any two rounds {x['span'][0]:.2f}-{x['span'][1]:.2f}x: {x['verdict']}"
+
+
 # ---- nodes as run ------------------------------------------------------------------------------------------
 COUNT = r"""
 import json, os, sys, tempfile
@@ -154,4 +182,4 @@ def count_nodes(py: Path | str, graph: Path) -> dict[str, Any]:
     return measure_process([str(py), "-c", COUNT, str(graph)], f"counting the nodes of {graph.name}")
 
 
-__all__ = ["COUNT", "EDGELIN_ROUND", "GENAI_ROUND", "TIMEOUT", "count_nodes", "edgelin_round_main", "figures", "measure_process"]
+__all__ = ["COUNT", "EDGELIN_ROUND", "GENAI_ROUND", "TIMEOUT", "count_nodes", "edgelin_round_main", "figures", "measure_process", "ratio_rounds", "said_rounds", "spread"]

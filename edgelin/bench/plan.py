@@ -102,7 +102,7 @@ class Plan:
     genai_models: tuple[str, ...] = ("lfm2-350m", "qwen3.5-0.8b")  # genai section: models of genai.MODELS (published configurations)
     genai_precisions: tuple[str, ...] = ("fp32", "int8", "int4", "int4-table4")  # ... precisions (genai.EXPORT_OPTIONS)
     genai_threads: tuple[int, ...] = (1, 2)  # ... thread counts (and the bench's --threads)
-    genai_rounds: int = 3  # ... rounds, every contender once per round in its own process, the order alternating
+    genai_rounds: int = 5  # ... rounds, every contender once per round in its own process, the order alternating
     genai_prompt: int = 512  # ... prompt tokens: prefill = one call of this many tokens
     genai_decode: int = 64  # ... greedy decode steps after the prompt (decode = their median step)
     decay_fla: tuple[str, ...] = ("gated_deltanet", "kda", "gated_deltaproduct", "rwkv7")  # decay section: fla's models (fla_models.FLA_MODELS)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from edgelin.runtime.files import check_output_folder, check_replace, json_format, json_ready, write_json
 
+from .genai_rounds import said_rounds
 from .goals import goal_lines, goals
 from .harness import busy, load_average
 from .plots import BENCH_PLOT, PLOT_FILES, PLOT_SOFTWARE
@@ -438,6 +439,9 @@ def genai_lines(x: dict) -> list[str]:
                 + (f"{g['same_as_genai_before']}/{len(g['ids'])}" if "same_as_genai_before" in g else "")
                 + (f"  [{r['llama_cpp_path'].get('ran')}{': ' + r['llama_cpp_path']['why'] if r['llama_cpp_path'].get('why') else ''}]"
                    if r.get("llama_cpp_path") else ""))
+            if r.get("rounds", 1) > 1:
+                lines.append(f"    {'':46s} {'':>3s}  {'':18s} its {r['rounds']} rounds' decode: fastest/slowest {1 + r.get('decode_spread', 0):.2f}"
+                             + (f"; vs genai {said_rounds(r['decode_over_genai_rounds'])}" if r.get("decode_over_genai_rounds") else ""))
         for e, info in m.get("exports", {}).items():
             if info.get("check") not in (None, "passed"):
                 lines.append(f"    {e}: export check {info['check']}")

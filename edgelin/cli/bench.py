@@ -28,7 +28,7 @@ SECTION_NAMES = ("decode, throughput, position, prefill, sweep, floor; opt-in: f
 @click.option("--genai-precision", "genai_precisions", multiple=True,
               help="genai section: fp32, int8, int4, int4-table4 (edgelin's int4 with --embedding int4) (repeatable) [default: all].")
 @click.option("--genai-threads", "genai_threads", type=int, multiple=True, help="genai section: thread counts (repeatable) [default: 1, 2 and --threads].")
-@click.option("--genai-rounds", type=int, default=None, help="genai section: rounds [default: 3].")
+@click.option("--genai-rounds", type=int, default=None, help="genai section: rounds, each contender once per round in its own process [default: 5]; a shared machine's speed moves between processes, and the table says where the rounds do not resolve a ratio.")
 @click.option("--genai-ops", "genai_ops", multiple=True, type=click.Choice(["portable", "fused"]),
               help="genai section: edgelin's lowerings (repeatable) [default: both].")
 @click.option("--genai-venv", type=click.Path(file_okay=False, path_type=str),
