@@ -30,6 +30,7 @@ from edgelin.errors import EdgelinError, ExportError
 from edgelin.exporters.check import (
     golden_run, golden_worst, precision_floor, rounding_floor, smoke_check, smoke_reference, write_golden,
 )
+from edgelin.exporters import deferred
 from edgelin.exporters.convert import convert_graph, op_histogram, record_conversion
 from edgelin.exporters.precision import check_precision, embedding_choice, int8_scheme_choice, state_dtypes
 from edgelin.exporters.precision.int4 import eight_bit_digests
@@ -160,6 +161,7 @@ def export(
         say(f"removed {stale}, left by an earlier export that was killed")
     tmp, created = work_dir(out_dir)
     own = OwnMemoryPeak().start()
+    held = contextlib.ExitStack()  # the traced weights left unwritten until stored (edgelin.exporters.deferred)
 
     try:
         # a checkpoint folder is read once, here: its config and weight files go on as one value
@@ -171,7 +173,7 @@ def export(
         say(f"loading {source if checkpoint is not None else type(source).__name__}")
         with streaming.mapped_weights(tmp) if streamed else contextlib.nullcontext():
             model, digest = resolve_source(checkpoint or source, chunk_size)
-        check_disk(model, tmp)  # before the trace, which writes the weights in float32 whatever the precision
+        check_disk(model, tmp, precision)  # before the trace
         tok = None if tokenizer_json is None else hf_tokenizer_entry(tokenizer_json, model.vocab_size, checkpoint)
         if tok is not None:
             say(f"tokenizer: {tokenizer_json} (" + ", ".join(f"{k} {tok.spec[k]} from {tok.sources[k]}" for k in ("bos_id", "eos_id", "pad_id") if k in tok.sources)
@@ -184,8 +186,11 @@ def export(
         eight_bit = eight_bit_digests(eight_bit_linears(model)) if precision == "int4" else frozenset()
         convert = None if precision == "fp32" else lambda graph: converted.__setitem__(graph, convert_graph(
             tmp, graph, precision, state_dtype, say, embedding=embedding, int8_scheme=int8_scheme, eight_bit=eight_bit))
+        held.enter_context(deferred.deferring(model))
         seconds, bounded = trace_graphs(model, tmp, ragged=ragged, logits_at=logits_at, opset=opset, ops=ops, max_sequence=max_sequence,
                                         trace_cache=trace_cache, say=say, after=convert)
+        if convert is not None:  # converted as traced: nothing reads the traced weights again, the parameters can go
+            held.close()
 
         protos = {g: onnx.load(str(tmp / f), load_external_data=False) for g, f in GRAPH_FILES.items()}
         if precision == "fp32":  # other precisions rewrite the head once converted (convert_graphs)
@@ -216,6 +221,7 @@ def export(
         if converted:  # torch's graphs were checked, then converted, as each was traced
             nodes, op_types = record_conversion(converted, precision, manifest, say, embedding=embedding, int8_scheme=int8_scheme)
         manifest = dataclasses.replace(manifest, weights=store_once(tmp, GRAPH_FILES))
+        held.close()
         say(f"weights stored once: {manifest.weights['file']}, {manifest.weights['bytes'] / 1e6:,.1f} MB, shared by both graphs")
         say("checking the graphs (onnx.checker, full check) ...")
         manifest = publish_manifest(tmp, manifest, tok)
@@ -268,6 +274,7 @@ def export(
             say(f"replacing {out_dir}: {replacing}")
         replace_dir(tmp, out_dir, force=force, protect=protect)
     except BaseException as exc:
+        held.close()
         own.stop()
         full = write_failure(exc, tmp)  # before the files go: their sizes tell a file-size limit
         with uninterrupted():  # a second Ctrl-C does not leave the work folder half removed

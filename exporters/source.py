@@ -70,16 +70,21 @@ def _size(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
 
-def check_disk(model: torch.nn.Module, folder: Path) -> None:
-    """Refuse, before the trace, an export whose traced graph cannot fit on the disk it is written to (``folder``: the
-    work folder beside the output): whatever the precision, the traced graph holds the model's weights in float32 (4
-    bytes a value) until it is converted. That lower bound is held against the space free now (a streamed export's
-    scratch file is written by then); the converted files come on top."""
+BYTES_PER_VALUE = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int4": 0.5}  # the weights file's least bytes a weight
+
+
+def check_disk(model: torch.nn.Module, folder: Path, precision: str) -> None:
+    """Refuse, before the trace, an export whose weights file cannot fit on the disk it is written to (``folder``: the
+    work folder beside the output): the model's weights at ``precision``'s bytes a value, a lower bound (scales, what
+    stays in higher precision and the per-graph files before they are stored once come on top; the traced graphs'
+    float32 weights are not written, ``edgelin.exporters.deferred``). Held against the space free now (a streamed
+    export's scratch file is written by then)."""
     values = sum(p.numel() for p in model.parameters())  # a tied weight once
     try:
         free = shutil.disk_usage(folder).free
     except OSError:
         return
-    if 4 * values > free:
-        raise ExportError(f"the traced graph needs at least {_size(4 * values)} of free disk in {folder.parent} (the model's {values:,} "
-                          f"weights in float32) and {_size(free)} are free there; make room, or export to a disk with more space")
+    need = BYTES_PER_VALUE.get(precision, 4.0) * values
+    if need > free:
+        raise ExportError(f"the export's weights need at least {_size(need)} of free disk in {folder.parent} (the model's {values:,} "
+                          f"weights in {precision}) and {_size(free)} are free there; make room, or export to a disk with more space")

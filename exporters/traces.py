@@ -44,6 +44,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from edgelin.exporters import deferred
 from edgelin.runtime.manifest import file_sha256
 
 ENTRY_FILE = "trace.json"
@@ -187,10 +188,12 @@ def trace_key(model_part: dict, *, graph: str, names: tuple[list[str], list[str]
 
 
 def _copy_hashing(src: Path, dst: Path) -> str:
-    """Copy ``src`` to ``dst`` and return the sha256 of what was read: one pass over a file of gigabytes."""
+    """Copy ``src`` to ``dst`` and return the sha256 of what was read: one pass over a file of gigabytes. A traced
+    graph's data file is copied as written in full: the weights the trace left unwritten come from the parameters
+    (``edgelin.exporters.deferred``)."""
     h = hashlib.sha256()
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        while chunk := fin.read(_CHUNK):
+    with open(dst, "wb") as fout:
+        for chunk in deferred.file_pieces(src, _CHUNK):
             h.update(chunk)
             fout.write(chunk)
     return h.hexdigest()

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from edgelin.exporters import traces
+from edgelin.exporters import deferred, traces
 from edgelin.exporters.graphs import graph_spec
 from edgelin.exporters.write import GRAPH_FILES
 from edgelin.layers.moe import moe_layers
@@ -61,7 +61,10 @@ def export_graph(
             custom_translation_table=table,
         )
         try:
-            program.save(str(path), external_data=external or None)
+            if external and deferred.active() is not None:
+                deferred.save(program.model, path)  # the model's weights left unwritten (edgelin.exporters.deferred)
+            else:
+                program.save(str(path), external_data=external or None)
         finally:
             del program
             release_rewriter_state()

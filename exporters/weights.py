@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edgelin.errors import ExportError
+from edgelin.exporters import deferred
 
 WEIGHTS_FILE = "weights.data"
 MIN_BYTES = 1024  # smaller initializers stay inside the graph
@@ -84,6 +85,9 @@ def tensor_values(t: onnx.TensorProto, folder: Path) -> np.ndarray:
         raise ExportError(f"{t.name}: {length:,} bytes in {source.name} for a {dtype.name} tensor of shape {list(shape)}")
     if length == 0:
         return np.zeros(shape, dtype)
+    held = deferred.values(source, offset, length, dtype, shape)  # a weight the trace left unwritten: the parameter's view
+    if held is not None:
+        return held
     return np.memmap(source, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
@@ -203,7 +207,12 @@ def read_external(t: onnx.TensorProto, folder: Path) -> bytes:
 
 
 def _read_range(path: Path, offset: int, length: int) -> Iterator[bytes]:
-    """``length`` bytes of ``path`` from ``offset``, in pieces of at most ``STREAM`` bytes."""
+    """``length`` bytes of ``path`` from ``offset``, in pieces of at most ``STREAM`` bytes (a weight the trace left
+    unwritten, ``edgelin.exporters.deferred``: from the parameter it is a view of)."""
+    held = deferred.pieces(path, offset, length)
+    if held is not None:
+        yield from held
+        return
     with open(path, "rb") as f:
         f.seek(offset)
         left = length

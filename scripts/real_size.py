@@ -3,16 +3,17 @@
     python scripts/real_size.py lfm2-350m [--precisions fp32,int8,int4] [--threads 2] [--out docs/bench/real_size-lfm2-350m.json]
 
 Builds a random-init checkpoint with the exact published configuration of the named model (transformers' or
-fla's own classes, ``save_pretrained`` as safetensors), then for each precision, each step in a child process:
+fla's own classes, ``save_pretrained`` as safetensors; a checkpoint already in WORK/ckpt is used as it is: write one
+too large to build in memory with ``scripts/shard_checkpoint.py``), then for each precision, each step in a child process:
 
 - ``edgelin export CKPT -o OUT --precision P``: wall time and peak resident memory (the child's ru_maxrss, which
-  counts the checkpoint's and the weights file's mapped pages too) and peak anonymous memory (RssAnon, sampled
-  every 0.1 s: what has to fit in memory);
+  counts the checkpoint's and the weights file's mapped pages too), peak anonymous memory (RssAnon, sampled
+  every 0.1 s: what has to fit in memory) and the peak growth of the disk's used space (the file system's);
 - the export's files on disk;
 - a fresh process loads it with ``edgelin.runtime.load`` (ONNX Runtime, CPU, ``--threads``; once with ONNX
   Runtime's prepacking, the default, and once with ``prepack=False``): resident memory
   (Pss from /proc/self/smaps_rollup) after loading, then decode ms/token at batch 1 (median of 20 steps after
-  5 warm-up steps) and prefill tokens/s at 1,024 and 4,096 tokens (one ``prefill`` call, best of 2);
+  5 warm-up steps) and prefill tokens/s at 1,024 and 4,096 tokens (``--prefill``; one ``prefill`` call, best of 2);
 - ``edgelin validate OUT --checkpoint CKPT --steps 8 --kv 1024``: the verdict and the worst logits errors (a model
   with attention: its KV cache after 1,024 tokens against float64; the default's 16,384-token float64 run of a
   0.75 B model takes most of an hour here); fla models with ``--upstream off`` (fla's kernels run in Triton's CPU
@@ -29,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,9 @@ MODELS = {
         "tie_word_embeddings": True, "use_cache": True, "use_gk": True, "use_gv": False, "vocab_size": 32000,
     }),
     "qwen3.5-0.8b": PUBLISHED["qwen3.5-0.8b"],
+    # too large to build in memory here: write the checkpoint first with scripts/shard_checkpoint.py into WORK/ckpt
+    "qwen3.5-4b": PUBLISHED["qwen3.5-4b"],
+    "qwen3.5-9b": PUBLISHED["qwen3.5-9b"],
 }
 
 FLA_MODEL_TYPES = {"gla"}  # built with flash-linear-attention's classes (fla registers them with transformers' Auto classes)
@@ -78,7 +83,7 @@ MEASURE = textwrap.dedent(
     import json, sys, time
     import numpy as np
     from edgelin.runtime import load
-    folder, threads, prepack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "on"
+    folder, threads, prepack, lengths = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "on", [int(x) for x in sys.argv[4].split(",")]
 
     def pss():
         for line in open("/proc/self/smaps_rollup"):
@@ -99,7 +104,7 @@ MEASURE = textwrap.dedent(
         session.decode(tok, state)
         steps.append(time.perf_counter() - t)
     prefill = {}
-    for T in (1024, 4096):
+    for T in lengths:
         best = float("inf")
         for _ in range(2):
             ids = rng.integers(0, V, (1, T))
@@ -118,12 +123,17 @@ MEASURE = textwrap.dedent(
 EDGELIN = [sys.executable, "-c", "import sys; from edgelin.cli import main; sys.exit(main())"]
 
 PEAK_ANON: dict[int, int] = {}  # child pid -> the largest RssAnon sampled
+PEAK_DISK: dict[int, int] = {}  # child pid -> the largest growth of the work folder's file system's used bytes
 
 
-def _sample_anon(pid: int, stop: threading.Event) -> None:
+def _sample_anon(pid: int, stop: threading.Event, disk: Path) -> None:
     """Anonymous resident memory of ``pid`` every 0.1 s: ru_maxrss also counts file pages mapped from the
-    checkpoint and the weights file, which the kernel can drop; RssAnon is what must fit in memory."""
+    checkpoint and the weights file, which the kernel can drop; RssAnon is what must fit in memory. Also the growth
+    of the used space of ``disk``'s file system since the child started (the whole file system's: run it when
+    nothing else writes)."""
+    start = shutil.disk_usage(disk).used
     while not stop.wait(0.1):
+        PEAK_DISK[pid] = max(PEAK_DISK.get(pid, 0), shutil.disk_usage(disk).used - start)
         try:
             for line in open(f"/proc/{pid}/status"):
                 if line.startswith("RssAnon:"):
@@ -140,7 +150,7 @@ def run_child(args: list[str], log: Path) -> tuple[int, float, int]:
         t = time.perf_counter()
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         stop = threading.Event()
-        sampler = threading.Thread(target=_sample_anon, args=(proc.pid, stop), daemon=True)
+        sampler = threading.Thread(target=_sample_anon, args=(proc.pid, stop, log.parent), daemon=True)
         sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
         stop.set()
@@ -157,6 +167,10 @@ def last_peak_anon() -> int:
     return PEAK_ANON.get(_LAST_PID, 0)
 
 
+def last_peak_disk() -> int:
+    return PEAK_DISK.get(_LAST_PID, 0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", choices=sorted(MODELS))
@@ -170,6 +184,9 @@ def main() -> int:
     ap.add_argument("--budget", action="append", default=[], metavar="KIND.BOUND=VALUE",
                     help="a parity bound of this model's own for the export's smoke check and for validate (edgelin export/validate "
                          "--budget), e.g. for random weights whose fp32 forward is itself that far from float64; recorded")
+    ap.add_argument("--prefill", default="1024,4096", help="prompt lengths of the prefill figures (comma-separated) [default: 1024,4096]")
+    ap.add_argument("--prepack", default="on,off", help="ONNX Runtime's prepacking in the measuring sessions: on, off or both [default: on,off]")
+    ap.add_argument("--no-check", action="store_true", help="export without the smoke check (run `edgelin check` on the export instead)")
     ap.add_argument("--skip-validate", action="store_true", help="export and measure only (validate holds the checkpoint in fp32 and "
                     "float64 beside the sessions: about 7x the weights)")
     args = ap.parse_args()
@@ -205,9 +222,10 @@ def main() -> int:
             row = {"precision": precision}
             print(f"{precision}: exporting ...", flush=True)
             code, seconds, peak = run_child([*EDGELIN, "export", str(ckpt), "-o", str(out), "--precision", precision, "--force",
-                                             *(f"--budget={b}" for b in args.budget)],
+                                             *(f"--budget={b}" for b in args.budget), *(["--no-check"] if args.no_check else [])],
                                             work / f"export-{precision}.log")
-            row.update(export_s=seconds, export_peak_rss=peak, export_peak_anon=last_peak_anon(), export_ok=code == 0)
+            row.update(export_s=seconds, export_peak_rss=peak, export_peak_anon=last_peak_anon(), export_disk_peak_growth=last_peak_disk(),
+                       export_ok=code == 0, export_check=not args.no_check)
             if code:
                 row["error"] = (work / f"export-{precision}.log").read_text().strip().splitlines()[-1][:500]
                 print(f"  export failed: {row['error']}", flush=True)
@@ -215,10 +233,11 @@ def main() -> int:
                 continue
             row["files"] = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
             print(f"  {seconds:.0f} s, peak {peak / 1e9:.2f} GB (anonymous {row['export_peak_anon'] / 1e9:.2f} GB), "
+                  f"disk's peak growth {row['export_disk_peak_growth'] / 1e9:.1f} GB, "
                   f"on disk {sum(row['files'].values()) / 1e6:,.0f} MB; measuring ...", flush=True)
-            for prepack in ("on", "off"):  # ONNX Runtime's default (packed copies per session), then the file's pages
+            for prepack in args.prepack.split(","):  # ONNX Runtime's default (packed copies per session), then the file's pages
                 log = work / f"measure-{precision}-prepack-{prepack}.log"
-                code, _, _ = run_child([sys.executable, "-c", MEASURE, str(out), str(args.threads), prepack], log)
+                code, _, _ = run_child([sys.executable, "-c", MEASURE, str(out), str(args.threads), prepack, args.prefill], log)
                 if code:
                     row[f"measure_error_prepack_{prepack}"] = log.read_text()[-1000:]
                     continue

@@ -188,12 +188,21 @@ def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.
             if w.name not in made:
                 blocks = -(-K // INT4_BLOCK)
                 values = read(w)
-                if K % INT4_BLOCK:
-                    values = np.pad(values, ((0, blocks * INT4_BLOCK - K), (0, 0)))
                 packed = np.zeros((N, blocks, INT4_BLOCK // 2), np.uint8)
                 scales = np.zeros((N, blocks), np.float32)
-                quantize_matmul_4bits(packed, np.ascontiguousarray(values, np.float32), scales, np.zeros((N, (blocks + 1) // 2), np.uint8),
-                                      INT4_BLOCK, N, K, True)
+                zero_points = np.zeros((N, (blocks + 1) // 2), np.uint8)
+                # a slab of columns at a time (each column's blocks are its own): memory holds the slab, not the weight in
+                # float32, whose values may be a view of the model's parameter in the other order (edgelin.exporters.deferred)
+                whole = values.flags.c_contiguous and values.dtype == np.float32 and K % INT4_BLOCK == 0  # file pages as they are
+                step = N if whole else max(1, SLAB_BYTES // (4 * blocks * INT4_BLOCK))
+                for n in range(0, N, step):
+                    m = min(N, n + step) - n
+                    if whole:
+                        slab = np.asarray(values)
+                    else:
+                        slab = np.zeros((blocks * INT4_BLOCK, m), np.float32)  # K padded to whole blocks with zeros
+                        slab[:K] = values[:, n:n + m]
+                    quantize_matmul_4bits(packed[n:n + m], slab, scales[n:n + m], zero_points[n:n + m], INT4_BLOCK, m, K, True)
                 del values
                 made[w.name] = (f"{w.name}_Q4", f"{w.name}_scales")
                 write(made[w.name][0], packed, onnx.TensorProto.UINT8)
@@ -207,6 +216,9 @@ def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.
     for i in reversed([i for i, t in enumerate(graph.initializer) if t.name not in read_by or (t.name in seen or seen.add(t.name))]):
         del graph.initializer[i]
     return proto
+
+
+SLAB_BYTES = 16 << 20  # float32 bytes of a weight quantised at a time
 
 
 def int4_file(path: Path, embedding: str = "int8", eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:

@@ -72,8 +72,8 @@ def test_an_export_onto_a_full_disk_says_no_space_left(exported, trace_cache, tm
 
 
 def test_an_export_whose_trace_cannot_fit_the_disk_is_refused_before_it(exported, tmp_path, monkeypatch):
-    """The traced graph holds the weights in float32 whatever the precision: where the disk cannot hold that much, the
-    export says so before tracing, in one line, and leaves nothing."""
+    """The export's weights file holds at least the model's weights at its precision's bytes a value: where the disk
+    cannot hold that much, the export says so before tracing, in one line, and leaves nothing."""
     import shutil
 
     from edgelin.exporters import exporter, source
@@ -91,11 +91,14 @@ def test_an_export_whose_trace_cannot_fit_the_disk_is_refused_before_it(exported
     with pytest.raises(ExportError) as err:
         exporter.export(model, tmp_path / "out", check=False, precision="int4")
     msg = str(err.value)
-    assert msg == (f"the traced graph needs at least {4 * values / 1e6:,.1f} MB of free disk in {tmp_path} (the model's {values:,} "
-                   "weights in float32) and 0.0 MB are free there; make room, or export to a disk with more space"), msg
+    assert msg == (f"the export's weights need at least {values / 2e6:,.1f} MB of free disk in {tmp_path} (the model's {values:,} "
+                   "weights in int4) and 0.0 MB are free there; make room, or export to a disk with more space"), msg
     assert traced == [] and _litter(tmp_path, set()) == []
     monkeypatch.setattr(source.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9 - 4 * values, 4 * values))
-    with pytest.raises(ExportError, match=r"RuntimeError: traced"):  # just enough room: on to the trace
+    with pytest.raises(ExportError, match=r"RuntimeError: traced"):  # just enough room for fp32: on to the trace
+        exporter.export(model, tmp_path / "out", check=False)
+    with pytest.raises(ExportError, match=r"at least .* \(the model's .* weights in fp32\)"):  # a byte short of it
+        monkeypatch.setattr(source.shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9, 4 * values - 1))
         exporter.export(model, tmp_path / "out", check=False)
     assert len(traced) == 1
 

@@ -14,6 +14,7 @@ import pytest
 from onnx import numpy_helper
 
 from edgelin.exporters.precision import convert, fp16_file, int4_file, int8_file
+from edgelin.exporters.precision import int4
 from edgelin.exporters.precision.int4 import weight_digest
 from edgelin.exporters.tracing import trace_graphs
 from edgelin.exporters import weights
@@ -102,9 +103,11 @@ def test_fp16_recast_piece_by_piece_rounds_as_the_converter_rounds_a_whole_tenso
     assert ours != w.astype(np.float16).tobytes()  # the converter's clamping is what is reproduced, not a plain cast
 
 
-def test_int4_one_weight_at_a_time_is_onnx_runtimes_quantiser_on_awkward_weights(tmp_path):
+@pytest.mark.parametrize("slab", [None, 600], ids=["whole", "slabs"])
+def test_int4_one_weight_at_a_time_is_onnx_runtimes_quantiser_on_awkward_weights(tmp_path, monkeypatch, slab):
     """K not a multiple of the block (padded), an odd N, a weight read by two MatMuls, a MatMul on two activations, a
-    weight used nowhere: the spilling quantiser against MatMulNBitsQuantizer, graph and bytes. (A weight of rank 3
+    weight used nowhere: the spilling quantiser against MatMulNBitsQuantizer, graph and bytes; each weight quantised
+    whole from its file, or, read in the other order, a slab of 2 columns at a time (the last slab 1 column). (A weight of rank 3
     with a leading 1, which the quantiser squeezes and reshapes around, is left fp32 by the spilling one: no traced
     graph has one.)"""
     from onnx import TensorProto, helper
@@ -128,7 +131,11 @@ def test_int4_one_weight_at_a_time_is_onnx_runtimes_quantiser_on_awkward_weights
     reference, _ = convert(onnx.load(str(tmp_path / "g.onnx")), "int4", embedding="fp32")
     from edgelin.exporters.weights import open_graph, tensor_values
 
-    ours = _int4_matmuls(open_graph(tmp_path / "g.onnx"), lambda t: tensor_values(t, tmp_path), frozenset(), tmp_path / "g.q4")
+    read = lambda t: tensor_values(t, tmp_path)  # noqa: E731
+    if slab is not None:  # a weight read in the other order, as a traced graph's folded Transpose of a parameter is
+        monkeypatch.setattr(int4, "SLAB_BYTES", slab)  # K 45 and 64 are 2 blocks: 256 bytes a column
+        read = lambda t: np.asfortranarray(tensor_values(t, tmp_path))  # noqa: E731
+    ours = _int4_matmuls(open_graph(tmp_path / "g.onnx"), read, frozenset(), tmp_path / "g.q4")
     save_graph(ours, tmp_path / "g.onnx")
     ours = onnx.load(str(tmp_path / "g.onnx"))
     assert [n.SerializeToString() for n in ours.graph.node] == [n.SerializeToString() for n in reference.graph.node]
