@@ -94,9 +94,27 @@ def shard_names(count: int) -> list[str]:
     return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
 
 
+def write_tokenizer(folder: Path, vocab_size: int, log=print) -> None:
+    """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens (``edgelin.bench.checkpoints.byte_level_tokenizer``) saved
+    in ``folder``, where the vocabulary allows one (up to 65,792 tokens); said, not written, otherwise."""
+    import transformers
+
+    from edgelin.bench.checkpoints import byte_level_tokenizer
+    from edgelin.bench.plan import BenchError
+
+    try:
+        tok = byte_level_tokenizer(vocab_size)
+    except BenchError as exc:
+        log(f"no tokenizer written: {exc}")
+        return
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+
+
 def write_checkpoint(model_type: str, config: dict[str, Any], out: Path, dtype: str = "bfloat16", shard_gb: float = 2.0,
-                     seed: int = 0, log=print) -> dict[str, Any]:
-    """Write the random-init checkpoint into ``out`` (which must not exist); returns {params, bytes, shards, seconds}."""
+                     seed: int = 0, log=print, tokenizer: bool = True) -> dict[str, Any]:
+    """Write the random-init checkpoint into ``out`` (which must not exist); returns {params, bytes, shards, seconds}.
+    ``tokenizer``: a byte-level BPE tokenizer of the vocabulary beside it (``write_tokenizer``), so that tools which read
+    a folder's tokenizer (onnxruntime-genai's builder, llama.cpp's converter) take the folder."""
     import torch
     from safetensors.torch import save_file
 
@@ -159,6 +177,8 @@ def write_checkpoint(model_type: str, config: dict[str, Any], out: Path, dtype: 
         cfg.save_pretrained(tmp)
         if model.can_generate() and model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
+        if tokenizer:
+            write_tokenizer(tmp, int(config["vocab_size"]), log)
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp's folder is private: the mode save_pretrained's folder would have
@@ -176,12 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     ap.add_argument("--shard-gb", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-tokenizer", action="store_true", help="write no byte-level tokenizer beside the weights")
     args = ap.parse_args(argv)
     if args.out.exists():
         print(f"{args.out} exists: remove it or name another folder", file=sys.stderr)
         return 2
     model_type, config = published(args.model)
-    got = write_checkpoint(model_type, config, args.out, args.dtype, args.shard_gb, args.seed)
+    got = write_checkpoint(model_type, config, args.out, args.dtype, args.shard_gb, args.seed, tokenizer=not args.no_tokenizer)
     print(json.dumps(got))
     return 0
 

@@ -125,7 +125,7 @@ def run_canned(monkeypatch, tmp_path, llama=None):
         ids = list(range(spec["decode"])) if who != "fused" else [0, 1, 99] + list(range(3, spec["decode"]))
         return {"load_s": 0.1, "prefill_s": len(spec["prompt"]) / prefill, "decode_s": [1 / decode] * spec["decode"], "ids": ids}
 
-    def export(ckpt, out, precision, ops, say):
+    def export(ckpt, out, precision, ops, say, trace_cache=None):
         out.mkdir(parents=True, exist_ok=True)
         (out / "decode.onnx").write_bytes(b"\0" * 100)
         (out / "weights.data").write_bytes(b"\0" * 3000)
@@ -293,7 +293,8 @@ def test_a_failing_builder_is_one_line_with_its_error_and_log(tmp_path, monkeypa
     assert "\n" not in msg and "builder failed at int4" in msg and "The Foo architecture is not supported" in msg
     assert str(tmp_path / "genai-int4.log") in msg
     monkeypatch.delenv("FAKE_BUILDER_FAILS")
-    assert genai.genai_build(py, {"onnxruntime_genai": "0.18.0"}, ckpt, tmp_path / "genai-int4", "int4", print) is not None
+    built = genai.genai_build(py, {"onnxruntime_genai": "0.18.0"}, ckpt, tmp_path / "genai-int4", "int4", print)
+    assert built["builder_s"] > 0 and built["peak_rss_bytes"] > 0 and "Saving ONNX model" in (tmp_path / "genai-int4.log").read_text()
     assert genai.genai_build(py, {"onnxruntime_genai": "0.18.0"}, ckpt, tmp_path / "genai-int4", "int4", print) is None  # reused
 
 
@@ -322,7 +323,7 @@ def test_llama_benchs_repack_crash_is_detected_and_said(tmp_path):
     flag = genai.llama_no_repack(os.popen(f"{exe} --help").read())
     path: dict = {}
     got = genai.llama_round(exe, tmp_path / "Q4_0.gguf", 2, 64, 8, flag, path)
-    assert got == {"prefill_tokens_per_s": 900.0, "decode_tokens_per_s": 40.0, "decode_ms": 25.0}
+    assert got.pop("peak_rss_bytes") > 0 and got == {"prefill_tokens_per_s": 900.0, "decode_tokens_per_s": 40.0, "decode_ms": 25.0}
     assert path["ran"] == "repacking off" and "killed by signal 11" in path["why"] and "-nr 1" in path["why"]
     assert genai.llama_round(exe, tmp_path / "Q4_0.gguf", 2, 64, 8, flag, path)["decode_tokens_per_s"] == 40.0  # straight to -nr 1
     crashed = genai.llama_round(exe, tmp_path / "Q4_0.gguf", 2, 64, 8, None, {})
@@ -345,3 +346,37 @@ def test_llama_cpps_rows_stand_beside_them_saying_which_path_ran(monkeypatch, tm
     assert q4["llama_cpp_path"]["ran"] == "repacking off" and "signal 11" in q4["llama_cpp_path"]["why"]
     assert ("fp32", "llama.cpp F32") in rows and part["llama_cpp"]["status"] == "ok"
     assert any("[repacking off: the default (repacked) path was killed by signal 11" in x for x in genai_lines(part))
+
+
+def test_a_process_peak_memory_is_its_own_and_a_late_one_is_killed():
+    code, out, err, peak = genai_rounds.run_peak([sys.executable, "-c", "import sys; b = b'x' * (300 << 20); print('done'); print('e', file=sys.stderr)"])
+    assert code == 0 and out.strip() == "done" and err.strip() == "e" and peak > 300 << 20
+    assert genai_rounds.run_peak([sys.executable, "-c", "pass"])[3] < 150 << 20  # the next process's own peak, not the largest so far
+    assert genai_rounds.run_peak([sys.executable, "-c", "import sys; sys.exit(3)"])[0] == 3
+    assert genai_rounds.run_peak([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)[0] is None
+    got = genai_rounds.measure_process([sys.executable, "-c", "import json; b = b'x' * (200 << 20); print(json.dumps({'a': 1}))"], "a round")
+    assert got["a"] == 1 and got["peak_rss_bytes"] > 200 << 20
+
+
+def test_quantised_gguf_types_come_from_f16_unless_f32_is_asked(monkeypatch, tmp_path):
+    from edgelin.bench import llamacpp
+
+    ran = []
+
+    def run(cmd, what, **kw):  # the converter writes --outfile; llama-quantize writes its third argument
+        cmd = [str(c) for c in cmd]
+        ran.append((what, cmd))
+        Path(cmd[cmd.index("--outfile") + 1] if "--outfile" in cmd else cmd[2]).write_bytes(b"gguf")
+        return ""
+
+    monkeypatch.setattr(llamacpp, "_run", run)
+    monkeypatch.setattr(llamacpp, "binaries", lambda src: {"llama-quantize": tmp_path / "llama-quantize"})
+    (tmp_path / "a").mkdir()
+    files = llamacpp.to_gguf(tmp_path, tmp_path, tmp_path / "a", ("Q4_0", "Q8_0"))
+    assert sorted(files) == ["Q4_0", "Q8_0"] and [w for w, _ in ran] == ["llama.cpp's converter (f16)", "llama-quantize Q4_0", "llama-quantize Q8_0"]
+    assert all(c[1].endswith("F16.gguf") for w, c in ran[1:]) and sorted(f.name for f in (tmp_path / "a").iterdir()) == ["Q4_0.gguf", "Q8_0.gguf"]
+    ran.clear()
+    (tmp_path / "b").mkdir()
+    files = llamacpp.to_gguf(tmp_path, tmp_path, tmp_path / "b", ("F32", "Q4_0"))
+    assert sorted(files) == ["F32", "Q4_0"] and ran[1][1][1].endswith("F32.gguf")
+    assert sorted(f.name for f in (tmp_path / "b").iterdir()) == ["F32.gguf", "Q4_0.gguf"]

@@ -7,6 +7,7 @@
     python -m edgelin.bench --llama-greedy SPEC_JSON  the llamacpp section's greedy ids of a GGUF (llama.cpp's ctypes bindings)
     python -m edgelin.bench --hf-eager SPEC_JSON  the transformers section's measurements of one model (transformers + runtime)
     python -m edgelin.bench --genai-round SPEC_JSON  the genai section's measurement of one edgelin export (torch-free)
+    python -m edgelin.bench --export-checked SPEC_JSON  the genai section's export of a checkpoint (torch)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from edgelin.bench.measure import worker_main  # torch-free
 
 USAGE = ("usage: python -m edgelin.bench --worker SPEC_JSON | --export JOBS_JSON | --foreign SPEC_JSON | --hf-build SPEC_JSON | "
-         "--llama-greedy SPEC_JSON | --hf-eager SPEC_JSON | --genai-round SPEC_JSON (internal; use `edgelin bench`)")
+         "--llama-greedy SPEC_JSON | --hf-eager SPEC_JSON | --genai-round SPEC_JSON | --export-checked SPEC_JSON (internal; use `edgelin bench`)")
 
 
 def main(argv: list[str]) -> None:
@@ -48,6 +49,10 @@ def main(argv: list[str]) -> None:
         from edgelin.bench.genai_rounds import edgelin_round_main
 
         edgelin_round_main(json.loads(argv[1]))
+    elif len(argv) == 2 and argv[0] == "--export-checked":
+        from edgelin.bench.checkpoints import export_checked_main
+
+        export_checked_main(json.loads(argv[1]))
     else:
         sys.exit(USAGE)
 

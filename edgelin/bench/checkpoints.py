@@ -204,4 +204,12 @@ def export_checked(ckpt: Path, out: Path, options: str | dict[str, Any], trace_c
         return f"failed, exported unchecked: {exc}"
 
 
-__all__ = ["FAMILIES", "LFM2_350M", "PUBLISHED", "VOCAB", "build_checkpoint", "byte_level_tokenizer", "export_checked", "hf_build_main", "perturb"]
+def export_checked_main(spec: dict[str, Any]) -> None:
+    """In ``python -m edgelin.bench --export-checked SPEC``: ``export_checked`` of spec's checkpoint into its out folder with
+    its options (and trace cache), the check's verdict printed as JSON."""
+    cache = spec.get("trace_cache")
+    check = export_checked(Path(spec["checkpoint"]), Path(spec["out"]), spec["options"], None if cache is None else Path(cache))
+    print(json.dumps({"check": check}))
+
+
+__all__ = ["FAMILIES", "LFM2_350M", "PUBLISHED", "VOCAB", "build_checkpoint", "byte_level_tokenizer", "export_checked", "export_checked_main", "hf_build_main", "perturb"]

@@ -43,7 +43,7 @@ from .genai_cache import (
     ENV_DIR, STAMP, VENV_PACKAGES, code_fingerprint, default_dir, ensure_venv, folder_fingerprint, fresh, last_line, stamp_it, stamped,
     venv_python,
 )
-from .genai_rounds import GENAI_ROUND, TIMEOUT, count_nodes, figures, measure_process, ratio_rounds, said_rounds, spread
+from .genai_rounds import GENAI_ROUND, TIMEOUT, count_nodes, figures, measure_process, ratio_rounds, run_peak, said_rounds, spread
 from .harness import load_average, round_order
 from .plan import DATA_SEED, BenchError, Plan, Progress
 
@@ -92,9 +92,10 @@ def builder_command(py: Path, ckpt: Path, out: Path, precision: str, cache: Path
             "-e", "cpu", "-c", str(cache)]
 
 
-def genai_build(py: Path, versions: dict[str, str], ckpt: Path, out: Path, precision: str, say: Progress) -> float | None:
+def genai_build(py: Path, versions: dict[str, str], ckpt: Path, out: Path, precision: str, say: Progress) -> dict[str, Any] | None:
     """genai's builder on ``ckpt`` at ``precision`` into ``out``, offline (HF_HUB_OFFLINE); its output to ``out``'s log.
-    Seconds taken, or None where an earlier build with the same stamp was reused. BenchError, one line, if it fails."""
+    {"builder_s", "peak_rss_bytes"}, or None where an earlier build with the same stamp was reused. BenchError, one line,
+    if it fails."""
     stamp = {"checkpoint": str(ckpt), "checkpoint_fingerprint": folder_fingerprint(ckpt), "precision": GENAI_PRECISION[precision],
              "onnxruntime_genai": versions["onnxruntime_genai"]}
     if stamped(out, stamp):
@@ -105,21 +106,35 @@ def genai_build(py: Path, versions: dict[str, str], ckpt: Path, out: Path, preci
     say(f"genai: builder -p {GENAI_PRECISION[precision]} on {ckpt} -> {out} (log {log}) ...")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     t0 = time.perf_counter()
-    with open(log, "w") as f:
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=TIMEOUT).returncode
+    code, stdout, stderr, peak = run_peak(cmd, env=env)
+    log.write_text(stdout + stderr)
     if code != 0 or not (out / "genai_config.json").is_file():
-        raise BenchError(f"onnxruntime-genai's builder failed at {GENAI_PRECISION[precision]} on {ckpt}: {last_line(log)}; "
-                         f"its whole output: {log}")
+        raise BenchError(f"onnxruntime-genai's builder failed at {GENAI_PRECISION[precision]} on {ckpt}: "
+                         f"{'ran past ' + str(int(TIMEOUT)) + ' s' if code is None else last_line(log)}; its whole output: {log}")
     shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
     stamp_it(out, stamp)
-    return time.perf_counter() - t0
+    return {"builder_s": time.perf_counter() - t0, "peak_rss_bytes": peak}
 
 
-def edgelin_export(ckpt: Path, out: Path, precision: str, ops: str, say: Progress) -> dict[str, Any]:
+def checkpoint_values(ckpt: Path) -> int | None:
+    """The number of weight values in a checkpoint folder's safetensors files, read from their headers (None where one
+    cannot be read)."""
+    total = 0
+    for f in ckpt.glob("*.safetensors"):
+        try:
+            with open(f, "rb") as fh:
+                header = json.loads(fh.read(min(int.from_bytes(fh.read(8), "little"), 100 << 20)))
+            total += sum(int(np.prod(t["shape"])) for k, t in header.items() if k != "__metadata__")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+    return total
+
+
+def edgelin_export(ckpt: Path, out: Path, precision: str, ops: str, say: Progress, trace_cache: Path | None = None) -> dict[str, Any]:
     """``edgelin export`` of ``ckpt`` at ``precision`` (a name of EXPORT_OPTIONS) with ``--ops ops``, checked against PyTorch
-    (where the check fails: exported unchecked, the failure recorded); reused while its stamp matches."""
-    from .checkpoints import export_checked
-
+    (where the check fails: exported unchecked, the failure recorded), in a process of its own (its peak resident memory
+    recorded); reused while its stamp matches. ``trace_cache``: a folder its traced graphs are kept in for the next
+    precision's export."""
     options = {**EXPORT_OPTIONS[precision], "ops": ops}
     stamp = {"checkpoint": str(ckpt), "checkpoint_fingerprint": folder_fingerprint(ckpt), "options": options, "code": code_fingerprint()}
     if stamped_export(out, stamp):
@@ -127,8 +142,14 @@ def edgelin_export(ckpt: Path, out: Path, precision: str, ops: str, say: Progres
     say(f"genai: edgelin export {precision} --ops {ops} -> {out} ...")
     t0 = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)
-    check = export_checked(ckpt, out, options, trace_cache=out.parent / f"traces-{ops}")
-    made = {**stamp, "check": check, "export_s": time.perf_counter() - t0}
+    spec = {"checkpoint": str(ckpt), "out": str(out), "options": options, "trace_cache": None if trace_cache is None else str(trace_cache)}
+    code, stdout, stderr, peak = run_peak([sys.executable, "-m", "edgelin.bench", "--export-checked", json.dumps(spec)])
+    lines = [x for x in stdout.splitlines() if x.strip()]
+    if code != 0 or not lines:
+        errs = [x.strip() for x in stderr.splitlines() if x.strip()]
+        why = f"ran past {TIMEOUT:.0f} s" if code is None else f"killed by signal {-code}" if code < 0 else (errs or [f"exit status {code}"])[-1][:300]
+        raise BenchError(f"edgelin export {precision} --ops {ops} of {ckpt} failed: {why}")
+    made = {**stamp, "check": json.loads(lines[-1])["check"], "export_s": time.perf_counter() - t0, "peak_rss_bytes": peak}
     stamp_it(out, made)
     return made
 
@@ -165,18 +186,18 @@ def llama_round(bench_bin: Path, gguf: Path, threads: int, prompt: int, decode: 
 
     base = [str(bench_bin), "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(decode), "-r", "1", "-o", "json"]
     extra = no_repack if path.get("ran") == "repacking off" else []
-    done = subprocess.run(base + (extra or []), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
-    if done.returncode < 0 and not extra and no_repack:
-        path.update(ran="repacking off", why=f"the default (repacked) path was killed by signal {-done.returncode}; ran with "
-                                               f"{' '.join(no_repack)}")
-        done = subprocess.run(base + no_repack, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT)
+    code, stdout, stderr, peak = run_peak(base + (extra or []))
+    if code is not None and code < 0 and not extra and no_repack:
+        path.update(ran="repacking off", why=f"the default (repacked) path was killed by signal {-code}; ran with {' '.join(no_repack)}")
+        code, stdout, stderr, peak = run_peak(base + no_repack)
     path.setdefault("ran", "default (repacked)")
-    if done.returncode != 0 or not done.stdout.strip():
-        why = f"killed by signal {-done.returncode}" if done.returncode < 0 else \
-            ([x for x in done.stderr.splitlines() if x.strip()] or [f"exit status {done.returncode}, no output"])[-1][:300]
+    if code != 0 or not stdout.strip():
+        why = f"did not finish within {TIMEOUT:.0f} s" if code is None else f"killed by signal {-code}" if code < 0 else \
+            ([x for x in stderr.splitlines() if x.strip()] or [f"exit status {code}, no output"])[-1][:300]
         return {"status": "failed", "reason": f"llama-bench: {why}"}
-    got = parse_llama_bench(done.stdout)
-    return {"prefill_tokens_per_s": got[f"pp{prompt}"], "decode_tokens_per_s": got[f"tg{decode}"], "decode_ms": 1e3 / got[f"tg{decode}"]}
+    got = parse_llama_bench(stdout)
+    return {"prefill_tokens_per_s": got[f"pp{prompt}"], "decode_tokens_per_s": got[f"tg{decode}"], "decode_ms": 1e3 / got[f"tg{decode}"],
+            "peak_rss_bytes": peak}
 
 
 def layers_of(ckpt: Path) -> int:
@@ -303,16 +324,21 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
         folders: dict[tuple[str, str], Path] = {}
         for gp in dict.fromkeys(GENAI_PRECISION[p] for p in precisions):
             out = work / f"genai-{gp}"
-            seconds = genai_build(py, versions, ckpt, out, gp, say)
-            entry["exports"][f"genai {gp}"] = {"folder": str(out), "files": weight_files(out), "builder_s": seconds,
+            built = genai_build(py, versions, ckpt, out, gp, say) or {}
+            entry["exports"][f"genai {gp}"] = {"folder": str(out), "files": weight_files(out), "builder_s": built.get("builder_s"),
+                                               "peak_rss_bytes": built.get("peak_rss_bytes"),
                                                "command": " ".join(builder_command(py, ckpt, out, gp, out.parent / f"{out.name}-cache"))}
+        # a trace cache holds a traced graph's weights in float32: kept for a second precision where the disk has room for it
+        values = checkpoint_values(ckpt)
+        keep_traces = len(precisions) > 1 and values is not None and 8 * values < shutil.disk_usage(work).free
         for p in precisions:
             for o in ops:
                 out = work / f"edgelin-{p}-{o}"
-                made = edgelin_export(ckpt, out, p, o, say)
+                made = edgelin_export(ckpt, out, p, o, say, work / f"traces-{o}" if keep_traces else None)
                 folders[p, o] = out
                 entry["exports"][f"edgelin {p} {o}"] = {"folder": str(out), "files": weight_files(out), "check": made.get("check"),
                                                          "export_s": None if made.get("reused") else made.get("export_s"),
+                                                         "peak_rss_bytes": None if made.get("reused") else made.get("peak_rss_bytes"),
                                                          "options": made.get("options")}
         for o in ops:  # the traces served this run's precisions; the next run's code may differ: gigabytes not kept
             shutil.rmtree(work / f"traces-{o}", ignore_errors=True)
@@ -439,6 +465,7 @@ def summarise(model: str, precision: str, threads: int, got: dict[str, list[dict
                                "decode_rounds": [r["decode_tokens_per_s"] for r in rounds],
                                "prefill_rounds": [r["prefill_tokens_per_s"] for r in rounds],
                                "decode_spread": spread([r["decode_tokens_per_s"] for r in rounds]),
+                               "peak_rss_bytes": _median_of(rounds, "peak_rss_bytes"),
                                "weight_bytes": sum(entry["exports"].get(key, {}).get("files", {}).values()) or None,
                                "decode_nodes_per_layer": (nodes.get(key) or {}).get("as_run_per_layer"),
                                "load_average": load_average()}
@@ -459,6 +486,11 @@ def summarise(model: str, precision: str, threads: int, got: dict[str, list[dict
                 entry["greedy"][c][precision].update(same_as_genai_before=first, agreement=first / max(len(theirs), 1))
         rows.append(row)
     return rows
+
+
+def _median_of(rounds: list[dict[str, Any]], key: str) -> float | None:
+    got = [r[key] for r in rounds if r.get(key) is not None]
+    return float(np.median(got)) if got else None
 
 
 def section_part(models: dict[str, Any], plan: Plan, precisions: Sequence[str], thread_counts: Sequence[int], ops: Sequence[str],

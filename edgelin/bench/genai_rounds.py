@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -99,22 +101,63 @@ def edgelin_round_main(spec: dict[str, Any]) -> None:
     print(json.dumps(result))
 
 
-def measure_process(cmd: list[str], what: str) -> dict[str, Any]:
-    """One measuring process's JSON (its last stdout line), or {"status": "failed", "reason": ...}."""
+# Runs argv[2:] as its child and writes "PEAK STATUS" to argv[1]: the child's ru_maxrss in bytes and its exit status as
+# subprocess gives it. A small launcher: Linux counts in a process's ru_maxrss the resident memory of the process that
+# forked it as it stood at the fork (and a vfork from the bench's own large process would count all of the bench's).
+LAUNCH = r"""
+import os, sys
+pid = os.fork()
+if pid == 0:
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
-    except subprocess.TimeoutExpired:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{usage.ru_maxrss * 1024} {os.waitstatus_to_exitcode(status)}")
+"""
+
+
+def run_peak(cmd: list[str], timeout: float = TIMEOUT, **popen: Any) -> tuple[int | None, str, str, int]:
+    """Run ``cmd`` to its end: (its exit status as subprocess gives it, or None where it ran past ``timeout`` seconds and
+    was killed; its stdout; its stderr; its peak resident memory in bytes: the kernel's ``ru_maxrss`` of that process,
+    which counts the pages of its mapped files it touched as well as its own, and at most ~10 MB of ``LAUNCH``'s)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path, err_path, peak_path = (os.path.join(tmp, n) for n in ("out", "err", "peak"))
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-S", "-c", LAUNCH, peak_path, *map(str, cmd)], stdout=out, stderr=err,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, **popen)
+            try:
+                proc.wait(timeout)
+                late = False
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+                late = True
+        text = [Path(x).read_text(errors="replace") for x in (out_path, err_path)]
+        peak, code = (int(x) for x in Path(peak_path).read_text().split()) if os.path.exists(peak_path) else (0, proc.returncode)
+    return (None if late else code), text[0], text[1], peak
+
+
+def measure_process(cmd: list[str], what: str) -> dict[str, Any]:
+    """One measuring process's JSON (its last stdout line) with its peak resident memory (``peak_rss_bytes``), or
+    {"status": "failed", "reason": ...}."""
+    code, stdout, stderr, peak = run_peak(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if code is None:
         return {"status": "failed", "reason": f"{what} did not finish within {TIMEOUT:.0f} s"}
-    lines = [x for x in done.stdout.strip().splitlines() if x.strip()]
-    if done.returncode != 0 or not lines:
-        errs = [x.strip() for x in done.stderr.splitlines() if x.strip()]
-        why = f"killed by signal {-done.returncode}" if done.returncode < 0 else (errs or [f"exit status {done.returncode}"])[-1][:300]
+    lines = [x for x in stdout.strip().splitlines() if x.strip()]
+    if code != 0 or not lines:
+        errs = [x.strip() for x in stderr.splitlines() if x.strip()]
+        why = f"killed by signal {-code}" if code < 0 else (errs or [f"exit status {code}"])[-1][:300]
         return {"status": "failed", "reason": f"{what}: {why}"}
     try:
-        return json.loads(lines[-1])
+        got = json.loads(lines[-1])
     except ValueError:
         return {"status": "failed", "reason": f"{what} printed no result: {lines[-1][:200]}"}
+    return {**got, "peak_rss_bytes": peak} if isinstance(got, dict) else got
 
 
 def figures(raw: dict[str, Any], prompt: int) -> dict[str, Any]:
@@ -123,7 +166,8 @@ def figures(raw: dict[str, Any], prompt: int) -> dict[str, Any]:
         return raw
     step = stats(raw["decode_s"])
     return {"prefill_tokens_per_s": prompt / raw["prefill_s"], "decode_ms": step["median"], "decode_tokens_per_s": 1e3 / step["median"],
-            "decode_p10_p90_ms": [step["p10"], step["p90"]], "load_s": raw["load_s"], "ids": raw["ids"]}
+            "decode_p10_p90_ms": [step["p10"], step["p90"]], "load_s": raw["load_s"], "ids": raw["ids"],
+            "peak_rss_bytes": raw.get("peak_rss_bytes")}
 
 
 def ratio_rounds(ours: list[float], theirs: list[float]) -> dict[str, Any]:
@@ -182,4 +226,4 @@ def count_nodes(py: Path | str, graph: Path) -> dict[str, Any]:
     return measure_process([str(py), "-c", COUNT, str(graph)], f"counting the nodes of {graph.name}")
 
 
-__all__ = ["COUNT", "EDGELIN_ROUND", "GENAI_ROUND", "TIMEOUT", "count_nodes", "edgelin_round_main", "figures", "measure_process", "ratio_rounds", "said_rounds", "spread"]
+__all__ = ["COUNT", "EDGELIN_ROUND", "GENAI_ROUND", "TIMEOUT", "count_nodes", "edgelin_round_main", "figures", "measure_process", "ratio_rounds", "run_peak", "said_rounds", "spread"]

@@ -12,7 +12,7 @@ passes instead one published configuration at real size, a tokenizer of its voca
 
     llama.cpp  the checkpoint converted by llama.cpp's own converter to GGUF F32 and F16 (a locally made tokenizer's
                pre-tokenizer hash is unknown to it: declared "gpt-2", which changes nothing for speed), Q8_0 and Q4_0
-               quantised from F32 by llama-quantize (its default tensor mix for the type)
+               quantised from F32 by llama-quantize (its default tensor mix for the type; ``to_gguf``)
     edgelin    the checkpoint exported (``edgelin.exporters.export``) at fp32 / fp16 / int8 / int4, with the exporter's
                check against PyTorch (where it fails: exported unchecked, and the failure recorded)
 
@@ -63,7 +63,7 @@ VARIANTS = {"int8-block": ({"precision": "int8", "int8_scheme": "block"}, "Q8_0"
             # per-channel int8 and an fp32 table: no MatMulNBits node, which onnxruntime-web's WASM backend decodes several
             # times slower than fp32 (edgelin.web.WASM_NOTE)
             "int8-channel-fp32-table": ({"precision": "int8", "int8_scheme": "channel", "embedding": "fp32"}, "Q8_0")}
-CONVERTED = {"F32": "f32", "F16": "f16"}  # written by the converter; the others quantised from F32 by llama-quantize
+CONVERTED = {"F32": "f32", "F16": "f16"}  # written by the converter; the others quantised by llama-quantize (to_gguf)
 MODELS = {name: FAMILIES[name] for name in ("lfm2", "mamba2")}  # an LFM2 hybrid and a Mamba2 (checkpoints.FAMILIES)
 RUNTIMES = ("python", "node", "wasm")  # edgelin's runtimes timed against llama.cpp: the Python Session, runtime/web/edgelin.mjs
 # in node on onnxruntime-node (native CPU) and on onnxruntime-web's WASM backend (the kernels a browser's wasm provider runs)
@@ -128,9 +128,12 @@ c.main()
 
 
 def to_gguf(src: Path, ckpt: Path, out: Path, kinds: tuple[str, ...] = tuple(PRECISIONS.values())) -> dict[str, Path]:
-    """GGUF files of ``ckpt`` per GGUF type of ``kinds`` (quantised types from F32, converted too), in ``out``."""
+    """GGUF files of ``ckpt`` per GGUF type of ``kinds``, in ``out``: F32 / F16 written by the converter, the quantised
+    types by llama-quantize from F32 where F32 is asked for, else from F16 (half the disk: a real-size model's F32 file
+    may not fit beside the rest), which is then removed unless asked for."""
     files = {}
-    wanted = {k for k in kinds if k in CONVERTED} | ({"F32"} if set(kinds) - set(CONVERTED) else set())
+    source = "F32" if "F32" in kinds else "F16"
+    wanted = {k for k in kinds if k in CONVERTED} | ({source} if set(kinds) - set(CONVERTED) else set())
     for kind, outtype in CONVERTED.items():
         if kind not in wanted:
             continue
@@ -140,7 +143,9 @@ def to_gguf(src: Path, ckpt: Path, out: Path, kinds: tuple[str, ...] = tuple(PRE
     for kind in kinds:
         if kind not in files:
             files[kind] = out / f"{kind}.gguf"
-            _run([binaries(src)["llama-quantize"], files["F32"], files[kind], kind, "1"], f"llama-quantize {kind}")
+            _run([binaries(src)["llama-quantize"], files[source], files[kind], kind, "1"], f"llama-quantize {kind}")
+    if source not in kinds and source in files:
+        files.pop(source).unlink()
     return files
 
 
