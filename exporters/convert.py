@@ -11,29 +11,32 @@ import onnx
 
 from edgelin.errors import ExportError
 from edgelin.exporters.precision import Conversion, embedding_choice, fp16_file, int4_file, int8_file
-from edgelin.exporters.weights import save_graph, tied_head_in_place
+from edgelin.exporters.weights import Reuse, save_graph, tied_head_in_place
 from edgelin.exporters.write import GRAPH_FILES
 from edgelin.runtime.manifest import Manifest
 
 
 def convert_graph(tmp: Path, graph: str, precision: str, state_dtype: str, say: Callable[[str], None], embedding: str | None = None,
-                  int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset()) -> Converted:
+                  int8_scheme: str | None = None, eight_bit: frozenset[str] = frozenset(), reuse: Reuse | None = None) -> Converted:
     """The checked fp32 graph ``graph`` in ``tmp`` rewritten in ``precision`` (``int8_scheme``: as ``int8_scheme_choice``
     resolved it; ``eight_bit``: int4's weights kept in 8-bit blocks, by digest), in place. Each converter reads the
     graph's weights one tensor at a time from its data file and the new one is written likewise: the float32 weights are
     never in memory. Returns what ``record_conversion`` needs, not the graph: protobuf keeps the memory of the bytes a
-    message held until the message itself goes."""
+    message held until the message itself goes. ``reuse`` (int8, int4): shared by the export's graphs, so that a weight
+    converted in one graph is referred to, not converted and written again, in the next (``weights.Reuse``)."""
     fname = GRAPH_FILES[graph]
     _check_fp32(tmp / fname, graph)
     say(f"converting the {graph} graph to {precision}" + (f" (state {state_dtype})" if precision == "fp16" else "") + " ...")
     if precision == "int8":
-        proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme)
+        proto, note = int8_file(tmp / fname, embedding_choice(precision, embedding), int8_scheme, reuse)
     elif precision == "int4":
-        proto, note = int4_file(tmp / fname, embedding_choice(precision, embedding), eight_bit)
+        proto, note = int4_file(tmp / fname, embedding_choice(precision, embedding), eight_bit, reuse)
     else:
         proto, note = fp16_file(tmp / fname, state_dtype)
     tied_head_in_place(proto)
-    save_graph(proto, tmp / fname, note.recast)
+    save_graph(proto, tmp / fname, note.recast, keep=reuse.files if reuse is not None else frozenset())
+    if reuse is not None:
+        reuse.saved(proto, tmp / fname)
     if note.spilled is not None:
         note.spilled.unlink()
     return Converted(len(proto.graph.node), op_histogram(proto), note)

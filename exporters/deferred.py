@@ -196,6 +196,15 @@ def file_pieces(path: Path, piece: int = PIECE) -> Iterator[bytes]:
                 pos = h.offset + h.length
 
 
+def identity(values: np.ndarray) -> tuple | None:
+    """Which parameter's memory ``values`` is (its address, shape, strides and type), where it lies within one of the
+    model's parameters while a deferral is active: the same weight read by another graph of the export; else None."""
+    d = active()
+    if d is None or not isinstance(values, np.ndarray) or not d.owns(values):
+        return None
+    return values.__array_interface__["data"][0], values.shape, values.strides, values.dtype.str
+
+
 def _find(path: Path, offset: int, length: int) -> _Held | None:
     d = active()
     if d is None:
@@ -223,4 +232,4 @@ def _bytes_of(a: np.ndarray) -> Iterator[bytes]:
         yield np.ascontiguousarray(a[i:i + rows]).tobytes()
 
 
-__all__ = ["Deferral", "ENABLED", "active", "deferring", "file_pieces", "pieces", "save", "values"]
+__all__ = ["Deferral", "ENABLED", "active", "deferring", "file_pieces", "identity", "pieces", "save", "values"]

@@ -38,7 +38,7 @@ from edgelin.exporters.result import ExportResult, OwnMemoryPeak, peak_resident
 from edgelin.exporters.source import check_disk, check_largest_tensor, resolve_source
 from edgelin.exporters.tokenizer import find_tokenizer, hf_tokenizer_entry
 from edgelin.exporters.tracing import export_graph, failure_cause, trace_graphs
-from edgelin.exporters.weights import store_once, tied_head_in_place
+from edgelin.exporters.weights import Reuse, store_once, tied_head_in_place
 from edgelin.exporters.write import GRAPH_FILES, build_manifest, publish_manifest
 from edgelin.ops import fused
 from edgelin.ops.delta import DEFAULT_MAX_SEQUENCE
@@ -184,8 +184,9 @@ def export(
             protocol.check_lengths(model)
         converted: dict = {}  # graph -> (converted graph, notes): each converted once traced, before the next writes its weights
         eight_bit = eight_bit_digests(eight_bit_linears(model)) if precision == "int4" else frozenset()
+        reuse = Reuse()  # a weight converted in the prefill graph is referred to from the decode graph, not written again
         convert = None if precision == "fp32" else lambda graph: converted.__setitem__(graph, convert_graph(
-            tmp, graph, precision, state_dtype, say, embedding=embedding, int8_scheme=int8_scheme, eight_bit=eight_bit))
+            tmp, graph, precision, state_dtype, say, embedding=embedding, int8_scheme=int8_scheme, eight_bit=eight_bit, reuse=reuse))
         held.enter_context(deferred.deferring(model))
         seconds, bounded = trace_graphs(model, tmp, ragged=ragged, logits_at=logits_at, opset=opset, ops=ops, max_sequence=max_sequence,
                                         trace_cache=trace_cache, say=say, after=convert)

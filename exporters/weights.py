@@ -98,13 +98,88 @@ def spilled(raw: bytes) -> bool:
     return sys.getsizeof(raw) >= MIN_BYTES
 
 
-def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
+class Spill:
+    """Tensors a converter makes, appended to ``graph``'s initializers as it goes: each one ``spilled`` says is large
+    written to the file ``path`` (aligned to 64 bytes, referenced from there by its full path: ``save_graph`` copies it
+    on, then the file can go), the others inline, as onnx.save would keep them. Memory holds the tensor being added."""
+
+    def __init__(self, graph: onnx.GraphProto, path: Path) -> None:
+        self.graph, self.path = graph, path
+
+    def __enter__(self) -> "Spill":
+        self.out = open(self.path, "ab")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.out.close()
+
+    def add(self, name: str, array: np.ndarray, data_type: int) -> None:
+        t = self.graph.initializer.add()  # appended, not built and copied: a list handed to extend() is copied whole
+        t.name, t.data_type = name, data_type
+        t.dims.extend(array.shape)
+        raw = np.ascontiguousarray(array).tobytes()
+        if not spilled(raw):
+            t.raw_data = raw
+            return
+        out = self.out
+        out.write(b"\0" * (-out.tell() % 64))
+        begin = out.tell()
+        out.write(raw)
+        for key, value in (("location", str(self.path)), ("offset", begin), ("length", out.tell() - begin)):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, str(value)
+        t.data_location = onnx.TensorProto.EXTERNAL
+
+
+class Reuse:
+    """The tensors a converter made from one of the model's parameters (``deferred.identity``) in a graph already saved,
+    handed to the converter of the export's next graph that reads the same parameter: it refers to them in that graph's
+    data file instead of making and writing them again (the decode graph holds every weight the prefill graph holds: at
+    9 B parameters in int8, 9.5 GB written twice), and ``save_graph`` leaves those references as they are."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, tuple[tuple, int]] = {}  # a tensor made in the graph being converted -> (its source's identity, its place)
+        self._made: dict[tuple, list[onnx.TensorProto | None]] = {}  # identity -> the tensors made from it, as saved
+        self.files: set[str] = set()  # the data files of the graphs saved: a later graph may refer into them
+
+    def find(self, key: tuple | None) -> list[onnx.TensorProto] | None:
+        """The tensors made from the source ``key`` in a graph saved before (unnamed copies), or None."""
+        made = self._made.get(key) if key is not None else None
+        return None if made is None or any(t is None for t in made) else [_copy_unnamed(t) for t in made]
+
+    def made(self, key: tuple | None, names: list[str]) -> None:
+        """The tensors ``names`` of the graph being converted were made from the source ``key`` (None: not a parameter)."""
+        if key is not None and key not in self._made:
+            self._made[key] = [None] * len(names)
+            self._pending.update({n: (key, i) for i, n in enumerate(names)})
+
+    def saved(self, proto: onnx.ModelProto, path: Path) -> None:
+        """``proto`` was saved as ``path`` (``save_graph``): its tensors made here are found from now on, where they stand."""
+        for t in initializers(proto.graph):
+            if t.name in self._pending:
+                key, i = self._pending.pop(t.name)
+                self._made[key][i] = _copy_unnamed(t)
+        for key in [k for k, made in self._made.items() if any(t is None for t in made)]:  # a tensor that did not survive
+            del self._made[key]
+        self._pending.clear()
+        self.files.add(path.name + ".data")
+
+
+def _copy_unnamed(t: onnx.TensorProto) -> onnx.TensorProto:
+    out = onnx.TensorProto()
+    out.CopyFrom(t)
+    out.ClearField("name")
+    return out
+
+
+def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[bytes], bytes]] | None = None,
+               keep: set[str] = frozenset()) -> None:
     """Save a graph with its weights in ``<name>.data`` beside it, so that no graph is ever limited by protobuf's 2 GB:
     each inline tensor ``spilled`` says is large written out, each tensor still external (a reference into a file in
     ``path.parent``, ``<name>.data`` itself included) copied a piece of ``STREAM`` bytes at a time, through
     ``recast[name]`` where one is given (a converter that changed the tensor's type without reading its bytes: fp16's,
     elementwise, so piece by piece). The data file is written beside and moved over ``<name>.data`` at the end; memory
-    holds one piece."""
+    holds one piece. A tensor in a file of ``keep`` (another graph's data file beside it: ``Reuse``) is left there."""
     recast = recast or {}
     data = path.with_name(path.name + ".data")
     fresh = data.with_name(data.name + ".new")
@@ -117,6 +192,8 @@ def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[b
             t.data_location = onnx.TensorProto.EXTERNAL
 
         for t in initializers(proto.graph):
+            if t.data_location == onnx.TensorProto.EXTERNAL and {e.key: e.value for e in t.external_data}.get("location") in keep:
+                continue
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 convert = recast.get(t.name, lambda piece: piece)
                 pieces = (convert(piece) for piece in _read_range(*external_range(t, path.parent)))
@@ -162,6 +239,7 @@ def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str
                 stored[key] = (begin, length)
             return stored[key]
 
+        last = {name: fname for fname in graph_files.values() for name in _structure(folder / fname)[1]}  # a file goes after its last reader
         for fname in graph_files.values():
             gpath = folder / fname
             proto, leftover = _structure(gpath)
@@ -188,7 +266,8 @@ def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str
             onnx.save(proto, str(gpath))  # the graph alone now: its large tensors are references
             del proto
             for name in leftover - {WEIGHTS_FILE}:
-                (folder / name).unlink()
+                if last[name] == fname:
+                    (folder / name).unlink()
         size = out.tell()
     return {"file": WEIGHTS_FILE, "bytes": size}
 
@@ -277,4 +356,4 @@ def tensor_bytes(proto: onnx.ModelProto) -> int:
     return total
 
 
-__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "external_files", "initializers", "open_graph", "save_graph", "spilled", "store_once", "tensor_bytes", "tensor_values", "tied_head_in_place"]
+__all__ = ["MIN_BYTES", "PAGE", "WEIGHTS_FILE", "Reuse", "Spill", "external_files", "initializers", "open_graph", "save_graph", "spilled", "store_once", "tensor_bytes", "tensor_values", "tied_head_in_place"]

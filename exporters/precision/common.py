@@ -64,7 +64,7 @@ class Conversion:
     # initializer -> converter of its bytes, for initializers the conversion retyped but left in their data file
     # (fp16's): ``weights.save_graph`` converts them piece by piece on the way to the new one
     recast: dict[str, Callable[[bytes], bytes]] = field(default_factory=dict)
-    spilled: Path | None = None  # a file of tensors the conversion wrote as it went (int4's): copied on by save_graph, then removed
+    spilled: Path | None = None  # a file of tensors the conversion wrote as it went (int8's, int4's): copied on by save_graph, then removed
 
 
 def check_precision(precision: str, state_dtype: str = "float32") -> None:
@@ -122,3 +122,11 @@ def embedding_choice(precision: str, embedding: str | None) -> str:
     if embedding not in EMBEDDING_BITS and embedding != "fp32":
         raise ExportError(f"embedding storage {embedding!r} is not known; choose one of {', '.join(EMBEDDINGS)}")
     return embedding
+
+
+SLAB_BYTES = 16 << 20  # float32 bytes of a weight quantised at a time (int8's and int4's converters)
+
+
+def slab_columns(rows: int) -> int:
+    """How many columns of a weight with ``rows`` rows make a slab of SLAB_BYTES in float32 (at least one)."""
+    return max(1, SLAB_BYTES // (4 * rows))

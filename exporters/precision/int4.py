@@ -15,12 +15,13 @@ import onnx
 from onnx import helper, numpy_helper
 
 from edgelin.exporters.precision.common import (
-    ACCURACY_LEVEL, EMBEDDING_BITS, FLOAT, INT4_BLOCK, MS_DOMAIN, TABLE_BLOCK, Conversion, quiet,
+    ACCURACY_LEVEL, EMBEDDING_BITS, FLOAT, INT4_BLOCK, MS_DOMAIN, TABLE_BLOCK, Conversion, quiet, slab_columns,
 )
 from edgelin.exporters.precision.fp16 import ROUTER_KEPT, router_matmuls
 from edgelin.exporters.precision.int8 import _quantise_matmuls
 from edgelin.exporters.precision.tables import kept_matmuls, quantise_embedding, quantise_table, table_heads
-from edgelin.exporters.weights import open_graph, spilled, tensor_values
+from edgelin.exporters import deferred
+from edgelin.exporters.weights import Reuse, Spill, open_graph, tensor_values
 
 
 def _import_leaving_logging_alone(module: str):
@@ -115,11 +116,12 @@ def _eight_bit_matmuls(graph: onnx.GraphProto, digests: frozenset[str], read: Ca
 
 
 def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int8", eight_bit: frozenset[str] = frozenset(),
-                 read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array, spill: Path | None = None) -> tuple[onnx.ModelProto, Conversion]:
+                 read: Callable[[onnx.TensorProto], np.ndarray] = numpy_helper.to_array, spill: Path | None = None,
+                 reuse: Reuse | None = None) -> tuple[onnx.ModelProto, Conversion]:
     """``eight_bit``: the ``weight_digest`` of each weight to store in 8-bit blocks instead (MatMulNBits, bits 8, as
     int8's block scheme): the linears a layer names in ``eight_bit_linears`` (edgelin.quantref). ``read``: an
     initializer's values. ``spill``: None, ONNX Runtime's ``MatMulNBitsQuantizer`` on the graph in memory; a file, the
-    same quantisation one weight at a time, each written to it as made (``_int4_matmuls``: ``int4_file``)."""
+    same quantisation one weight at a time, each written to it as made (``_int4_matmuls``: ``int4_file``; ``reuse``: see there)."""
     exact_head = _quantise_untied_head(proto, embedding, read)
     eight = _eight_bit_matmuls(proto.graph, eight_bit, read)
     routers = router_matmuls(proto.graph)
@@ -132,8 +134,11 @@ def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int
             quant.process()
             out = quant.model.model
     else:
-        out = _int4_matmuls(proto, read, frozenset(exclude), spill)
-    if eight:
+        out = _int4_matmuls(proto, read, frozenset(exclude), spill, reuse)
+    if eight and spill is not None:
+        with Spill(out.graph, spill) as spilling:
+            _quantise_matmuls(out.graph, read, "block", only=frozenset(eight), spill=spilling, reuse=reuse)
+    elif eight:
         _quantise_matmuls(out.graph, read, "block", only=frozenset(eight))
     tables = quantise_embedding(out, embedding, read)
     why = {exact_head: "the head, stored as the embedding table is: " + ("--embedding fp32" if embedding == "fp32" else f"K not a multiple of {TABLE_BLOCK}")} if exact_head else {}
@@ -143,14 +148,16 @@ def convert_int4(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int
     return out, note
 
 
-def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.ndarray], exclude: frozenset[str], spill: Path) -> onnx.ModelProto:
+def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.ndarray], exclude: frozenset[str], spill: Path,
+                  reuse: Reuse | None = None) -> onnx.ModelProto:
     """What ``MatMulNBitsQuantizer`` (4 bits, symmetric, block INT4_BLOCK, QOperator) makes of ``proto``'s MatMuls with a
     constant float [K, N] weight, but never holding more than one weight: each read with ``read``, quantised by ONNX
     Runtime's own kernel (``quantize_matmul_4bits``, K zero-padded to whole blocks as the quantiser pads it), and its
     4-bit blocks and scales appended to ``spill`` and referenced from there (``save_graph`` copies them on). The same
     nodes, names, initializers and order as the quantiser's: MatMulNBits ``<node>_Q4`` reading ``<weight>_Q4`` (uint8
     [N, K / 32, 16]) and ``<weight>_scales`` (float32 [N, K / 32]); then every initializer no node reads removed, as its
-    ``clean_initializers`` does. Weights of another rank or type, and ``exclude``'s nodes, are left as they are."""
+    ``clean_initializers`` does. Weights of another rank or type, and ``exclude``'s nodes, are left as they are. ``reuse``:
+    a weight made from a parameter in a graph saved before refers to those tensors instead (``weights.Reuse``)."""
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
     graph = proto.graph
@@ -162,23 +169,7 @@ def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.
     inits = {t.name: t for t in graph.initializer}
     made: dict[str, tuple[str, str]] = {}
     nodes = []
-    with open(spill, "ab") as out:
-        def write(name: str, array: np.ndarray, data_type: int) -> None:
-            t = graph.initializer.add()
-            t.name, t.data_type = name, data_type
-            t.dims.extend(array.shape)
-            raw = np.ascontiguousarray(array).tobytes()
-            if not spilled(raw):  # small: inline, as the quantiser leaves it and onnx.save would keep it
-                t.raw_data = raw
-                return
-            out.write(b"\0" * (-out.tell() % 64))
-            begin = out.tell()
-            out.write(raw)
-            for key, value in (("location", str(spill)), ("offset", begin), ("length", out.tell() - begin)):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, str(value)
-            t.data_location = onnx.TensorProto.EXTERNAL
-
+    with Spill(graph, spill) as spilling:
         for node in graph.node:
             w = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
             if node.name in exclude or w is None or w.data_type != FLOAT or len(w.dims) != 2:
@@ -186,15 +177,25 @@ def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.
                 continue
             K, N = w.dims
             if w.name not in made:
-                blocks = -(-K // INT4_BLOCK)
                 values = read(w)
+                made[w.name] = (f"{w.name}_Q4", f"{w.name}_scales")
+                key = deferred.identity(values)
+                found = reuse.find(key) if reuse is not None else None
+                if found is not None:  # made from the same parameter in a graph saved before: referred to there
+                    for name, t in zip(made[w.name], found):
+                        t.name = name
+                        graph.initializer.append(t)
+                    del values
+                    nodes.append(_nbits_node(node, made[w.name], K, N))
+                    continue
+                blocks = -(-K // INT4_BLOCK)
                 packed = np.zeros((N, blocks, INT4_BLOCK // 2), np.uint8)
                 scales = np.zeros((N, blocks), np.float32)
                 zero_points = np.zeros((N, (blocks + 1) // 2), np.uint8)
                 # a slab of columns at a time (each column's blocks are its own): memory holds the slab, not the weight in
                 # float32, whose values may be a view of the model's parameter in the other order (edgelin.exporters.deferred)
                 whole = values.flags.c_contiguous and values.dtype == np.float32 and K % INT4_BLOCK == 0  # file pages as they are
-                step = N if whole else max(1, SLAB_BYTES // (4 * blocks * INT4_BLOCK))
+                step = N if whole else slab_columns(blocks * INT4_BLOCK)
                 for n in range(0, N, step):
                     m = min(N, n + step) - n
                     if whole:
@@ -204,11 +205,11 @@ def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.
                         slab[:K] = values[:, n:n + m]
                     quantize_matmul_4bits(packed[n:n + m], slab, scales[n:n + m], zero_points[n:n + m], INT4_BLOCK, m, K, True)
                 del values
-                made[w.name] = (f"{w.name}_Q4", f"{w.name}_scales")
-                write(made[w.name][0], packed, onnx.TensorProto.UINT8)
-                write(made[w.name][1], scales, FLOAT)
-            nodes.append(helper.make_node("MatMulNBits", [node.input[0], *made[w.name]], [node.output[0]], name=f"{node.name}_Q4" if node.name else "",
-                                          domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=INT4_BLOCK, accuracy_level=ACCURACY_LEVEL))
+                spilling.add(made[w.name][0], packed, onnx.TensorProto.UINT8)
+                spilling.add(made[w.name][1], scales, FLOAT)
+                if reuse is not None:
+                    reuse.made(key, list(made[w.name]))
+            nodes.append(_nbits_node(node, made[w.name], K, N))
     del graph.node[:]
     graph.node.extend(nodes)
     read_by = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}
@@ -218,15 +219,18 @@ def _int4_matmuls(proto: onnx.ModelProto, read: Callable[[onnx.TensorProto], np.
     return proto
 
 
-SLAB_BYTES = 16 << 20  # float32 bytes of a weight quantised at a time
+def _nbits_node(node: onnx.NodeProto, weights: tuple[str, str], K: int, N: int) -> onnx.NodeProto:
+    return helper.make_node("MatMulNBits", [node.input[0], *weights], [node.output[0]], name=f"{node.name}_Q4" if node.name else "",
+                            domain=MS_DOMAIN, K=K, N=N, bits=4, block_size=INT4_BLOCK, accuracy_level=ACCURACY_LEVEL)
 
 
-def int4_file(path: Path, embedding: str = "int8", eight_bit: frozenset[str] = frozenset()) -> tuple[onnx.ModelProto, Conversion]:
+def int4_file(path: Path, embedding: str = "int8", eight_bit: frozenset[str] = frozenset(), reuse: Reuse | None = None) -> tuple[onnx.ModelProto, Conversion]:
     """``convert_int4`` of the fp32 graph file ``path`` (its weights in files beside it), one weight at a time: read from
     the graph's data file, quantised, written to ``<name>.q4`` beside it (the note's ``spilled``: ``save_graph`` copies
     it into the new data file, then it is removed). Memory holds one weight, whatever the model's size."""
     spill = path.with_name(path.name + ".q4")
     spill.unlink(missing_ok=True)
-    out, note = convert_int4(open_graph(path), "float32", embedding, eight_bit, read=lambda t: tensor_values(t, path.parent), spill=spill)
+    out, note = convert_int4(open_graph(path), "float32", embedding, eight_bit, read=lambda t: tensor_values(t, path.parent), spill=spill,
+                             reuse=reuse)
     note.spilled = spill
     return out, note

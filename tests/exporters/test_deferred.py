@@ -93,21 +93,39 @@ def test_a_parameter_not_of_the_model_and_deferral_switched_off_are_written(para
 
 
 def test_an_export_that_leaves_the_traced_weights_unwritten_is_the_same_bytes(tmp_path, monkeypatch):
-    """A streamed export of an untied model at fp32 (its weights stored from the holes' parameters) and int4 (quantised
-    from them), each traced afresh, against the same exports with every traced graph written in full."""
+    """A streamed export of an untied model at fp32 (its weights stored from the holes' parameters), int4 and int8
+    (quantised from them; the decode graph's weights referred to in the prefill graph's converted file, not made and
+    written again: ``weights.Reuse``), each traced afresh, against the same exports with every traced graph written in
+    full (where nothing is a parameter's view, so nothing is referred to)."""
+    from edgelin.exporters import exporter
+
     torch.manual_seed(0)
-    model = LinearLM(ModelConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=2, head_dim=16, chunk_size=16, tie_embeddings=False))
-    folder = save_checkpoint(model.eval(), tmp_path / "ckpt")
-    saved = []
-    real = deferred.save
+    model = LinearLM(ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=2, head_dim=32, chunk_size=16, tie_embeddings=False))
+    folder = save_checkpoint(model.eval(), tmp_path / "ckpt")  # d_model 64: the int4 weights are large enough for the data file
+    saved, before_store = [], {}
+    real, store = deferred.save, exporter.store_once
     monkeypatch.setattr(deferred, "save", lambda m, path: saved.append((path.name, real(m, path))) or saved[-1][1])
-    for precision in ("fp32", "int4"):
+
+    def store_once(tmp, files):  # where the decode graph's quantised weights are as the store finds them
+        decode = onnx.load(str(tmp / "decode.onnx"), load_external_data=False)
+        inits = {t.name: {e.key: e.value for e in t.external_data}.get("location") for t in decode.graph.initializer}
+        before_store[precision, deferred.ENABLED] = [inits[n.input[1]] for n in decode.graph.node if n.op_type in ("MatMulNBits", "MatMulInteger")
+                                                     and "head" not in n.input[1]]  # int4's untied head: a table, made per graph
+        return store(tmp, files)
+
+    monkeypatch.setattr(exporter, "store_once", store_once)
+    precisions = ("fp32", "int4", "int8")
+    for precision in precisions:
         export(folder, tmp_path / f"held-{precision}", check=False, precision=precision)
-    assert [n for n, _ in saved] == ["prefill.onnx", "decode.onnx"] * 2 and all(k > 10 for _, k in saved), saved
+    assert [n for n, _ in saved] == ["prefill.onnx", "decode.onnx"] * 3 and all(k > 10 for _, k in saved), saved
+    for precision in ("int4", "int8"):  # the decode graph's quantised weights: in the prefill graph's file
+        assert len(before_store[precision, True]) == {"int4": 14, "int8": 15}[precision] and set(before_store[precision, True]) == {"prefill.onnx.data"}, precision
     monkeypatch.setattr(deferred, "ENABLED", False)
-    for precision in ("fp32", "int4"):  # the second from the first's trace, written in full
+    for precision in precisions:  # the second and third from the first's trace, written in full
         export(folder, tmp_path / f"full-{precision}", check=False, precision=precision, trace_cache=tmp_path / "traces")
         names = sorted(p.name for p in (tmp_path / f"full-{precision}").iterdir())
         assert names == sorted(p.name for p in (tmp_path / f"held-{precision}").iterdir())
         assert [n for n in names if not filecmp.cmp(tmp_path / f"held-{precision}" / n, tmp_path / f"full-{precision}" / n, shallow=False)] == []
-    assert len(saved) == 4
+    assert len(saved) == 6
+    for precision in ("int4", "int8"):  # each graph's own
+        assert set(before_store[precision, False]) == {"decode.onnx.data"}, precision

@@ -119,3 +119,46 @@ def test_an_exported_graph_equals_quantize_dynamic(exported, tmp_path, graph):
         feeds[i.name] = rng.integers(0, 256, shape) if "int64" in i.type else rng.standard_normal(shape).astype(np.float32) * 0.1
     for got, want in zip(_run(ours, feeds), _run(ref, feeds)):
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("scheme", ["channel", "block"])
+def test_slabs_and_the_spill_file_give_the_same_bytes(tmp_path, monkeypatch, scheme):
+    """``int8_file`` quantises each weight a slab of columns at a time (here 2 columns a slab, the last one 1) and writes it
+    to its spill file as made: after ``save_graph``, the same nodes and initializers, byte for byte, as the whole weights
+    quantised inline; and the slab quantisers give the whole one's numbers for a weight read in the other order (a
+    deferred weight is the transposed view of a parameter), K not a multiple of the block, N odd."""
+    from edgelin.exporters.precision import common, int8_file
+    from edgelin.exporters.precision.int8 import int8_blocks_by_slabs, int8_columns_by_slabs, quantise_int8_blocks
+    from edgelin.exporters.weights import save_graph
+
+    rng = np.random.default_rng(3)
+    ws = {"w_odd": rng.standard_normal((45, 7)), "w_wide": rng.standard_normal((64, 33)) * 0.1}
+    ws["w_wide"][:, 4] = 0.0
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in ws.items()]
+    nodes = [helper.make_node("MatMul", ["x45", "w_odd"], ["a"], name="mm_odd"), helper.make_node("MatMul", ["x64", "w_wide"], ["b"], name="mm_wide"),
+             helper.make_node("MatMul", ["x64", "w_wide"], ["c"], name="mm_again")]
+    io = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)  # noqa: E731
+    graph = helper.make_graph(nodes, "g", [io("x45", [3, 45]), io("x64", [3, 64])], [io("a", None), io("b", None), io("c", None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(tmp_path / "g.onnx"), save_as_external_data=True,
+              location="g.onnx.data", size_threshold=0)
+    whole = onnx.load(str(tmp_path / "g.onnx"), load_external_data=False)
+    _quantise_matmuls(whole.graph, lambda t: tensor_values(t, tmp_path), scheme)
+    monkeypatch.setattr(common, "SLAB_BYTES", 4 * 64 * 2)  # 2 columns of K 64 (or of 2 blocks of 32); K 45: 2 columns as well
+    ours, note = int8_file(tmp_path / "g.onnx", "fp32", scheme)
+    assert note.spilled == tmp_path / "g.onnx.q8" and note.spilled.stat().st_size > 0
+    assert any(t.data_location == TensorProto.EXTERNAL and str(note.spilled) in [e.value for e in t.external_data] for t in ours.graph.initializer)
+    save_graph(ours, tmp_path / "g.onnx")
+    note.spilled.unlink()
+    ours = onnx.load(str(tmp_path / "g.onnx"))
+    assert [n.SerializeToString() for n in ours.graph.node] == [n.SerializeToString() for n in whole.graph.node]
+    got = {t.name: numpy_helper.to_array(t) for t in ours.graph.initializer}
+    assert list(got) == [t.name for t in whole.graph.initializer]
+    for t in whole.graph.initializer:
+        want = numpy_helper.to_array(t) if t.data_location != TensorProto.EXTERNAL else tensor_values(t, tmp_path)
+        assert got[t.name].dtype == want.dtype and got[t.name].tobytes() == np.ascontiguousarray(want).tobytes(), t.name
+    for w in ws.values():
+        f = np.asfortranarray(w.astype(np.float32))
+        for a, b in zip(int8_columns_by_slabs(f), quantise_int8_columns(w.astype(np.float32))):
+            assert np.array_equal(a, b)
+        for a, b in zip(int8_blocks_by_slabs(f), quantise_int8_blocks(w.astype(np.float32))):
+            assert np.array_equal(a, b)

@@ -14,7 +14,7 @@ import pytest
 from onnx import numpy_helper
 
 from edgelin.exporters.precision import convert, fp16_file, int4_file, int8_file
-from edgelin.exporters.precision import int4
+from edgelin.exporters.precision import common
 from edgelin.exporters.precision.int4 import weight_digest
 from edgelin.exporters.tracing import trace_graphs
 from edgelin.exporters import weights
@@ -133,7 +133,7 @@ def test_int4_one_weight_at_a_time_is_onnx_runtimes_quantiser_on_awkward_weights
 
     read = lambda t: tensor_values(t, tmp_path)  # noqa: E731
     if slab is not None:  # a weight read in the other order, as a traced graph's folded Transpose of a parameter is
-        monkeypatch.setattr(int4, "SLAB_BYTES", slab)  # K 45 and 64 are 2 blocks: 256 bytes a column
+        monkeypatch.setattr(common, "SLAB_BYTES", slab)  # K 45 and 64 are 2 blocks: 256 bytes a column
         read = lambda t: np.asfortranarray(tensor_values(t, tmp_path))  # noqa: E731
     ours = _int4_matmuls(open_graph(tmp_path / "g.onnx"), read, frozenset(), tmp_path / "g.q4")
     save_graph(ours, tmp_path / "g.onnx")
