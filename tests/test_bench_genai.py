@@ -380,3 +380,32 @@ def test_quantised_gguf_types_come_from_f16_unless_f32_is_asked(monkeypatch, tmp
     files = llamacpp.to_gguf(tmp_path, tmp_path, tmp_path / "b", ("F32", "Q4_0"))
     assert sorted(files) == ["F32", "Q4_0"] and ran[1][1][1].endswith("F32.gguf")
     assert sorted(f.name for f in (tmp_path / "b").iterdir()) == ["F32.gguf", "Q4_0.gguf"]
+
+
+def test_an_export_runs_in_a_process_of_its_own_and_says_its_memory(tmp_path):
+    import torch
+
+    from edgelin.checkpoint import save_checkpoint
+    from edgelin.config import ModelConfig
+    from edgelin.model import LinearLM
+
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(LinearLM(ModelConfig(vocab_size=128, d_model=32, n_layers=1, n_heads=2, head_dim=16, chunk_size=16)).eval(),
+                           tmp_path / "ckpt")
+    made = genai.edgelin_export(ckpt, tmp_path / "out", "int8", "portable", print)
+    assert made["check"] == "passed" and made["export_s"] > 0 and (tmp_path / "out" / "edgelin.json").is_file()
+    assert made["peak_rss_bytes"] > made["peak_own_bytes"] > 0  # its own process's: the mapped pages and the runtime besides
+    again = genai.edgelin_export(ckpt, tmp_path / "out", "int8", "portable", print)
+    assert again["reused"] and again["export_s"] == made["export_s"]
+
+
+def test_the_other_contenders_go_on_where_genais_builder_fails(monkeypatch, tmp_path):
+    monkeypatch.setenv("FAKE_BUILDER_FAILS", "1")
+    part, calls, said, _ = run_canned(monkeypatch, tmp_path)
+    assert calls and {who for who, _, _ in calls} == {"portable", "fused"}  # no genai round
+    entry = part["models"]["lfm2-tiny"]
+    builds = [f for f in entry["failed"] if f["round"] == "build"]
+    assert len(builds) == len(QUICK.genai_precisions) and all("The Foo architecture is not supported" in f["reason"] for f in builds)
+    assert entry["rows"] and all("decode_over_genai" not in r for r in entry["rows"])
+    assert any("the other contenders go on without it" in line for line in said)
+    assert any("edgelin portable" in line for line in genai_lines(part))  # the table prints without genai's rows

@@ -185,11 +185,13 @@ def build_checkpoint(name: str, folder: Path, models: dict[str, tuple[str, dict]
     return folder
 
 
-def export_checked(ckpt: Path, out: Path, options: str | dict[str, Any], trace_cache: Path | None = None) -> str:
+def export_checked(ckpt: Path, out: Path, options: str | dict[str, Any], trace_cache: Path | None = None,
+                   facts: dict[str, Any] | None = None) -> str:
     """Export with the exporter's check against PyTorch; where the check fails, export unchecked and say so (the
     greedy ids then show what the difference does): "passed" or the check's failure. ``options``: a precision or the
     export's options. ``trace_cache``: a folder shared by the exports of one checkpoint, so that its precisions (and
-    an unchecked retry) trace it once."""
+    an unchecked retry) trace it once. ``facts``: given, it receives the export's ``peak_own_bytes`` (its largest anonymous
+    resident memory)."""
     from edgelin.errors import ExportError
     from edgelin.exporters import export
 
@@ -197,19 +199,22 @@ def export_checked(ckpt: Path, out: Path, options: str | dict[str, Any], trace_c
     if trace_cache is not None:
         options["trace_cache"] = trace_cache
     try:
-        export(ckpt, out, **options)
-        return "passed"
+        result = export(ckpt, out, **options)
+        check = "passed"
     except ExportError as exc:
-        export(ckpt, out, **options, check=False)
-        return f"failed, exported unchecked: {exc}"
+        result = export(ckpt, out, **options, check=False)
+        check = f"failed, exported unchecked: {exc}"
+    if facts is not None:
+        facts["peak_own_bytes"] = result.peak_own_bytes
+    return check
 
 
 def export_checked_main(spec: dict[str, Any]) -> None:
     """In ``python -m edgelin.bench --export-checked SPEC``: ``export_checked`` of spec's checkpoint into its out folder with
-    its options (and trace cache), the check's verdict printed as JSON."""
-    cache = spec.get("trace_cache")
-    check = export_checked(Path(spec["checkpoint"]), Path(spec["out"]), spec["options"], None if cache is None else Path(cache))
-    print(json.dumps({"check": check}))
+    its options (and trace cache), the check's verdict and the export's own peak memory printed as JSON."""
+    cache, facts = spec.get("trace_cache"), {}
+    check = export_checked(Path(spec["checkpoint"]), Path(spec["out"]), spec["options"], None if cache is None else Path(cache), facts)
+    print(json.dumps({"check": check, **facts}))
 
 
 __all__ = ["FAMILIES", "LFM2_350M", "PUBLISHED", "VOCAB", "build_checkpoint", "byte_level_tokenizer", "export_checked", "export_checked_main", "hf_build_main", "perturb"]

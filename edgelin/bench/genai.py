@@ -109,8 +109,9 @@ def genai_build(py: Path, versions: dict[str, str], ckpt: Path, out: Path, preci
     code, stdout, stderr, peak = run_peak(cmd, env=env)
     log.write_text(stdout + stderr)
     if code != 0 or not (out / "genai_config.json").is_file():
-        raise BenchError(f"onnxruntime-genai's builder failed at {GENAI_PRECISION[precision]} on {ckpt}: "
-                         f"{'ran past ' + str(int(TIMEOUT)) + ' s' if code is None else last_line(log)}; its whole output: {log}")
+        why = f"ran past {TIMEOUT:.0f} s" if code is None else f"killed by signal {-code}" + (
+            f" (peak resident memory {peak / 1e9:.1f} GB: the machine's memory ran out?)" if code == -9 else "") if code < 0 else last_line(log)
+        raise BenchError(f"onnxruntime-genai's builder failed at {GENAI_PRECISION[precision]} on {ckpt}: {why}; its whole output: {log}")
     shutil.rmtree(out.parent / f"{out.name}-cache", ignore_errors=True)
     stamp_it(out, stamp)
     return {"builder_s": time.perf_counter() - t0, "peak_rss_bytes": peak}
@@ -133,7 +134,8 @@ def checkpoint_values(ckpt: Path) -> int | None:
 def edgelin_export(ckpt: Path, out: Path, precision: str, ops: str, say: Progress, trace_cache: Path | None = None) -> dict[str, Any]:
     """``edgelin export`` of ``ckpt`` at ``precision`` (a name of EXPORT_OPTIONS) with ``--ops ops``, checked against PyTorch
     (where the check fails: exported unchecked, the failure recorded), in a process of its own (its peak resident memory
-    recorded); reused while its stamp matches. ``trace_cache``: a folder its traced graphs are kept in for the next
+    and the export's own peak, anonymous memory, recorded); reused while its stamp matches (with the figures of the run
+    that made it). ``trace_cache``: a folder its traced graphs are kept in for the next
     precision's export."""
     options = {**EXPORT_OPTIONS[precision], "ops": ops}
     stamp = {"checkpoint": str(ckpt), "checkpoint_fingerprint": folder_fingerprint(ckpt), "options": options, "code": code_fingerprint()}
@@ -149,7 +151,8 @@ def edgelin_export(ckpt: Path, out: Path, precision: str, ops: str, say: Progres
         errs = [x.strip() for x in stderr.splitlines() if x.strip()]
         why = f"ran past {TIMEOUT:.0f} s" if code is None else f"killed by signal {-code}" if code < 0 else (errs or [f"exit status {code}"])[-1][:300]
         raise BenchError(f"edgelin export {precision} --ops {ops} of {ckpt} failed: {why}")
-    made = {**stamp, "check": json.loads(lines[-1])["check"], "export_s": time.perf_counter() - t0, "peak_rss_bytes": peak}
+    got = json.loads(lines[-1])
+    made = {**stamp, "check": got["check"], "export_s": time.perf_counter() - t0, "peak_rss_bytes": peak, "peak_own_bytes": got.get("peak_own_bytes")}
     stamp_it(out, made)
     return made
 
@@ -322,9 +325,17 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                                  "config": MODELS[name][1] if checkpoint is None else json.loads((ckpt / "config.json").read_text()),
                                  "exports": {}, "rows": [], "greedy": {}, "failed": [], "profiles": {}}
         folders: dict[tuple[str, str], Path] = {}
+        no_genai: set[str] = set()  # genai precisions its builder could not make: the other contenders go on without it
         for gp in dict.fromkeys(GENAI_PRECISION[p] for p in precisions):
             out = work / f"genai-{gp}"
-            built = genai_build(py, versions, ckpt, out, gp, say) or {}
+            try:
+                built = genai_build(py, versions, ckpt, out, gp, say) or {}
+            except BenchError as exc:
+                say(f"    {exc}; the other contenders go on without it")
+                entry["failed"].append({"precision": gp, "contender": "genai", "round": "build", "status": "failed", "reason": str(exc)})
+                no_genai.add(gp)
+                shutil.rmtree(out, ignore_errors=True)
+                continue
             entry["exports"][f"genai {gp}"] = {"folder": str(out), "files": weight_files(out), "builder_s": built.get("builder_s"),
                                                "peak_rss_bytes": built.get("peak_rss_bytes"),
                                                "command": " ".join(builder_command(py, ckpt, out, gp, out.parent / f"{out.name}-cache"))}
@@ -337,8 +348,8 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                 made = edgelin_export(ckpt, out, p, o, say, work / f"traces-{o}" if keep_traces else None)
                 folders[p, o] = out
                 entry["exports"][f"edgelin {p} {o}"] = {"folder": str(out), "files": weight_files(out), "check": made.get("check"),
-                                                         "export_s": None if made.get("reused") else made.get("export_s"),
-                                                         "peak_rss_bytes": None if made.get("reused") else made.get("peak_rss_bytes"),
+                                                         "export_s": made.get("export_s"), "reused": bool(made.get("reused")),
+                                                         "peak_rss_bytes": made.get("peak_rss_bytes"), "peak_own_bytes": made.get("peak_own_bytes"),
                                                          "options": made.get("options")}
         for o in ops:  # the traces served this run's precisions; the next run's code may differ: gigabytes not kept
             shutil.rmtree(work / f"traces-{o}", ignore_errors=True)
@@ -354,7 +365,7 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
             entry["exports"].update({f"llama.cpp {k}": {"folder": str(g.parent), "files": {g.name: g.stat().st_size}} for k, g in ggufs.items()})
         say(f"genai: {name}: decode nodes per layer as run ...")
         nodes = {}
-        for gp in dict.fromkeys(GENAI_PRECISION[p] for p in precisions):
+        for gp in dict.fromkeys(GENAI_PRECISION[p] for p in precisions if GENAI_PRECISION[p] not in no_genai):
             nodes[f"genai {gp}"] = count_nodes(py, work / f"genai-{gp}" / "model.onnx")
         for (p, o), out in folders.items():
             nodes[f"edgelin {p} {o}"] = count_nodes(sys.executable, out / "decode.onnx")
@@ -365,7 +376,7 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
         llama_paths: dict[str, dict[str, str]] = {}
         for p in precisions:
             for T in thread_counts:
-                names_now = contenders(p, ops, bool(ggufs))
+                names_now = [c for c in contenders(p, ops, bool(ggufs)) if c != "genai" or GENAI_PRECISION[p] not in no_genai]
                 say(f"genai: {name} {p}, {T} thread(s): {plan.genai_rounds} round(s) of {', '.join(names_now)}, each in its own process ...")
                 got: dict[str, list[dict[str, Any]]] = {c: [] for c in names_now}
                 for r in range(plan.genai_rounds):
@@ -390,7 +401,8 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                 rows = summarise(name, p, T, got, entry, nodes, llama_paths)
                 entry["rows"] += rows
                 if profile and T == max(thread_counts):
-                    entry["profiles"][p] = profile_decode(profiled(p, ops), p, T, prompt, plan, work, py, folders, entry, say)
+                    entry["profiles"][p] = profile_decode([c for c in profiled(p, ops) if c in names_now], p, T, prompt, plan, work, py, folders,
+                                                          entry, say)
                 for row in rows:
                     say(f"    {row['contender']:28s} decode {row['decode_tokens_per_s']:8.2f} tok/s, prefill {row['prefill_tokens_per_s']:8.1f} tok/s"
                         + (f"  (edgelin / genai: decode {row['decode_over_genai']:.2f}x, prefill {row['prefill_over_genai']:.2f}x; "

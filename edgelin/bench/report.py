@@ -456,7 +456,8 @@ def genai_lines(x: dict) -> list[str]:
                 lines += ["      " + line for line in compare_lines(prof["contenders"])]
         for f in m.get("failed", []):
             run = f"round {f['round'] + 1}" if isinstance(f["round"], int) else f["round"]
-            lines.append(f"    failed: {f['precision']} {f['threads']} thread(s) {f['contender']} {run}: {f['reason']}")
+            at = f" {f['threads']} thread(s)" if "threads" in f else ""
+            lines.append(f"    failed: {f['precision']}{at} {f['contender']} {run}: {f['reason']}")
     ll = x.get("llama_cpp") or {}
     if ll.get("status") != "ok":
         lines.append(f"  llama.cpp: {ll.get('status', 'skipped')}: {ll.get('reason', '')}")
