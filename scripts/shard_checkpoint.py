@@ -9,8 +9,9 @@ Resident memory stays at about the largest module (the embedding, vocab x hidden
 
 The folder is what ``save_pretrained`` writes: ``model-0000i-of-0000n.safetensors`` shards (``model.safetensors`` when
 one suffices) with ``model.safetensors.index.json`` (``metadata``: total_parameters, total_size; ``weight_map``),
-tied weights dropped as ``save_pretrained`` drops them, ``config.json`` and ``generation_config.json``. It is written
-into a temporary folder beside OUT_FOLDER and renamed at the end.
+tied weights dropped as ``save_pretrained`` drops them, ``config.json`` and ``generation_config.json``; and a
+byte-level BPE tokenizer of the vocabulary (``--no-tokenizer``: none), which onnxruntime-genai's builder and llama.cpp's
+converter need. It is written into a temporary folder beside OUT_FOLDER and renamed at the end.
 
 Differences from transformers' own init: each module is initialised alone, so an ``_init_weights`` that writes a
 child's tensors from the parent's branch writes them before the child exists (none of qwen3_5_text, lfm2, lfm2_moe

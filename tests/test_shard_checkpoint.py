@@ -73,7 +73,8 @@ def test_sharded_checkpoint_matches_save_pretrained(model_type, tmp_path):
                                  "total_size": ref_index["metadata"]["total_size"]}
     assert set(index["weight_map"].values()) == {p.name for p in out.glob("*.safetensors")}
     others = lambda folder: {p.name for p in folder.iterdir() if not p.name.endswith(".safetensors")}  # noqa: E731
-    assert others(out) == others(ref_dir)
+    assert others(out) == others(ref_dir) | {"tokenizer.json", "tokenizer_config.json"}  # a byte-level tokenizer beside it
+    assert len(transformers.AutoTokenizer.from_pretrained(out)) == config["vocab_size"]
     # the values: a fresh init of the same kind, tensor by tensor
     for name, t in ref.items():
         a, b = mine[name].float(), t.float()
