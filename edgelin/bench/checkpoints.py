@@ -13,6 +13,7 @@ precision_floor, train_hf_tiny) take any of them.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -198,14 +199,18 @@ def export_checked(ckpt: Path, out: Path, options: str | dict[str, Any], trace_c
     options = {"precision": options} if isinstance(options, str) else dict(options)
     if trace_cache is not None:
         options["trace_cache"] = trace_cache
+    check = "passed"
     try:
         result = export(ckpt, out, **options)
-        check = "passed"
     except ExportError as exc:
-        result = export(ckpt, out, **options, check=False)
         check = f"failed, exported unchecked: {exc}"
+    if check != "passed":
+        # retried outside the handler, after a collection: the failed attempt's frames and its model (mapped from a
+        # scratch file the size of the model in float32, whose disk space the mapping holds) are let go first
+        gc.collect()
+        result = export(ckpt, out, **options, check=False)
     if facts is not None:
-        facts["peak_own_bytes"] = result.peak_own_bytes
+        facts["peak_own_bytes"] = getattr(result, "peak_own_bytes", None)
     return check
 
 
