@@ -334,7 +334,8 @@ def genai_section(plan: Plan, threads: int, say: Progress, *, checkpoint: str | 
                 say(f"    {exc}; the other contenders go on without it")
                 entry["failed"].append({"precision": gp, "contender": "genai", "round": "build", "status": "failed", "reason": str(exc)})
                 no_genai.add(gp)
-                shutil.rmtree(out, ignore_errors=True)
+                for left in (out, work / f"{out.name}-cache"):  # the failed build's folders
+                    shutil.rmtree(left, ignore_errors=True)
                 continue
             entry["exports"][f"genai {gp}"] = {"folder": str(out), "files": weight_files(out), "builder_s": built.get("builder_s"),
                                                "peak_rss_bytes": built.get("peak_rss_bytes"),
