@@ -118,17 +118,15 @@ def genai_build(py: Path, versions: dict[str, str], ckpt: Path, out: Path, preci
 
 
 def checkpoint_values(ckpt: Path) -> int | None:
-    """The number of weight values in a checkpoint folder's safetensors files, read from their headers (None where one
-    cannot be read)."""
-    total = 0
-    for f in ckpt.glob("*.safetensors"):
-        try:
-            with open(f, "rb") as fh:
-                header = json.loads(fh.read(min(int.from_bytes(fh.read(8), "little"), 100 << 20)))
-            total += sum(int(np.prod(t["shape"])) for k, t in header.items() if k != "__metadata__")
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            return None
-    return total
+    """The number of weight values in a checkpoint folder's safetensors files, from their headers (None where one cannot
+    be read)."""
+    from edgelin.errors import CheckpointError
+    from edgelin.streaming import value_counts
+
+    try:
+        return sum(count for _, _, count in value_counts(sorted(ckpt.glob("*.safetensors"))))
+    except CheckpointError:
+        return None
 
 
 def edgelin_export(ckpt: Path, out: Path, precision: str, ops: str, say: Progress, trace_cache: Path | None = None) -> dict[str, Any]:
