@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -218,6 +219,8 @@ def export(
         reference = smoke_reference(model, manifest) if check else None
         caller = None if checkpoint is not None else model  # the caller holds it anyway; a checkpoint's is loaded again if needed
         model = None  # not needed past here: an export from a checkpoint frees its weights before ONNX Runtime loads them
+        if streamed:  # and its scratch file's disk before the store writes the weights file (a module's cycles hold its mapping)
+            gc.collect()
         manifest.extra["golden"] = write_golden(plan, gold, None, manifest, budget, tmp)
         if converted:  # torch's graphs were checked, then converted, as each was traced
             nodes, op_types = record_conversion(converted, precision, manifest, say, embedding=embedding, int8_scheme=int8_scheme)

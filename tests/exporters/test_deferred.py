@@ -5,6 +5,7 @@ and an export made so that is byte for byte the export whose traced graphs were 
 from __future__ import annotations
 
 import filecmp
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,6 +13,7 @@ import onnx_ir as ir
 import pytest
 import torch
 
+from edgelin import streaming
 from edgelin.checkpoint import save_checkpoint
 from edgelin.config import ModelConfig
 from edgelin.errors import ExportError
@@ -96,13 +98,14 @@ def test_an_export_that_leaves_the_traced_weights_unwritten_is_the_same_bytes(tm
     """A streamed export of an untied model at fp32 (its weights stored from the holes' parameters), int4 and int8
     (quantised from them; the decode graph's weights referred to in the prefill graph's converted file, not made and
     written again: ``weights.Reuse``), each traced afresh, against the same exports with every traced graph written in
-    full (where nothing is a parameter's view, so nothing is referred to)."""
+    full (where nothing is a parameter's view, so nothing is referred to). A quantised export lets its model go, and the
+    scratch file mapped under it, before the weights file is written (the scratch's disk is then free again)."""
     from edgelin.exporters import exporter
 
     torch.manual_seed(0)
     model = LinearLM(ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=2, head_dim=32, chunk_size=16, tie_embeddings=False))
     folder = save_checkpoint(model.eval(), tmp_path / "ckpt")  # d_model 64: the int4 weights are large enough for the data file
-    saved, before_store = [], {}
+    saved, before_store, scratch_at_store, maps = [], {}, [], Path("/proc/self/maps")
     real, store = deferred.save, exporter.store_once
     monkeypatch.setattr(deferred, "save", lambda m, path: saved.append((path.name, real(m, path))) or saved[-1][1])
 
@@ -111,6 +114,8 @@ def test_an_export_that_leaves_the_traced_weights_unwritten_is_the_same_bytes(tm
         inits = {t.name: {e.key: e.value for e in t.external_data}.get("location") for t in decode.graph.initializer}
         before_store[precision, deferred.ENABLED] = [inits[n.input[1]] for n in decode.graph.node if n.op_type in ("MatMulNBits", "MatMulInteger")
                                                      and "head" not in n.input[1]]  # int4's untied head: a table, made per graph
+        if maps.exists():  # the model let go, its scratch file's disk with it, before the weights file is written
+            scratch_at_store.append(sum(streaming.SCRATCH_FILE in line for line in maps.read_text().splitlines()))
         return store(tmp, files)
 
     monkeypatch.setattr(exporter, "store_once", store_once)
@@ -127,5 +132,7 @@ def test_an_export_that_leaves_the_traced_weights_unwritten_is_the_same_bytes(tm
         assert names == sorted(p.name for p in (tmp_path / f"held-{precision}").iterdir())
         assert [n for n in names if not filecmp.cmp(tmp_path / f"held-{precision}" / n, tmp_path / f"full-{precision}" / n, shallow=False)] == []
     assert len(saved) == 6
+    # fp32's store reads the weights from the parameters, mapped from the scratch file; int4 and int8 wrote theirs
+    assert scratch_at_store == ([1, 0, 0] * 2 if maps.exists() else []), scratch_at_store
     for precision in ("int4", "int8"):  # each graph's own
         assert set(before_store[precision, False]) == {"decode.onnx.data"}, precision
