@@ -34,11 +34,10 @@ def convert_graph(tmp: Path, graph: str, precision: str, state_dtype: str, say: 
     else:
         proto, note = fp16_file(tmp / fname, state_dtype)
     tied_head_in_place(proto)
-    save_graph(proto, tmp / fname, note.recast, keep=reuse.files if reuse is not None else frozenset())
+    # the converter's spill file stays, one of the graph's data files, until the store moves its tensors and removes it
+    save_graph(proto, tmp / fname, note.recast, keep=reuse.files if reuse is not None else frozenset(), adopt=note.spilled)
     if reuse is not None:
         reuse.saved(proto, tmp / fname)
-    if note.spilled is not None:
-        note.spilled.unlink()
     return Converted(len(proto.graph.node), op_histogram(proto), note)
 
 

@@ -101,7 +101,8 @@ def spilled(raw: bytes) -> bool:
 class Spill:
     """Tensors a converter makes, appended to ``graph``'s initializers as it goes: each one ``spilled`` says is large
     written to the file ``path`` (aligned to 64 bytes, referenced from there by its full path: ``save_graph`` copies it
-    on, then the file can go), the others inline, as onnx.save would keep them. Memory holds the tensor being added."""
+    on, or adopts the file as one of the graph's data files), the others inline, as onnx.save would keep them. Memory
+    holds the tensor being added."""
 
     def __init__(self, graph: onnx.GraphProto, path: Path) -> None:
         self.graph, self.path = graph, path
@@ -162,7 +163,7 @@ class Reuse:
         for key in [k for k, made in self._made.items() if any(t is None for t in made)]:  # a tensor that did not survive
             del self._made[key]
         self._pending.clear()
-        self.files.add(path.name + ".data")
+        self.files.update(external_files(proto))
 
 
 def _copy_unnamed(t: onnx.TensorProto) -> onnx.TensorProto:
@@ -173,16 +174,20 @@ def _copy_unnamed(t: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[bytes], bytes]] | None = None,
-               keep: set[str] = frozenset()) -> None:
+               keep: set[str] = frozenset(), adopt: Path | None = None) -> None:
     """Save a graph with its weights in ``<name>.data`` beside it, so that no graph is ever limited by protobuf's 2 GB:
     each inline tensor ``spilled`` says is large written out, each tensor still external (a reference into a file in
     ``path.parent``, ``<name>.data`` itself included) copied a piece of ``STREAM`` bytes at a time, through
     ``recast[name]`` where one is given (a converter that changed the tensor's type without reading its bytes: fp16's,
     elementwise, so piece by piece). The data file is written beside and moved over ``<name>.data`` at the end; memory
-    holds one piece. A tensor in a file of ``keep`` (another graph's data file beside it: ``Reuse``) is left there."""
+    holds one piece. A tensor in a file of ``keep`` (another graph's data file beside it: ``Reuse``) is left there.
+    ``adopt``: a converter's spill file beside the graph (``Spill``), which becomes one of the graph's data files: its
+    tensors are referred to where they are, by the file's name, not copied (the disk then holds a converted graph's
+    weights once, not twice while it is saved)."""
     recast = recast or {}
     data = path.with_name(path.name + ".data")
     fresh = data.with_name(data.name + ".new")
+    adopted, read_adopted = ({str(adopt), adopt.name} if adopt is not None else set()), False
     with open(fresh, "wb") as out:
         def refer(t: onnx.TensorProto, begin: int) -> None:
             del t.external_data[:]
@@ -192,7 +197,14 @@ def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[b
             t.data_location = onnx.TensorProto.EXTERNAL
 
         for t in initializers(proto.graph):
-            if t.data_location == onnx.TensorProto.EXTERNAL and {e.key: e.value for e in t.external_data}.get("location") in keep:
+            where = {e.key: e.value for e in t.external_data}.get("location") if t.data_location == onnx.TensorProto.EXTERNAL else None
+            if where in keep:
+                continue
+            if where is not None and where in adopted:
+                for e in t.external_data:
+                    if e.key == "location":
+                        e.value = adopt.name
+                read_adopted = True
                 continue
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 convert = recast.get(t.name, lambda piece: piece)
@@ -209,7 +221,13 @@ def save_graph(proto: onnx.ModelProto, path: Path, recast: dict[str, Callable[[b
                 t.ClearField("raw_data")
                 refer(t, begin)
     onnx.save(proto, str(path))
-    fresh.replace(data)
+    if fresh.stat().st_size or adopt is None:
+        fresh.replace(data)
+    else:  # every large tensor is in the adopted file or another graph's: no data file of its own
+        fresh.unlink()
+        data.unlink(missing_ok=True)
+    if adopt is not None and not read_adopted:  # nothing large was spilled: the empty file goes
+        adopt.unlink(missing_ok=True)
 
 
 def store_once(folder: Path, graph_files: dict[str, str]) -> dict[str, int | str]:

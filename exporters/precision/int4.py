@@ -226,8 +226,8 @@ def _nbits_node(node: onnx.NodeProto, weights: tuple[str, str], K: int, N: int) 
 
 def int4_file(path: Path, embedding: str = "int8", eight_bit: frozenset[str] = frozenset(), reuse: Reuse | None = None) -> tuple[onnx.ModelProto, Conversion]:
     """``convert_int4`` of the fp32 graph file ``path`` (its weights in files beside it), one weight at a time: read from
-    the graph's data file, quantised, written to ``<name>.q4`` beside it (the note's ``spilled``: ``save_graph`` copies
-    it into the new data file, then it is removed). Memory holds one weight, whatever the model's size."""
+    the graph's data file, quantised, written to ``<name>.q4`` beside it (the note's ``spilled``: the export's
+    ``save_graph`` adopts it as one of the graph's data files). Memory holds one weight, whatever the model's size."""
     spill = path.with_name(path.name + ".q4")
     spill.unlink(missing_ok=True)
     out, note = convert_int4(open_graph(path), "float32", embedding, eight_bit, read=lambda t: tensor_values(t, path.parent), spill=spill,

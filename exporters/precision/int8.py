@@ -35,7 +35,7 @@ def convert_int8(proto: onnx.ModelProto, state_dtype: str, embedding: str = "int
 def int8_file(path: Path, embedding: str = "int8", scheme: str = DEFAULT_INT8_SCHEME, reuse: Reuse | None = None) -> tuple[onnx.ModelProto, Conversion]:
     """``convert_int8`` of the fp32 graph file ``path`` (its weights in files beside it), one weight at a time, a slab of
     its columns at a time: read from the graph's data file, quantised, written to ``<name>.q8`` beside it (the note's
-    ``spilled``: ``save_graph`` copies it into the new data file, then it is removed). Memory holds one weight in int8
+    ``spilled``: the export's ``save_graph`` adopts it as one of the graph's data files). Memory holds one weight in int8
     and a slab of it in float32, whatever the model's size (ONNX Runtime's ``quantize_dynamic`` held ~3x the weights,
     and needed them loaded beside it).
     Scheme "channel": quantize_dynamic's numbers (MatMul, per channel, reduce_range, QInt8: ``_quantise_matmuls``);

@@ -124,7 +124,8 @@ def test_an_export_that_leaves_the_traced_weights_unwritten_is_the_same_bytes(tm
         export(folder, tmp_path / f"held-{precision}", check=False, precision=precision)
     assert [n for n, _ in saved] == ["prefill.onnx", "decode.onnx"] * 3 and all(k > 10 for _, k in saved), saved
     for precision in ("int4", "int8"):  # the decode graph's quantised weights: in the prefill graph's file
-        assert len(before_store[precision, True]) == {"int4": 14, "int8": 15}[precision] and set(before_store[precision, True]) == {"prefill.onnx.data"}, precision
+        spill = {"int4": "q4", "int8": "q8"}[precision]  # the converter's spill file, adopted as a data file of the graph
+        assert len(before_store[precision, True]) == {"int4": 14, "int8": 15}[precision] and set(before_store[precision, True]) == {f"prefill.onnx.{spill}"}, precision
     monkeypatch.setattr(deferred, "ENABLED", False)
     for precision in precisions:  # the second and third from the first's trace, written in full
         export(folder, tmp_path / f"full-{precision}", check=False, precision=precision, trace_cache=tmp_path / "traces")
@@ -135,4 +136,4 @@ def test_an_export_that_leaves_the_traced_weights_unwritten_is_the_same_bytes(tm
     # fp32's store reads the weights from the parameters, mapped from the scratch file; int4 and int8 wrote theirs
     assert scratch_at_store == ([1, 0, 0] * 2 if maps.exists() else []), scratch_at_store
     for precision in ("int4", "int8"):  # each graph's own
-        assert set(before_store[precision, False]) == {"decode.onnx.data"}, precision
+        assert set(before_store[precision, False]) == {f"decode.onnx.{precision.replace('int', 'q')}"}, precision
