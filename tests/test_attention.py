@@ -136,6 +136,42 @@ def test_rows_of_different_lengths_share_a_batch_with_left_padded_caches():
         assert rel_err(got[b : b + 1], alone) < 1e-12
 
 
+@torch.no_grad()
+def test_the_layers_of_a_call_share_its_positions_angles_and_masks():
+    """Attention layers of different windows, rotary widths and thetas in one model: each reads the positions, RoPE
+    angles and mask of its own kind from the call's carry (computed once by the first layer that needs them), and the
+    model computes what it does with every layer computing its own, in pieces, steps and a batch of two rows."""
+    from edgelin.skeleton import CausalLM
+
+    options = [{}, {"window": 5}, {"rotary_dim": 4, "rope_theta": 1e6}, {"window": 5, "num_kv_heads": 1}, {}]
+    torch.manual_seed(0)
+    model = CausalLM(lambda i: Attention(AttentionOptions(**{"d_model": D_MODEL, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, **options[i]})),
+                     n_layers=len(options), vocab_size=256, d_model=D_MODEL, mlp_hidden=48, norm_eps=1e-5, tie_embeddings=True, chunk_size=16,
+                     config={"family": "test/attention-kinds"}).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    ids = tokens(2, 22, seed=4)
+    runs = {}
+    for shared in (True, False):
+        for b in model.blocks:
+            b.attn.uses_carry = shared  # False: the block hands no carry, every layer computes its own
+        state, outs, start = model.init_state(2), [], 0
+        state = {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+        for n in (7, 9, 1, 1, 1, 1, 1, 1):
+            y, state = model(ids[:, start : start + n], state, form="step" if n == 1 else "chunk")
+            outs.append(y)
+            start += n
+        runs[shared] = torch.cat(outs, 1), state
+    for b in model.blocks:
+        del b.attn.uses_carry
+    assert rel_err(runs[True][0], runs[False][0]) < 1e-12
+    for key, value in runs[False][1].items():
+        assert torch.equal(runs[True][1][key], value), key
+    want, _ = model(ids, form="naive")  # the per-query loop, its layers sharing too
+    assert rel_err(runs[True][0], want) < 1e-10
+
+
 def test_bad_layer_options_are_refused():
     with pytest.raises(ValueError, match="num_kv_heads"):
         Attention(AttentionOptions(d_model=32, num_heads=4, num_kv_heads=3, head_dim=8))

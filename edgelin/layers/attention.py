@@ -29,6 +29,12 @@ the heads are split); a bias on o_proj (``o_bias``). Only portable operators (Co
 Where): the graphs run in every runtime edgelin has. Under the fused lowering (edgelin.ops.fused) a decode step's
 attention is one ``com.microsoft.GroupQueryAttention`` node with this mask rule as its additive bias; the cache
 keeps this layout, so the state contract is the same.
+
+What depends only on the positions is computed once per call, not once per layer: the first attention layer of a
+call puts its positions, RoPE angles (per rotary width, theta and dtype) and mask (per window: the layers of one
+window hold caches of one length) in the skeleton's per-call ``carry``, and the later layers read them there. Every
+attention layer's ``pos`` holds the same count (each call adds T to all of them), so the values are the ones each
+layer would compute from its own; each layer still returns its own ``pos + T``.
 """
 
 from __future__ import annotations
@@ -86,6 +92,11 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, *, 
     """RoPE by halves on the first 2 * len(inv_freq) features: x [B, h, T, D], positions [B, T] int64. ``fused_node``: as one
     com.microsoft.RotaryEmbedding node under the fused lowering (``edgelin.ops.fused``; the same values)."""
     cos, sin = rope_angles(positions, inv_freq, x.dtype)  # [B, T, r / 2]
+    return rotate_by(x, cos, sin, fused_node=fused_node)
+
+
+def rotate_by(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, fused_node: bool = False) -> torch.Tensor:
+    """``rotate`` at angles already computed: cos, sin [B, T, r / 2] (``rope_angles``)."""
     if fused_node and fused.active():
         return fused.rotary_embedding(x, cos, sin)
     return fused.rotate_halves(x, cos[:, None], sin[:, None])
@@ -110,6 +121,7 @@ class Attention(nn.Module):
     forms = ("chunk", "step", "naive")
     accepts_lengths = False  # a right-padded ragged batch would put padding inside the right-aligned cache
     bounded_state = True  # keys and values are activations, not running sums: float16 holds them
+    uses_carry = True  # the positions, RoPE angles and masks of a call, shared by its attention layers (module docstring)
 
     def __init__(self, o: AttentionOptions) -> None:
         super().__init__()
@@ -148,9 +160,18 @@ class Attention(nn.Module):
             "pos": (("batch",), "int64", 0),
         }
 
-    def _rope(self, x: torch.Tensor, positions: torch.Tensor, step: bool) -> torch.Tensor:
+    def _rope(self, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor] | None, step: bool) -> torch.Tensor:
         # rotary width 0: no position encoding; a fused decode step rotates in one node, as its attention is one
-        return x if self.rotary == 0 else rotate(x, positions, self.inv_freq, fused_node=step)
+        return x if angles is None else rotate_by(x, *angles, fused_node=step)
+
+    def _shared(self, carry: dict | None, key: tuple, make):
+        """``make()``, once per call for all the attention layers that ask with the same key (module docstring)."""
+        if carry is None:
+            return make()
+        key = ("attention",) + key
+        if key not in carry:
+            carry[key] = make()
+        return carry[key]
 
     def _heads(self, x: torch.Tensor, heads: int, norm: RMSNorm | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -164,14 +185,22 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, state: State, *, form: str = "chunk", chunk_size: int | None = None,
         lengths: torch.Tensor | None = None, deltas: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        carry: dict | None = None,
     ) -> tuple[torch.Tensor, State]:
         """``deltas``: (dq [B, T, H D], dk, dv [B, T, H_kv D]) added to the q, k, v projections of ``x`` (the per-use
-        adapters of an attention whose weights several layers share: Zamba2's shared block)."""
+        adapters of an attention whose weights several layers share: Zamba2's shared block). ``carry``: the skeleton's
+        per-call dict, where the attention layers of a call share what depends on the positions only."""
         check_form(self, form, lengths)
         o = self.o
         B, T, _ = x.shape
         pos = state["pos"]  # [B]
-        positions = pos[:, None] + torch.arange(T, device=x.device)[None, :]  # [B, T]
+        first = self._shared(carry, ("pos",), lambda: pos)  # the first attention layer's: the same count as this one's
+        positions = self._shared(carry, ("positions",), lambda: first[:, None] + torch.arange(T, device=x.device)[None, :])  # [B, T]
+        angles = None if self.rotary == 0 else self._shared(
+            carry, ("angles", self.rotary, o.head_dim, o.rope_theta, o.proportional_rope, x.dtype),
+            lambda: rope_angles(positions, self.inv_freq, x.dtype))  # cos, sin [B, T, r / 2]
+        past = state["key"].shape[2]
+        seen = self._shared(carry, ("mask", o.window), lambda: cache_mask(first, past, T, o.window))  # [B, 1, T, P + T]
         q, gate = self.q_proj(x), None  # [B, T, H D] (packed: [B, T, H 2D])
         if o.output_gate and o.packed_gate:
             q, gate = q.view(B, T, o.num_heads, 2 * o.head_dim).chunk(2, dim=-1)  # [B, T, H, D] each
@@ -180,20 +209,19 @@ class Attention(nn.Module):
             gate = self.g_proj(x)  # [B, T, H D]
         if deltas is not None:
             q = q + deltas[0]
-        q = self._rope(self._heads(q, o.num_heads, self.q_norm), positions, form == "step")  # [B, H, T, D]
+        q = self._rope(self._heads(q, o.num_heads, self.q_norm), angles, form == "step")  # [B, H, T, D]
         k, v = (self.k_proj(x), None) if deltas is None else (self.k_proj(x) + deltas[1], self.v_proj(x) + deltas[2])
-        k = self._rope(self._heads(k, o.num_kv_heads, self.k_norm), positions, form == "step")  # [B, Hkv, T, D]
+        k = self._rope(self._heads(k, o.num_kv_heads, self.k_norm), angles, form == "step")  # [B, Hkv, T, D]
         v = self._heads(self.v_proj(x) if v is None else v, o.num_kv_heads, None)  # [B, Hkv, T, D]
-        past = state["key"].shape[2]
         if form == "step" and fused.active():  # one GroupQueryAttention node (edgelin.ops.fused); T = 1: Reshapes only
+            bias = self._shared(carry, ("bias", o.window, q.dtype), lambda: fused.attention_bias(seen, q.dtype))
             y, keys, values = fused.group_query_attention(
                 q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1), state["key"], state["value"],
-                cache_mask(pos, past, T, o.window), o.num_heads, o.num_kv_heads, self.scale,
+                bias, o.num_heads, o.num_kv_heads, self.scale,
             )  # [B, T, H D], [B, Hkv, P + T, D] x 2
         else:
             keys = torch.cat([state["key"], k], dim=2)  # [B, Hkv, P + T, D]
             values = torch.cat([state["value"], v], dim=2)  # [B, Hkv, P + T, D]
-            seen = cache_mask(pos, past, T, o.window)  # [B, 1, T, P + T]
             y = self._naive(q, keys, values, seen) if form == "naive" else self._grouped(q, keys, values, seen)  # [B, H, T, D]
             y = y.transpose(1, 2).reshape(B, T, o.num_heads * o.head_dim)  # [B, T, H D]
         if gate is not None and o.head_gate:  # one value per head: [B, T, H] over each head's D features
@@ -248,5 +276,5 @@ def sdpa_reference(q, k, v, *, window: int | None = None, groups: int = 1) -> to
     return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
 
 
-__all__ = ["Attention", "AttentionOptions", "PAST", "attention_from_config", "cache_mask", "rope_angles", "rope_inv_freq", "rotate",
+__all__ = ["Attention", "AttentionOptions", "PAST", "attention_from_config", "cache_mask", "rope_angles", "rope_inv_freq", "rotate", "rotate_by",
            "sdpa_reference"]

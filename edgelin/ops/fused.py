@@ -325,8 +325,8 @@ def translation_table() -> dict:
         return y, s
 
     def group_query_attention(q, k, v, past_key, past_value, bias, heads: int, kv_heads: int, scale: float):
-        total = op.Add(op.Shape(past_key, start=2, end=3), op.Shape(q, start=1, end=2))  # [1] int64: P + T
-        seqlens = op.Expand(op.Sub(total, op.Constant(value_ints=[1])), op.Shape(q, start=0, end=1))  # [B]: P + T - 1
+        total = op.Shape(bias, start=3, end=4)  # [1] int64: P + T
+        seqlens = op.Expand(op.Sub(total, op.Constant(value_ints=[1])), op.Shape(bias, start=0, end=1))  # [B]: P + T - 1
         int32 = onnx.TensorProto.INT32
         return ms.GroupQueryAttention(q, k, v, past_key, past_value, op.Cast(seqlens, to=int32),
                                       op.Cast(op.Squeeze(total), to=int32), None, None, None, bias,
@@ -427,17 +427,22 @@ def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return rotary_embedding_op(x, cos, sin)
 
 
+def attention_bias(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """edgelin's mask rule seen [B, 1, T, P + T] bool as GroupQueryAttention's additive bias: 0 where seen, -inf elsewhere."""
+    return torch.where(seen, 0.0, float("-inf")).to(dtype)
+
+
 def group_query_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor, seen: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor, bias: torch.Tensor,
     heads: int, kv_heads: int, scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Softmax attention over the cache through one GroupQueryAttention node: q [B, T, H D], k, v [B, T, H_kv D] (RoPE
-    and norms applied), past_key / past_value [B, H_kv, P, D], seen [B, 1, T, P + T] bool (edgelin's mask rule) ->
-    (o [B, T, H D], keys, values [B, H_kv, P + T, D]). The caller checks ``active()`` and a batch-wide T of 1."""
-    bias = torch.where(seen, 0.0, float("-inf")).to(q.dtype)  # [B, 1, T, P + T]
+    and norms applied), past_key / past_value [B, H_kv, P, D], bias [B, 1, T, P + T] (``attention_bias`` of edgelin's
+    mask rule) -> (o [B, T, H D], keys, values [B, H_kv, P + T, D]). The caller checks ``active()`` and a batch-wide T
+    of 1. The node's lengths are read from the bias's shape, so the layers of one step that share a bias share them too."""
     return group_query_attention_op(q, k, v, past_key, past_value, bias, heads, kv_heads, scale)
 
 
-__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "causal_conv", "causal_conv_op", "delta", "fused_additive",
+__all__ = ["DEFAULT_LOWERING", "LOWERINGS", "active", "additive", "attention_bias", "causal_conv", "causal_conv_op", "delta", "fused_additive",
            "group_query_attention", "group_query_attention_op", "linear_attention_op", "lowering", "rotary_embedding",
            "rotary_embedding_op", "rotate_halves", "skip_rms_norm", "skip_rms_norm_op", "softplus", "softplus_op", "translation_table"]

@@ -3,12 +3,12 @@
 RoPE on q and k as one ``RotaryEmbedding`` node each.
 
 Two tiny models on the skeleton (conv and attention layers, as LFM2 and Qwen3.5 stack them): plain RMSNorms with
-per-head q/k norms and grouped heads (LFM2's), and unit-offset norms x / rms(x) * (1 + w) with a packed output
+per-head q/k norms and grouped heads in two attention layers (LFM2's), and unit-offset norms x / rms(x) * (1 + w) with a packed output
 gate, partial rotary and a window (Qwen3.5's, with a window the mask rule's third clause). For each: the fused
 export has the portable export's states and io, its graphs give the portable graphs' logits and states (a prefill of
 two rows, then decode steps fed back, past the window), with one skip norm per residual add in both graphs and one
 GroupQueryAttention node and two RotaryEmbedding nodes per attention layer in the decode graph (the prefill graph keeps
-portable attention); rows of different lengths (left-padded caches, ``Session.prefill_batch``: each row at its own
+portable attention), the RoPE angles and the mask computed once per step for all attention layers; rows of different lengths (left-padded caches, ``Session.prefill_batch``: each row at its own
 positions) decode together as in the portable graphs; and
 eager PyTorch under the lowering equals the portable forms in float64; the JavaScript runtime runs the fused graphs in
 node.
@@ -34,7 +34,7 @@ from edgelin.skeleton import CausalLM
 BUDGET = parity.held("fp32", {})[0]
 D, VOCAB = 32, 97
 ATTENTION = {  # model -> (attention options, norm class, layer kinds)
-    "lfm2-like": (dict(num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, rope_theta=1e6), RMSNorm, "cac"),
+    "lfm2-like": (dict(num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, rope_theta=1e6), RMSNorm, "caca"),
     "qwen-like": (dict(num_heads=4, num_kv_heads=1, head_dim=8, rotary_dim=4, qk_norm=True, unit_offset_norm=True,
                        output_gate=True, packed_gate=True, window=6), UnitOffsetRMSNorm, "ca"),
 }
@@ -96,6 +96,11 @@ def test_fused_block_graphs_equal_the_portable_graphs(name, exports):
         assert fused_ops.get("RotaryEmbedding", 0) == (2 * attention if graph == "decode" else 0), (graph, fused_ops)  # q and k
         assert not {"SkipSimplifiedLayerNormalization", "GroupQueryAttention", "RotaryEmbedding"} & set(portable_ops), (graph, portable_ops)
     assert "Softmax" not in _ops(folders["fused"], "decode")
+    for ops, folder in folders.items():  # the RoPE angles once per step, whatever the number of attention layers
+        assert _ops(folder, "decode").get("Cos") == 1, ops
+    biases = {n.input[10] for n in onnx.load(str(folders["fused"] / "decode.onnx"), load_external_data=False).graph.node
+              if n.op_type == "GroupQueryAttention"}
+    assert len(biases) == 1, biases  # one mask for the layers of one window
 
     rng = np.random.default_rng(0)
     prompt, steps = rng.integers(0, VOCAB, (2, 21)), rng.integers(0, VOCAB, (2, 9))  # 30 positions: past the window of 6
