@@ -385,11 +385,11 @@ class CheckReport:
 
 
 def check(export_dir: str | Path, providers: list[str], *, threads: int | None = None, timing: bool = True,
-          progress: Callable[[str], None] | None = None, open_session: Callable | None = None) -> CheckReport:
+          progress: Callable[[str], None] | None = None, open_session: Callable | None = None, prepack: bool = True) -> CheckReport:
     """Run the export's golden inputs on each provider (e.g. ["cpu", "openvino"]): each against the golden
     outputs, and each after the first against the first. A provider that cannot be activated is reported
     "not available" (the check then fails). ``open_session(export_dir, provider)`` makes the sessions
-    (default: ``Session`` with ``threads``)."""
+    (default: ``Session`` with ``threads`` and ``prepack``, ONNX Runtime's weight packing on the CPU)."""
     from edgelin.errors import ProviderError
     from edgelin.runtime.session import Session
 
@@ -403,7 +403,7 @@ def check(export_dir: str | Path, providers: list[str], *, threads: int | None =
         chunk = int(manifest.extra.get("chunk_size", 64))
         plan = plan_for(manifest.vocab_size, chunk, manifest.min_sequence, max_positions=manifest.max_positions)
         provider_budget = parity.held(manifest.precision, manifest.extra.get("parity_budgets"))[0]["provider"]
-    make = open_session or (lambda d, p: Session(d, provider=p, threads=threads))
+    make = open_session or (lambda d, p: Session(d, provider=p, threads=threads, prepack=prepack))
     report = CheckReport(str(export_dir), manifest.precision, golden is not None)
     first = None
     for name in providers:

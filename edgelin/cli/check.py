@@ -94,8 +94,12 @@ def validate_cmd(export_dir, checkpoint, providers, steps, long_steps, json_path
 @click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads [default: one per core].")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the full report here.")
 @click.option("--force", is_flag=True, help="Let --json replace a file that is not an earlier check report, or one that is part of an export.")
+@click.option("--prepack/--no-prepack", default=True, show_default=True,
+              help="Let ONNX Runtime pack the CPU sessions' weights, as the runtime does by default (a copy of them per "
+                   "graph); --no-prepack reads them in place from weights.data: an export whose packed weights do not fit "
+                   "in memory checks that way, slower.")
 @user_errors
-def check_cmd(export_dir, providers, threads, json_path, force):
+def check_cmd(export_dir, providers, threads, json_path, force, prepack):
     """Check EXPORT_DIR on this device's execution providers, without PyTorch.
 
     \b
@@ -113,6 +117,7 @@ def check_cmd(export_dir, providers, threads, json_path, force):
     Examples:
       edgelin check out/
       edgelin check out/ --providers cpu,openvino --json check.json
+      edgelin check big-int8/ --threads 2 --no-prepack
     """
     from edgelin.runtime.files import check_output_file, json_format, write_json
     from edgelin.runtime.golden import check
@@ -130,7 +135,7 @@ def check_cmd(export_dir, providers, threads, json_path, force):
     ours = json_format("edgelin-check/", "an edgelin check report (JSON with format edgelin-check/1)")
     if json_path is not None:
         check_output_file(json_path, "report file", overwrite=force, ours=ours)
-    report = check(export_dir, names, threads=threads, progress=progress)
+    report = check(export_dir, names, threads=threads, progress=progress, prepack=prepack)
     click.echo(report.table())
     if json_path:
         write_json(json_path, report.to_dict(), overwrite=force, ours=ours, what="report file")

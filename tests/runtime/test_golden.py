@@ -15,6 +15,7 @@ from edgelin.cli import main
 from edgelin.errors import ManifestError, ProviderError
 from edgelin.runtime import golden
 from edgelin.runtime.manifest import Manifest, file_sha256
+from edgelin.runtime import session as session_module
 from edgelin.runtime.session import Session
 from testkit.exports import copy_of
 
@@ -291,7 +292,7 @@ def test_a_provider_that_fails_while_it_runs_is_reported_not_raised(plain):
     assert report.table().splitlines()[-1].endswith("-- failed to run: openvino")
 
 
-def test_the_cli(plain, tmp_path):
+def test_the_cli(plain, tmp_path, monkeypatch):
     runner = CliRunner()
     ok = runner.invoke(main, ["check", str(plain), "--json", str(tmp_path / "c.json"), "--threads", "1"])
     assert ok.exit_code == 0, ok.output
@@ -313,6 +314,12 @@ def test_the_cli(plain, tmp_path):
     assert (tmp_path / "mine.json").read_text() == "{}"
     r = runner.invoke(main, ["check", str(tmp_path)])
     assert r.exit_code == 2 and "not an edgelin export" in r.output
+    made = []  # --no-prepack: the sessions read the weights in place, and pass as packed ones do
+    real = session_module.make_session_options
+    monkeypatch.setattr(session_module, "make_session_options", lambda *a, **k: made.append(k.get("prepack")) or real(*a, **k))
+    unpacked = runner.invoke(main, ["check", str(plain), "--threads", "1", "--no-prepack"])
+    assert unpacked.exit_code == 0 and unpacked.output.splitlines()[-1].startswith("PASS: 2 of 2"), unpacked.output
+    assert made and not any(made), made
     cuda = runner.invoke(main, ["check", str(plain), "--providers", "cpu,cuda"])
     if "NOT AVAILABLE" in cuda.output:  # no usable GPU: refused by name, exit 1
         assert cuda.exit_code == 1 and cuda.output.splitlines()[-1].endswith("-- not available: cuda")
