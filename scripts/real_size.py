@@ -167,6 +167,11 @@ def last_peak_anon() -> int:
     return PEAK_ANON.get(_LAST_PID, 0)
 
 
+def killed_by(code: int) -> str:
+    """What a child's non-zero exit status says, as the start of a record's line."""
+    return f"killed by signal {-code} (SIGKILL: the kernel's out-of-memory killer, as a rule) during: " if code < 0 else "error: "
+
+
 def last_peak_disk() -> int:
     return PEAK_DISK.get(_LAST_PID, 0)
 
@@ -239,7 +244,9 @@ def main() -> int:
                 log = work / f"measure-{precision}-prepack-{prepack}.log"
                 code, _, _ = run_child([sys.executable, "-c", MEASURE, str(out), str(args.threads), prepack, args.prefill], log)
                 if code:
-                    row[f"measure_error_prepack_{prepack}"] = log.read_text()[-1000:]
+                    row[f"measure_error_prepack_{prepack}"] = (killed_by(code) + log.read_text()[-1000:]
+                                                               + f" (own memory at the end: {last_peak_anon() / 1e9:.2f} GB)")
+                    print(f"  prepack {prepack}: {row[f'measure_error_prepack_{prepack}']}", flush=True)
                     continue
                 got = json.loads(log.read_text().strip().splitlines()[-1])
                 if prepack == "on":
@@ -271,8 +278,7 @@ def main() -> int:
                            worst_rel_l2=max((c["rel_l2"] for c in numeric), default=None),
                            failed=[f"{c['group']}/{c['name']}" for c in data["checks"] if c["status"] == "fail"])
             else:
-                killed = f"killed by signal {-code} (SIGKILL: the kernel's out-of-memory killer, as a rule) during: " if code < 0 else "error: "
-                row["parity"] = killed + (work / f"validate-{precision}.log").read_text().strip().splitlines()[-1][:300]
+                row["parity"] = killed_by(code) + (work / f"validate-{precision}.log").read_text().strip().splitlines()[-1][:300]
             print(f"  validate: {row['parity']} ({seconds:.0f} s)", flush=True)
             record["rows"].append(row)
         if args.out:
