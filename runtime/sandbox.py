@@ -13,6 +13,7 @@ import json
 import re
 import string
 import time
+from collections import Counter
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from datetime import datetime
@@ -99,27 +100,33 @@ def measure(value: Any, limit: int) -> tuple[int, int, int]:
     each time it appears, as str() would --, how many values it holds, how deeply nested); stops counting past
     ``limit``. A range is as long as its repr: it holds nothing until it is read into a list, which is measured."""
     size = nodes = depth = 0
-    stack = [(value, 0)]
+    stack = [(value, 0, 1)]  # (value, depth, how many times it appears)
     while stack and size <= limit and nodes <= limit:
-        v, d = stack.pop()
-        nodes += 1
+        v, d, m = stack.pop()
+        nodes += m
         depth = max(depth, d)
         if isinstance(v, (str, bytes, bytearray)):
-            size += len(v) + (2 if d else 0)  # quoted inside a container's repr
+            size += m * (len(v) + (2 if d else 0))  # quoted inside a container's repr
         elif isinstance(v, bool) or v is None:
-            size += 5
+            size += m * 5
         elif isinstance(v, int):
-            size += v.bit_length() // 3 + 2
+            size += m * (v.bit_length() // 3 + 2)
         elif isinstance(v, Mapping):
-            size += 2
-            stack.extend((x, d + 1) for item in v.items() for x in item)
+            size += m * 2
+            stack.extend((x, d + 1, m) for item in v.items() for x in item)
         elif isinstance(v, (list, tuple, Set, type({}.keys()), type({}.values()), type({}.items()))):
-            size += 2
-            stack.extend((x, d + 1) for x in v)
+            size += m * 2
+            items = v if isinstance(v, (list, tuple)) else list(v)
+            counts = Counter(map(id, items))
+            if len(counts) == len(items):
+                stack.extend((x, d + 1, m) for x in items)
+            else:  # one object appearing many times ([[0]] * 100000) is walked once, counted each time
+                first = {id(x): x for x in items}
+                stack.extend((first[i], d + 1, m * c) for i, c in counts.items())
         elif type(v).__name__ == "Namespace":  # jinja2's namespace(): its attributes
-            stack.append((getattr(v, "_Namespace__attrs", {}), d))
+            stack.append((getattr(v, "_Namespace__attrs", {}), d, m))
         else:
-            size += 24
+            size += m * 24
     return size, nodes, depth
 
 
@@ -243,7 +250,8 @@ def _filter_checks(budget: Budget, name: str, a: dict) -> None:
             budget.fits(n, f"a {name} of that many lists")
     elif name == "sum":
         items = a["iterable"] = list(a.get("iterable", ()))
-        size = measure(items, budget.cap)[0]
+        # counting stops once the copies would pass the total: a long list of small sequences is refused early
+        size = measure(items, min(budget.cap, budget.total // max(len(items), 1)))[0]
         budget.fits(size, "a sum")
         if len(items) * size > budget.total:  # sum() adds sequences one by one: each addition copies the total so far
             raise Exceeded(f"summing {len(items):,} sequences would copy more than {budget.total:,} characters")

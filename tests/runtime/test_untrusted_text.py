@@ -300,3 +300,21 @@ def test_a_generator_or_chat_without_a_session_is_one_line():
         Generator(None, "Hello")
     with pytest.raises(EdgelinError, match="Chat takes a Session"):
         Chat(None)
+
+
+def test_a_value_is_measured_with_its_shared_elements_counted_each_time():
+    """One object repeated in a list is walked once but counted as often as str() would print it: the same figures
+    as the same value built of distinct objects, in a fraction of the time."""
+    from edgelin.runtime.sandbox import measure
+
+    def distinct(n):
+        return [[[0, "ab", None], {"k": [1] * 3}] for _ in range(n)]
+
+    shared_row = [[0, "ab", None], {"k": [1] * 3}]
+    shared = [shared_row] * 1000
+    nested = [[shared_row] * 10] * 100
+    assert measure(shared, 10**9) == measure(distinct(1000), 10**9)
+    assert measure(nested, 10**9) == measure([[row for row in distinct(10)] for _ in range(100)], 10**9)
+    size, nodes, _ = measure(distinct(1000), 50)
+    assert size > 50 and nodes < 50  # stops counting past the limit
+    assert measure(shared, 50)[0] > 50
