@@ -25,7 +25,7 @@ from testkit.stateful import (
 
 MAX_ABS = 1e-4
 STATE_REL = 1e-5  # S and the conv windows, relative L2
-BATCH, PROMPT, STEPS = 2, 69, 12  # two chunks of 32 and 5 more (fla in the interpreter costs by the token)
+BATCH, PROMPT, STEPS = 2, 69, 12  # past chunk boundaries: KDA's chunk of 32 twice, DeltaProduct's of 64 once (fla in the interpreter costs by the token)
 SMALL = {"head_dim": 16}  # the families' default head_dim (128, 256) is larger than the tiny model
 
 
