@@ -314,7 +314,7 @@ def test_a_value_is_measured_with_its_shared_elements_counted_each_time():
     shared = [shared_row] * 1000
     nested = [[shared_row] * 10] * 100
     assert measure(shared, 10**9) == measure(distinct(1000), 10**9)
-    assert measure(nested, 10**9) == measure([[row for row in distinct(10)] for _ in range(100)], 10**9)
+    assert measure(nested, 10**9) == measure([distinct(10) for _ in range(100)], 10**9)
     size, nodes, _ = measure(distinct(1000), 50)
     assert size > 50 and nodes < 50  # stops counting past the limit
     assert measure(shared, 50)[0] > 50
